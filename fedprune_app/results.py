@@ -1,0 +1,167 @@
+"""What a run leaves behind: `outputs/<date>-<method>-<tag>/`.
+
+- `config.json`: the resolved run config;
+- `metrics.jsonl`: one line per (round, client, phase) and per server evaluation, appended as they come;
+- `summary.json`: `"status"`, wall time, the final per-client table and server metrics;
+- `results.md`: the paper-style table, every number read from `metrics.jsonl`;
+- `plots/*.png`: loss and metrics per round;
+- the final artefacts (written by the strategy, e.g. `adapter/`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from fedprune_app.config import RunConfig
+
+
+def resolve_output_dir(output_dir: str) -> Path:
+    """An absolute `output-dir` as is; a relative one against $FEDPRUNE_OUTPUT_DIR or the working directory."""
+    path = Path(output_dir).expanduser()
+    if not path.is_absolute():
+        path = Path(os.environ.get("FEDPRUNE_OUTPUT_DIR", os.getcwd())) / path
+    return path
+
+
+class RunDirectory:
+    """The run directory and its append-only metrics log."""
+
+    def __init__(self, path: Path, cfg: RunConfig) -> None:
+        self.path = path
+        self.cfg = cfg
+        self.started = time.time()
+        self.records: list[dict[str, Any]] = []
+
+    @classmethod
+    def create(cls, cfg: RunConfig) -> RunDirectory:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        name = "-".join(p for p in (stamp, str(cfg.method), str(cfg.run_tag)) if p)
+        root = resolve_output_dir(str(cfg.output_dir))
+        path = root / name
+        suffix = 1
+        while path.exists():
+            suffix += 1
+            path = root / f"{name}-{suffix}"
+        path.mkdir(parents=True)
+        (path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        return cls(path, cfg)
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        """Append one metrics line (a flat dict; `round`, `phase` and `client` are the usual keys)."""
+        row = {"time": round(time.time() - self.started, 3), **record}
+        self.records.append(row)
+        with open(self.path / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def rows(self, phase: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("phase") == phase]
+
+    def finish(self, status: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Write summary.json, results.md and the plots; return the summary."""
+        table = client_table(self.rows("evaluate"))
+        server = {str(r["round"]): {k: v for k, v in r.items() if k not in ("time", "phase", "round")}
+                  for r in self.rows("server-evaluate")}
+        summary = {"status": status, "method": self.cfg.method, "seconds": round(time.time() - self.started, 1),
+                   "clients": table, "server": server, **(extra or {})}
+        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (self.path / "results.md").write_text(render_results(self.cfg, table, server, summary["seconds"]))
+        plot_rounds(self.records, self.path / "plots")
+        return summary
+
+
+def client_table(eval_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per client: its metrics at round 0 (untouched model) and at its last evaluated round."""
+    by_client: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for r in eval_rows:
+        by_client[int(r["client"])][int(r["round"])] = r
+    table = []
+    for client in sorted(by_client):
+        rounds = by_client[client]
+        first, last = rounds.get(0, {}), rounds[max(rounds)]
+        metrics = sorted(k for k in set(first) | set(last) if k in METRIC_NAMES)
+        table.append({"client": client, "data": last.get("data", first.get("data", "")),
+                      "final-round": max(rounds),
+                      **{f"{m}/untouched": first.get(m) for m in metrics},
+                      **{f"{m}/tuned": last.get(m) for m in metrics}})
+    return table
+
+
+METRIC_NAMES = ("acc", "acc_norm", "ppl", "rouge-l", "val-loss")
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if not isinstance(value, int | float):
+        return str(value)
+    return f"{value:.3f}" if isinstance(value, float) and abs(value) < 10 else f"{value:.2f}"
+
+
+def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[str, Any], seconds: float) -> str:
+    """The results table in Markdown (per client: untouched vs after federated tuning)."""
+    metrics = [m for m in METRIC_NAMES if any(f"{m}/untouched" in row for row in table)]
+    lines = [f"# {cfg.method}: {cfg.num_server_rounds} rounds, {len(table)} clients, model `{cfg.model_name}`", "",
+             "Per client, on its own test split: the untouched model (round 0) and the federated model after the "
+             f"last round. Wall time {seconds:.0f} s.", ""]
+    head = "| client | data | " + " | ".join(f"{m} untouched | {m} {cfg.method}" for m in metrics) + " |"
+    lines += [head, "|" + "---|" * (2 + 2 * len(metrics))]
+    for row in table:
+        cells = [str(row["client"]), f"`{row['data']}`"]
+        for m in metrics:
+            cells += [_fmt(row.get(f"{m}/untouched")), _fmt(row.get(f"{m}/tuned"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    if table:
+        cells = ["mean", ""]
+        for m in metrics:
+            for side in ("untouched", "tuned"):
+                vals = [row[f"{m}/{side}"] for row in table if row.get(f"{m}/{side}") is not None]
+                cells.append(_fmt(sum(vals) / len(vals)) if vals else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    if server:
+        rounds = sorted(server, key=int)
+        keys = sorted({k for r in rounds for k in server[r] if k != "data"})
+        data = next((server[r]["data"] for r in rounds if "data" in server[r]), "held-out text")
+        lines += ["", f"Server-side evaluation of the global model on `{data}`:", "",
+                  "| round | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        for r in rounds:
+            lines.append(f"| {r} | " + " | ".join(_fmt(server[r].get(k)) for k in keys) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_rounds(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """One PNG per metric: its value per round, a line per client (and the server)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    series: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        who = "server" if r.get("phase") == "server-evaluate" else f"client {r.get('client')}"
+        for k, v in r.items():
+            if k in (*METRIC_NAMES, "train-loss") and isinstance(v, int | float):
+                series[f"{r.get('phase')}-{k}"][who].append((int(r["round"]), float(v)))
+    paths = []
+    for name, lines in series.items():
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for who, pts in sorted(lines.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=who)
+        ax.set_xlabel("round")
+        ax.set_ylabel(name)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -1,0 +1,81 @@
+"""The ServerApp: one federated run from top to bottom.
+
+1. validate the run config (before any model or data is touched);
+2. create the run directory (config.json);
+3. build the method's strategy and its initial global state;
+4. round 0: every client scores the untouched model; rounds 1..R: Flower's train/evaluate loop, each
+   reply logged to metrics.jsonl, the server scoring the global model's perplexity after every round;
+5. save the final artefacts, write summary.json / results.md / plots and print the table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from fedprune_app import registry
+from fedprune_app.config import RunConfig
+from fedprune_app.evaluation import held_out_text, perplexity
+from fedprune_app.results import RunDirectory
+from fedprune_app.runtime import quiet_libraries, seed_everything
+from strategies.base import FederatedStrategy
+
+app = ServerApp()
+log = logging.getLogger("fedprune")
+
+
+def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
+                      ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
+    """Perplexity of the global model on held-out `server-eval-data` text after every round."""
+    source = str(cfg.server_eval_data).strip()
+    if not source or int(cfg.eval_ppl_tokens) == 0:
+        return None
+    text = held_out_text(source, cfg)
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        start = time.perf_counter()
+        model, tokenizer = strategy.global_model(arrays)
+        ppl = perplexity(model, tokenizer, text, int(cfg.ppl_window), int(cfg.ppl_stride), int(cfg.eval_ppl_tokens))
+        row = {"ppl": ppl, "seconds": time.perf_counter() - start}
+        run.log({"round": server_round, "phase": "server-evaluate", "data": source, **row})
+        log.info("[fedprune] round %d: server perplexity on %s = %.2f", server_round, source, ppl)
+        return MetricRecord(row)
+
+    return evaluate
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
+    quiet_libraries()
+    seed_everything(int(cfg.seed))
+    run = RunDirectory.create(cfg)
+    log.info("[fedprune] %s: run directory %s", cfg.method, run.path)
+    try:
+        strategy = registry.get(str(cfg.method)).strategy(cfg, recorder=run.log)
+        initial = strategy.initial_arrays()
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=initial,
+            num_rounds=int(cfg.num_server_rounds),
+            train_config=ConfigRecord(),
+            evaluate_config=ConfigRecord(),
+            evaluate_fn=server_evaluation(cfg, strategy, run),
+        )
+        final = result.arrays if len(result.arrays) else initial  # no round produced an update: keep the start
+        artefacts = strategy.save_final(final, run.path)
+        run.finish("completed", {"artefacts": artefacts})
+    except BaseException:
+        error = traceback.format_exc()[-4000:]
+        try:
+            run.finish("failed", {"error": error})
+        finally:
+            log.error("[fedprune] run failed; see %s/summary.json", run.path)
+        raise
+    print((run.path / "results.md").read_text(), flush=True)
+    log.info("[fedprune] run directory: %s", run.path)

@@ -1,0 +1,73 @@
+"""Local training: a plain AdamW loop over the trainable (LoRA) parameters, and the validation loss."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedprune_app.config import RunConfig
+from fedprune_app.data import Example, collate, encode, training_batches
+
+
+@dataclass
+class TrainReport:
+    """What a local training run did: per-step losses and wall time."""
+
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def mean_loss(self) -> float:
+        return sum(self.losses) / len(self.losses) if self.losses else math.nan
+
+
+def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: RunConfig, seed: int,
+                steps: int | None = None) -> TrainReport:
+    """`steps` (default `local-steps`) AdamW steps on the parameters that require grad.
+
+    A fresh optimizer each call, as FedIT does each round (the optimizer state is not federated).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters (did you add LoRA adapters?)")
+    opt = torch.optim.AdamW(params, lr=float(cfg.learning_rate), weight_decay=float(cfg.weight_decay))
+    report = TrainReport()
+    start = time.perf_counter()
+    model.train()
+    torch.manual_seed(seed)
+    for batch in training_batches(examples, tokenizer, int(cfg.batch_size), int(steps or cfg.local_steps),
+                                  int(cfg.seq_len), seed):
+        loss = model(**batch).loss
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"training loss became {loss.item()} (lower learning-rate?)")
+        loss.backward()
+        if float(cfg.max_grad_norm) > 0:
+            torch.nn.utils.clip_grad_norm_(params, float(cfg.max_grad_norm))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        report.losses.append(loss.item())
+    model.eval()
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+@torch.no_grad()
+def mean_loss(model: nn.Module, tokenizer: Any, examples: Sequence[Example], seq_len: int,
+              batch_size: int = 8) -> float:
+    """Token-weighted mean loss of the response tokens of `examples` (NaN for none)."""
+    total, count = 0.0, 0
+    for i in range(0, len(examples), batch_size):
+        batch = collate([encode(tokenizer, e, seq_len) for e in examples[i:i + batch_size]], tokenizer.pad_token_id)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+        labels = batch["labels"][:, 1:]
+        mask = labels != -100
+        nll = torch.nn.functional.cross_entropy(logits[mask], labels[mask], reduction="sum")
+        total += nll.item()
+        count += int(mask.sum())
+    return total / count if count else math.nan

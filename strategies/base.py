@@ -1,0 +1,181 @@
+"""The template every fedprune strategy follows.
+
+Flower's `Strategy.start` owns the round loop (train -> aggregate -> federated evaluate -> server evaluate).
+`FederatedStrategy` fills in what all methods share and leaves a few small hooks:
+
+- `initial_arrays()`            the global state the first round starts from;
+- `node_config(round, node)`    per-node entries of the train ConfigRecord (layer ids, ranks, budgets);
+- `arrays_for(node, arrays)`    the per-node payload (default: the global arrays);
+- `reply_problem(node, reply)`  why a reply cannot be aggregated (default: shapes / finiteness vs what was sent);
+- `aggregate(round, replies)`   the new global ArrayRecord from the accepted replies (default: FedAvg);
+- `global_model(arrays)`        a model with the global state loaded (server evaluation, artefacts);
+- `save_final(arrays, dir)`     the final artefacts.
+
+Failed replies (a ClientApp that raised, a timeout) and malformed ones are dropped and logged; if no reply
+is usable the global state is kept. A client therefore never takes the run down or corrupts the state.
+Before round 1, `start` asks every client to evaluate the initial state (round 0, the untouched baseline).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result
+
+from fedprune_app.config import RunConfig
+from strategies.utils import check_arrays, numpy_state, record_bytes, spec_of, to_record, weighted_average
+
+log = logging.getLogger("fedprune")
+Recorder = Callable[[dict[str, Any]], None]
+
+
+def _flat_metrics(content: RecordDict) -> dict[str, Any]:
+    """Every MetricRecord and ConfigRecord entry of a reply, flattened (lists kept)."""
+    out: dict[str, Any] = {}
+    for rec in list(content.metric_records.values()) + list(content.config_records.values()):
+        for k, v in rec.items():
+            out[k] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+class FederatedStrategy(FedAvg):
+    """FedAvg's sampling and records, plus per-node messages, reply checks and per-client logging."""
+
+    def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
+        super().__init__(fraction_train=float(cfg.fraction_train), fraction_evaluate=float(cfg.fraction_evaluate),
+                         min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=int(cfg.min_nodes))
+        self.cfg = cfg
+        self.record = recorder or (lambda row: None)
+        self.rng = random.Random(int(cfg.seed))
+        self.sent: dict[int, ArrayRecord] = {}
+
+    # --- hooks -------------------------------------------------------------------------------------------
+    def initial_arrays(self) -> ArrayRecord:
+        raise NotImplementedError
+
+    def node_config(self, server_round: int, node_id: int) -> dict[str, Any]:
+        return {}
+
+    def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
+        return arrays
+
+    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
+        if "arrays" not in reply.array_records:
+            return "reply holds no 'arrays' record"
+        metrics = _flat_metrics(reply)
+        if not isinstance(metrics.get("num-examples"), int | float) or metrics["num-examples"] <= 0:
+            return "reply lacks a positive 'num-examples' metric"
+        return check_arrays(reply.array_records["arrays"], spec_of(self.sent[node_id]))
+
+    def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
+        states = [numpy_state(r.array_records["arrays"]) for r in replies]
+        weights = [float(_flat_metrics(r)["num-examples"]) for r in replies]
+        return to_record(weighted_average(states, weights))
+
+    def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        return {}
+
+    # --- the template ------------------------------------------------------------------------------------
+    def sample(self, grid: Grid, fraction: float) -> list[int]:
+        """Wait for `min-nodes`, then draw ⌈fraction·N⌉ nodes with the run's seeded RNG."""
+        while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
+            log.info("waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes)
+            time.sleep(1)
+        k = max(1, min(len(nodes), round(fraction * len(nodes))))
+        return sorted(self.rng.sample(nodes, k))
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        if self.fraction_train == 0.0:
+            return []
+        messages = []
+        self.sent = {}
+        for node_id in self.sample(grid, self.fraction_train):
+            payload = self.arrays_for(node_id, arrays)
+            self.sent[node_id] = payload
+            node_cfg = ConfigRecord({**dict(config), "server-round": server_round,
+                                     **self.node_config(server_round, node_id)})
+            content = RecordDict({"arrays": payload, "config": node_cfg})
+            messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id))
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        accepted: list[RecordDict] = []
+        for msg in replies:
+            node_id = msg.metadata.src_node_id
+            row: dict[str, Any] = {"round": server_round, "phase": "train", "node": node_id,
+                                   "bytes-down": record_bytes(self.sent.get(node_id, ArrayRecord()))}
+            if msg.has_error():
+                problem = f"client error: {msg.error.reason}"
+            else:
+                problem = self.reply_problem(node_id, msg.content) if node_id in self.sent else "unexpected reply"
+                row.update(_flat_metrics(msg.content), **{"bytes-up": record_bytes(msg.content)})
+            row["client"] = row.pop("partition-id", None)
+            row["status"] = "rejected" if problem else "accepted"
+            if problem:
+                row["problem"] = problem[:500]
+                log.warning("round %d: reply of node %d dropped: %s", server_round, node_id, problem[:200])
+            else:
+                accepted.append(msg.content)
+            self.record(row)
+        if not accepted:
+            log.warning("round %d: no usable reply, the global state is kept", server_round)
+            return None, None
+        arrays = self.aggregate(server_round, accepted)
+        return arrays, self.mean_metrics(accepted)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        good = []
+        for msg in replies:
+            row: dict[str, Any] = {"round": server_round, "phase": "evaluate", "node": msg.metadata.src_node_id}
+            if msg.has_error():
+                row.update(status="failed", problem=msg.error.reason[:500])
+            else:
+                row.update(_flat_metrics(msg.content), status="ok")
+                good.append(msg.content)
+            row["client"] = row.pop("partition-id", None)
+            self.record(row)
+        return self.mean_metrics(good) if good else None
+
+    @staticmethod
+    def mean_metrics(replies: list[RecordDict]) -> MetricRecord:
+        """Example-weighted mean of every numeric scalar metric the replies share."""
+        flat = [_flat_metrics(r) for r in replies]
+        weights = [float(m.get("num-examples", 1)) for m in flat]
+        keys = set.intersection(*(set(m) for m in flat))
+        out: dict[str, float | int] = {"num-examples": int(sum(weights))}
+        for k in sorted(keys - {"num-examples", "partition-id"}):
+            if all(isinstance(m[k], int | float) and not isinstance(m[k], bool) for m in flat):
+                out[k] = sum(m[k] * w for m, w in zip(flat, weights, strict=True)) / sum(weights)
+        return MetricRecord(out)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Round 0 (every client scores the initial state), then Flower's loop."""
+        if self.fraction_evaluate > 0:
+            cfg = ConfigRecord(dict(evaluate_config or ConfigRecord()))
+            replies = grid.send_and_receive(self.configure_evaluate(0, initial_arrays, cfg, grid), timeout=timeout)
+            self.aggregate_evaluate(0, replies)
+        return super().start(grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds, timeout=timeout,
+                             train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        if self.fraction_evaluate == 0.0:
+            return []
+        node_cfg = ConfigRecord({**dict(config), "server-round": server_round})
+        return [Message(content=RecordDict({"arrays": arrays, "config": node_cfg}),
+                        message_type=MessageType.EVALUATE, dst_node_id=node_id)
+                for node_id in self.sample(grid, self.fraction_evaluate)]
