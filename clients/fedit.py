@@ -8,9 +8,9 @@ import time
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from clients.base import FederatedClient
-from fedprune_app.evaluation import evaluate_client
+from fedprune_app.evaluation import evaluate_client, mean_loss
 from fedprune_app.models import get_adapter_state, peft_model_for, set_adapter_state
-from fedprune_app.training import mean_loss, train_steps
+from fedprune_app.training import train_steps
 
 
 class FedITClient(FederatedClient):

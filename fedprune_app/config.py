@@ -96,11 +96,13 @@ KEYS: tuple[Key, ...] = (
     Key("weight-decay", 0.0, "AdamW weight decay.", minimum=0.0),
     Key("max-grad-norm", 1.0, "Gradient clipping norm (0 = off).", minimum=0.0),
     # --- evaluation ----------------------------------------------------------------------------------
+    Key("eval-every", 0, "Federated evaluation every k rounds (and always round 0 = the untouched model, and "
+        "the last round); 0 = only round 0 and the last round.", minimum=0),
     Key("eval-tasks", "", "lm-eval task names, one for all clients or one per client; empty = a local task "
         "generated from each client's own multiple-choice test split."),
     Key("eval-include-path", "", "Directory of extra lm-eval task YAMLs (offline tasks)."),
     Key("eval-batch-size", 8, "lm-eval batch size.", minimum=1),
-    Key("eval-ppl-tokens", 2048, "Tokens of held-out text scored for perplexity (0 = skip).", minimum=0),
+    Key("eval-ppl-tokens", 1024, "Tokens of held-out plain text scored for perplexity (0 = skip).", minimum=0),
     Key("ppl-window", 256, "Sliding-window length for perplexity.", minimum=8),
     Key("ppl-stride", 256, "Sliding-window stride for perplexity (<= ppl-window).", minimum=1),
     Key("gen-max-new-tokens", 32, "Greedy tokens generated per example for Rouge-L.", minimum=1),

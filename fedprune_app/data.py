@@ -244,9 +244,13 @@ def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> Clien
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
     sources = split_list(str(cfg.client_data))
-    splits = {s: source_splits(s, int(cfg.seed), int(cfg.test_examples), int(cfg.val_examples),
-                               int(cfg.max_train_examples)) for s in sources}
-    if cfg.partitioner == "by-source":
+
+    def load(names: list[str]) -> dict[str, Splits]:
+        return {s: source_splits(s, int(cfg.seed), int(cfg.test_examples), int(cfg.val_examples),
+                                 int(cfg.max_train_examples)) for s in names}
+
+    if cfg.partitioner == "by-source":  # a client reads only its own sources
+        splits = load(sources[partition_id::num_partitions] or [sources[partition_id % len(sources)]])
         if len(sources) >= num_partitions:
             mine = sources[partition_id::num_partitions]
             train = [e for s in mine for e in splits[s].train]
@@ -258,6 +262,7 @@ def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> Clien
             train = full[rank * len(full) // n_share:(rank + 1) * len(full) // n_share]
         val = [e for s in mine for e in splits[s].val]
     else:
+        splits = load(sources)
         pool = [e for s in sources for e in splits[s].train]
         idx = partition_pool(pool, num_partitions, str(cfg.partitioner), float(cfg.dirichlet_alpha), int(cfg.seed))
         train = [pool[i] for i in idx[partition_id]]

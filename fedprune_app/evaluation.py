@@ -18,36 +18,57 @@ import torch
 from torch import nn
 
 from fedprune_app.config import RunConfig, per_client
-from fedprune_app.data import ClientData, text_of
+from fedprune_app.data import ClientData, Example, collate, encode, text_of
 
 
 @torch.no_grad()
 def perplexity(model: nn.Module, tokenizer: Any, text: str, window: int = 256, stride: int = 256,
                max_tokens: int = 0) -> float:
-    """exp(mean NLL) of `text` scored in windows of `window` tokens moved by `stride`.
+    """exp(mean NLL) of `text`, every token after the first scored exactly once, in sliding windows.
 
-    Each token is scored once, with up to `window - 1` tokens of context (the first token of the text is
-    context only). stride == window gives disjoint chunks; a smaller stride gives each chunk more context.
+    A window holds at most `window` tokens and scores its last `step = min(stride, window - 1)` tokens, the
+    ones before them serving as context only. stride == window therefore gives back-to-back windows that
+    overlap by the one token each needs as context (no token is skipped); a smaller stride gives every
+    scored token at least `window - stride` tokens of context (the usual sliding-window perplexity).
     """
     ids = tokenizer(text, return_tensors="pt")["input_ids"][0]
     if max_tokens:
         ids = ids[:max_tokens]
     if len(ids) < 2:
         raise ValueError("perplexity needs at least 2 tokens of text")
-    nll, count, scored_until = 0.0, 0, 1  # token 0 has no context: never scored
+    step = max(1, min(stride, window - 1))
     device = next(model.parameters()).device
-    for begin in range(0, len(ids) - 1, stride):
-        end = min(begin + window, len(ids))
-        chunk = ids[begin:end].unsqueeze(0).to(device)
+    nll, count, first = 0.0, 0, 1
+    while first < len(ids):
+        last = min(first + step, len(ids))  # score tokens [first, last)
+        start = max(0, last - window)
+        chunk = ids[start:last].unsqueeze(0).to(device)
         logits = model(input_ids=chunk).logits[0, :-1].float()
         logp = torch.log_softmax(logits, dim=-1).gather(1, chunk[0, 1:, None])[:, 0]
-        first_new = max(scored_until, begin + 1) - (begin + 1)  # positions already scored by an earlier window
-        nll -= logp[first_new:].sum().item()
-        count += len(logp) - first_new
-        scored_until = end
-        if end == len(ids):
-            break
+        nll -= logp[-(last - first):].sum().item()
+        count += last - first
+        first = last
     return math.exp(nll / count)
+
+
+@torch.no_grad()
+def mean_loss(model: nn.Module, tokenizer: Any, examples: Sequence[Example], seq_len: int,
+              batch_size: int = 8) -> float:
+    """Token-weighted mean NLL of each example's response given its prompt (NaN for no examples).
+
+    exp() of it is the "answer perplexity" a client reports for question/instruction data: the quantity
+    that instruction tuning minimises (loss on the response tokens only, as in training).
+    """
+    total, count = 0.0, 0
+    for i in range(0, len(examples), batch_size):
+        batch = collate([encode(tokenizer, e, seq_len) for e in examples[i:i + batch_size]], tokenizer.pad_token_id)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+        labels = batch["labels"][:, 1:]
+        mask = labels != -100
+        nll = torch.nn.functional.cross_entropy(logits[mask], labels[mask], reduction="sum")
+        total += nll.item()
+        count += int(mask.sum())
+    return total / count if count else math.nan
 
 
 def local_mc_task(name: str, test_path: Path) -> dict[str, Any]:
@@ -147,14 +168,17 @@ def eval_task_for(cfg: RunConfig, data: ClientData, num_partitions: int) -> str 
 
 def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: RunConfig,
                     num_partitions: int) -> dict[str, float]:
-    """A client's metrics on its own test split: acc/acc_norm (lm-eval), ppl, and rouge-l for instructions."""
+    """A client's metrics on its own test split: acc/acc_norm (lm-eval) for multiple choice, rouge-l for
+    instructions, and ppl: of the answers given the prompts, or sliding-window over plain text."""
     metrics: dict[str, float] = {}
     task = eval_task_for(cfg, data, num_partitions)
     if task is not None:
         res = lm_eval_accuracy(model, tokenizer, [task], int(cfg.eval_batch_size),
                                include_path=str(cfg.eval_include_path))
         metrics.update(next(iter(res.values())))
-    if int(cfg.eval_ppl_tokens) > 0 and data.test:
+    if data.test and data.test[0]["prompt"]:  # questions / instructions: perplexity of the answers
+        metrics["ppl"] = math.exp(mean_loss(model, tokenizer, data.test, int(cfg.seq_len), int(cfg.eval_batch_size)))
+    elif data.test and int(cfg.eval_ppl_tokens) > 0:  # plain text: sliding-window perplexity
         metrics["ppl"] = perplexity(model, tokenizer, text_of(data.test), int(cfg.ppl_window), int(cfg.ppl_stride),
                                     int(cfg.eval_ppl_tokens))
     if data.test and not data.test[0]["choices"] and data.test[0]["prompt"]:

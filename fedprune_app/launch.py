@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
+import re
 import shutil
 import signal
 import socket
@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,14 @@ APP_DIR = Path(__file__).resolve().parent.parent
 
 
 def parse_overrides(text: str) -> dict[str, Any]:
-    """'k=v k2="s"' -> dict, with TOML value syntax (as `flwr run --run-config` reads it)."""
-    out: dict[str, Any] = {}
-    for item in shlex.split(text, posix=False):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--run-config item {item!r} is not key=value")
-        out.update(tomllib.loads(f'"{key.strip()}" = {value.strip()}'))
-    return out
+    """'k=v k2="s"' -> dict, with TOML value syntax (the same pattern `flwr run --run-config` uses)."""
+    pairs = re.findall(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)", text)
+    if not pairs and text.strip():
+        raise ConfigError(f"--run-config {text!r} is neither a .toml file nor 'key=value ...' pairs")
+    try:
+        return tomllib.loads("\n".join(f'"{k}" = {v}' for k, v in pairs))
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"--run-config {text!r}: values must be TOML (strings quoted): {err}") from err
 
 
 def merged_config(app_dir: Path, run_configs: list[str]) -> dict[str, Any]:
@@ -76,33 +77,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def superlink_pids(port: int) -> list[int]:
-    """PIDs of `flower-superlink` processes serving `port` (read from /proc)."""
-    pids = []
+def _proc_table() -> dict[int, tuple[int, int, list[bytes]]]:
+    """pid -> (parent pid, session id, argv) for every process we can read in /proc."""
+    table = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
+            stat = (proc / "stat").read_text()
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith(b"flower-superlink") for a in argv) and str(port).encode() in argv:
-            pids.append(int(proc.name))
-    return pids
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        table[int(proc.name)] = (int(fields[1]), int(fields[3]), argv)
+    return table
+
+
+def superlink_pids(port: int) -> list[int]:
+    """PIDs of `flower-superlink` processes serving `port`."""
+    return [pid for pid, (_, _, argv) in _proc_table().items()
+            if any(a.endswith(b"flower-superlink") for a in argv) and str(port).encode() in argv]
+
+
+def superlink_family(port: int) -> set[int]:
+    """The SuperLink on `port`, its descendants, and every process in their sessions (SuperExec,
+    the simulation, Ray's daemons and actors start their own sessions under it)."""
+    table = _proc_table()
+    family = set(superlink_pids(port))
+    frontier = set(family)
+    while frontier:
+        frontier = {pid for pid, (ppid, _, _) in table.items() if ppid in frontier} - family
+        family |= frontier
+    sessions = {table[pid][1] for pid in family if pid in table}
+    return family | {pid for pid, (_, sid, _) in table.items() if sid in sessions and sid != os.getsid(0)}
 
 
 def stop_superlink(port: int) -> None:
-    """Terminate the SuperLink on `port` and its process group (simulation and ServerApp processes)."""
-    for pid in superlink_pids(port):
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+    """Terminate the SuperLink on `port` and everything it started (TERM, then KILL after 10 s)."""
+    family = superlink_family(port)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in family:
             try:
-                os.killpg(os.getpgid(pid), sig)
+                os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
-                break
-            for _ in range(50):
-                if not Path(f"/proc/{pid}").exists():
-                    break
-                time.sleep(0.1)
+                pass
+        deadline = time.time() + 10
+        while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in family):
+            time.sleep(0.2)
+        family = {p for p in family if Path(f"/proc/{p}").exists()}
+        if not family:
+            return
 
 
 def run_status(env: dict[str, str], flwr: str) -> str:
@@ -118,9 +142,19 @@ def run_status(env: dict[str, str], flwr: str) -> str:
     return str(newest.get("status", newest.get("status-text", "unknown")))
 
 
+@dataclass
+class Launched:
+    """What one launch did: its exit code, the run directory, the SuperLink port it used, the run status."""
+
+    code: int
+    run_dir: Path | None
+    port: int
+    status: str
+
+
 def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_DIR, timeout: float = 7200,
-           quiet: bool = False) -> tuple[int, Path | None]:
-    """Run one simulation; return (exit code, run directory)."""
+           quiet: bool = False) -> Launched:
+    """Run one simulation and clean up after it."""
     values = merged_config(app_dir, run_configs)
     cfg = RunConfig.from_flower(values, methods=_methods())
     out_root = resolve_output_dir(str(cfg.output_dir))
@@ -154,7 +188,7 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
     print(f"\n[fedprune] flwr run status: {status}; run directory: {run_dir}", flush=True)
     if run_dir is not None and (run_dir / "results.md").is_file():
         print((run_dir / "results.md").read_text(), flush=True)
-    return (0 if ok else 1), run_dir
+    return Launched(0 if ok else 1, run_dir, http_port, status)
 
 
 def _methods() -> tuple[str, ...]:
@@ -170,12 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--federation-config", default="num-supernodes=4 client-resources-num-cpus=1")
     parser.add_argument("--timeout", type=float, default=7200)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up in `launch` on TERM too
     try:
-        code, _ = launch(args.run_config, args.federation_config, timeout=args.timeout)
+        return launch(args.run_config, args.federation_config, timeout=args.timeout).code
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return code
 
 
 if __name__ == "__main__":

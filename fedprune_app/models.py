@@ -90,6 +90,7 @@ def add_lora(model: nn.Module, cfg: RunConfig, seed: int, rank: int | None = Non
             peft_model = get_peft_model(model, lora_config(cfg, rank))
         except ValueError as err:  # peft names the missing modules; add the key that controls them
             raise ValueError(f"run-config key 'lora-target-modules': {err}") from err
+    peft_model.eval()  # dropout off until a training loop switches it on
     return peft_model
 
 

@@ -69,10 +69,17 @@ class RunDirectory:
         table = client_table(self.rows("evaluate"))
         server = {str(r["round"]): {k: v for k, v in r.items() if k not in ("time", "phase", "round")}
                   for r in self.rows("server-evaluate")}
-        summary = {"status": status, "method": self.cfg.method, "seconds": round(time.time() - self.started, 1),
-                   "clients": table, "server": server, **(extra or {})}
+        dropped = [{"round": r["round"], "phase": r["phase"], "node": r["node"], "problem": r.get("problem", "")[:200]}
+                   for r in self.records if r.get("status") in ("failed", "rejected")]
+        summary = {"status": status, "method": self.cfg.method, "started-at": self.started,
+                   "seconds": round(time.time() - self.started, 1),
+                   "clients": table, "server": server, "dropped-replies": dropped, **(extra or {})}
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (self.path / "results.md").write_text(render_results(self.cfg, table, server, summary["seconds"]))
+        text = render_results(self.cfg, table, server, summary["seconds"])
+        if dropped:
+            text += (f"\n{len(dropped)} client replies failed or were rejected and left out "
+                     "(details in summary.json and metrics.jsonl).\n")
+        (self.path / "results.md").write_text(text)
         plot_rounds(self.records, self.path / "plots")
         return summary
 
@@ -81,7 +88,8 @@ def client_table(eval_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per client: its metrics at round 0 (untouched model) and at its last evaluated round."""
     by_client: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
     for r in eval_rows:
-        by_client[int(r["client"])][int(r["round"])] = r
+        if r.get("status") == "ok" and r.get("client") is not None:
+            by_client[int(r["client"])][int(r["round"])] = r
     table = []
     for client in sorted(by_client):
         rounds = by_client[client]
@@ -146,6 +154,8 @@ def plot_rounds(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     series: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
+        if r.get("status") in ("failed", "rejected"):
+            continue
         who = "server" if r.get("phase") == "server-evaluate" else f"client {r.get('client')}"
         for k, v in r.items():
             if k in (*METRIC_NAMES, "train-loss") and isinstance(v, int | float):

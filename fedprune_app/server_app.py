@@ -26,7 +26,7 @@ from fedprune_app.runtime import quiet_libraries, seed_everything
 from strategies.base import FederatedStrategy
 
 app = ServerApp()
-log = logging.getLogger("fedprune")
+log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
 
 
 def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
@@ -59,6 +59,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         strategy = registry.get(str(cfg.method)).strategy(cfg, recorder=run.log)
         initial = strategy.initial_arrays()
+        initial_ready = time.time() - run.started
         result = strategy.start(
             grid=grid,
             initial_arrays=initial,
@@ -69,7 +70,7 @@ def main(grid: Grid, context: Context) -> None:
         )
         final = result.arrays if len(result.arrays) else initial  # no round produced an update: keep the start
         artefacts = strategy.save_final(final, run.path)
-        run.finish("completed", {"artefacts": artefacts})
+        run.finish("completed", {"artefacts": artefacts, "initial-state-seconds": round(initial_ready, 3)})
     except BaseException:
         error = traceback.format_exc()[-4000:]
         try:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from fedprune_app.config import RunConfig
-from fedprune_app.data import Example, collate, encode, training_batches
+from fedprune_app.data import Example, training_batches
 
 
 @dataclass
@@ -55,19 +55,3 @@ def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], c
     model.eval()
     report.seconds = time.perf_counter() - start
     return report
-
-
-@torch.no_grad()
-def mean_loss(model: nn.Module, tokenizer: Any, examples: Sequence[Example], seq_len: int,
-              batch_size: int = 8) -> float:
-    """Token-weighted mean loss of the response tokens of `examples` (NaN for none)."""
-    total, count = 0.0, 0
-    for i in range(0, len(examples), batch_size):
-        batch = collate([encode(tokenizer, e, seq_len) for e in examples[i:i + batch_size]], tokenizer.pad_token_id)
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
-        labels = batch["labels"][:, 1:]
-        mask = labels != -100
-        nll = torch.nn.functional.cross_entropy(logits[mask], labels[mask], reduction="sum")
-        total += nll.item()
-        count += int(mask.sum())
-    return total / count if count else math.nan

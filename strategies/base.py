@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 from fedprune_app.config import RunConfig
 from strategies.utils import check_arrays, numpy_state, record_bytes, spec_of, to_record, weighted_average
 
-log = logging.getLogger("fedprune")
+log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
 Recorder = Callable[[dict[str, Any]], None]
 
 
@@ -136,7 +136,7 @@ class FederatedStrategy(FedAvg):
         return arrays, self.mean_metrics(accepted)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        good = []
+        good: list[RecordDict] = []
         for msg in replies:
             row: dict[str, Any] = {"round": server_round, "phase": "evaluate", "node": msg.metadata.src_node_id}
             if msg.has_error():
@@ -171,10 +171,17 @@ class FederatedStrategy(FedAvg):
         return super().start(grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds, timeout=timeout,
                              train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
 
+    def evaluates(self, server_round: int) -> bool:
+        """Round 0 and the last round always; every `eval-every` rounds in between."""
+        every = int(self.cfg.eval_every)
+        return server_round in (0, int(self.cfg.num_server_rounds)) or (every > 0 and server_round % every == 0)
+
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        if self.fraction_evaluate == 0.0:
+        if self.fraction_evaluate == 0.0 or not self.evaluates(server_round):
             return []
+        log.info("[fedprune] round %d: federated evaluation%s", server_round,
+                 " of the untouched model" if server_round == 0 else "")
         node_cfg = ConfigRecord({**dict(config), "server-round": server_round})
         return [Message(content=RecordDict({"arrays": arrays, "config": node_cfg}),
                         message_type=MessageType.EVALUATE, dst_node_id=node_id)

@@ -35,9 +35,10 @@ def numpy_state(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def record_bytes(content: RecordDict | ArrayRecord) -> int:
-    """Bytes of array payload in a record (what travels, without framing)."""
+    """Bytes of tensor data in a record (shape x itemsize; serialization headers not counted)."""
     records = content.array_records.values() if isinstance(content, RecordDict) else [content]
-    return int(sum(len(arr.data) for rec in records for arr in rec.values()))
+    return int(sum(np.prod(arr.shape, dtype=np.int64) * np.dtype(arr.dtype).itemsize
+                   for rec in records for arr in rec.values()))
 
 
 def check_arrays(received: ArrayRecord, expected: Mapping[str, tuple[tuple[int, ...], str]]) -> str | None:

@@ -1,0 +1,39 @@
+"""Shared fixtures: a tiny LLaMA on disk, small run configs, Flower message identities (no Ray)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+for _k, _v in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false", "FLWR_TELEMETRY_ENABLED": "0"}.items():
+    os.environ.setdefault(_k, _v)
+
+from fedprune_app.config import RunConfig  # noqa: E402
+from tests.tiny import save_tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def small_config(model_dir: Path | str, **overrides: object) -> RunConfig:
+    """A run config that a test can afford: tiny model, small splits, few steps."""
+    base: dict[str, object] = {
+        "model-name": str(model_dir), "local-steps": 2, "batch-size": 2, "test-examples": 8, "val-examples": 4,
+        "max-train-examples": 16, "eval-ppl-tokens": 128, "ppl-window": 64, "ppl-stride": 64, "seq-len": 64,
+        "lora-rank": 4, "eval-batch-size": 4,
+    }
+    base.update({k.replace("_", "-"): v for k, v in overrides.items()})
+    return RunConfig.from_flower(base)
+
+
+@pytest.fixture()
+def flower_ids() -> None:
+    """Building a Message outside a run needs the task identity set (Flower >= 1.41)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0

@@ -1,0 +1,135 @@
+"""Data: record schemas, seeded splits, client partitions (by source, IID, Dirichlet), tokenization."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedprune_app.config import ConfigError, RunConfig
+from fedprune_app.data import (
+    client_data,
+    encode,
+    load_source,
+    normalize_record,
+    partition_pool,
+    split_source,
+    text_example,
+    training_batches,
+)
+from fedprune_app.models import load_tokenizer
+
+
+def _pool(sizes: dict[str, int]) -> list[dict]:
+    return [text_example(src, f"{src} {i}") for src, n in sizes.items() for i in range(n)]
+
+
+def test_record_schemas() -> None:
+    mc = normalize_record("s", {"question": "2+2?", "choices": ["3", "4"], "label": 1})
+    assert mc["prompt"] == "Question: 2+2?\nAnswer:" and mc["response"] == "4" and mc["label"] == 1
+    bb = normalize_record("s", {"input": "x", "target_scores": {"a": 0, "b": 1, "c": 0}})
+    assert bb["choices"] == ["a", "b", "c"] and bb["label"] == 1
+    letter = normalize_record("s", {"question": "q", "choices": ["a", "b"], "answer": "B"})
+    assert letter["label"] == 1
+    ins = normalize_record("s", {"instruction": "Do it", "input": "in", "output": "out"})
+    assert ins["prompt"].startswith("Do it\n\nin") and ins["response"] == "out" and ins["choices"] == []
+    assert normalize_record("s", {"text": "hello"})["response"] == "hello"
+    with pytest.raises(ValueError, match=r"fields \['foo'\] matches no known schema"):
+        normalize_record("s", {"foo": 1})
+
+
+def test_splits_are_seeded_disjoint_and_sized() -> None:
+    ex = _pool({"a": 100})
+    s1, s2, s3 = split_source(ex, 0, 10, 5, 50), split_source(ex, 0, 10, 5, 50), split_source(ex, 1, 10, 5, 50)
+    assert (len(s1.test), len(s1.val), len(s1.train)) == (10, 5, 50)
+    assert s1.test == s2.test and s1.train == s2.train and s1.test != s3.test
+    texts = [e["response"] for e in s1.test + s1.val + s1.train]
+    assert len(set(texts)) == len(texts)
+    with pytest.raises(ConfigError, match="fewer than test-examples"):
+        split_source(ex, 0, 90, 10, 0)
+
+
+def test_iid_partitions_cover_the_pool_evenly_and_deterministically() -> None:
+    pool = _pool({"a": 60, "b": 60})
+    parts = partition_pool(pool, 4, "iid", 0.5, seed=0)
+    assert sorted(i for p in parts for i in p) == list(range(120))
+    assert [len(p) for p in parts] == [30, 30, 30, 30]
+    assert parts == partition_pool(pool, 4, "iid", 0.5, seed=0)
+
+
+def _skew(parts: list[list[int]], pool: list[dict]) -> float:
+    """Mean over clients of the share of their most common source (1.0 = one source each)."""
+    shares = []
+    for p in parts:
+        counts = Counter(pool[i]["source"] for i in p)
+        shares.append(max(counts.values()) / len(p))
+    return float(np.mean(shares))
+
+
+def test_dirichlet_is_seeded_and_skews_more_at_small_alpha() -> None:
+    pool = _pool({"a": 200, "b": 200, "c": 200, "d": 200})
+    low = partition_pool(pool, 4, "dirichlet", 0.1, seed=3)
+    assert low == partition_pool(pool, 4, "dirichlet", 0.1, seed=3)
+    assert low != partition_pool(pool, 4, "dirichlet", 0.1, seed=4)
+    assert sorted(i for p in low for i in p) == list(range(800))
+    high = partition_pool(pool, 4, "dirichlet", 100.0, seed=3)
+    assert _skew(low, pool) > _skew(high, pool) + 0.2
+    assert _skew(high, pool) < 0.45
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_by_source_clients_from_local_jsonl(tmp_path: Path) -> None:
+    a = _jsonl(tmp_path / "a.jsonl", [{"question": f"q{i}", "choices": ["x", "y"], "label": i % 2} for i in range(40)])
+    b = _jsonl(tmp_path / "b.jsonl", [{"text": f"t{i}"} for i in range(40)])
+    cfg = RunConfig.from_flower({"client-data": f"{a},jsonl:{b}", "test-examples": 5, "val-examples": 5,
+                                 "max-train-examples": 0})
+    c0, c1 = client_data(cfg, 0, 2), client_data(cfg, 1, 2)
+    assert c0.eval_source == a and c1.eval_source == f"jsonl:{b}"
+    assert len(c0.train) == 30 and c0.test_path is not None and c0.test_path.is_file()
+    # four clients over two sources: the clients sharing a source split its training data, share its test split
+    shares = [client_data(cfg, i, 4) for i in range(4)]
+    assert [s.eval_source for s in shares] == [a, f"jsonl:{b}", a, f"jsonl:{b}"]
+    assert len(shares[0].train) == len(shares[2].train) == 15
+    assert not {e["question"] for e in shares[0].train} & {e["question"] for e in shares[2].train}
+    assert shares[0].test == shares[2].test
+
+
+def test_hf_source_reads_a_local_dataset_directory(tmp_path: Path) -> None:
+    (tmp_path / "ds").mkdir()
+    rows = [{"instruction": "Say", "input": str(i), "output": str(i)} for i in range(9)]
+    _jsonl(tmp_path / "ds" / "train.jsonl", rows)
+    examples = load_source(f"hf:{tmp_path / 'ds'}")
+    assert len(examples) == 9 and examples[0]["response"] == "0"
+
+
+def test_unknown_source_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'client-data': cannot read source 'foo'"):
+        load_source("foo")
+    with pytest.raises(ConfigError, match="squad_shifts domain must be one of"):
+        load_source("squad_shifts:wiki")
+
+
+def test_embedded_tasks_load() -> None:
+    social = load_source("bigbench:social_iqa")
+    assert len(social) > 1000 and len(social[0]["choices"]) == 3
+    wiki = load_source("squad_shifts:squaddev")
+    assert len(wiki) > 500 and wiki[0]["prompt"] == ""
+
+
+def test_encode_masks_the_prompt(tiny_model_dir: Path) -> None:
+    tok = load_tokenizer(str(tiny_model_dir))
+    ex = normalize_record("s", {"question": "Is the sky blue?", "choices": ["no", "yes"], "label": 1})
+    ids, labels = encode(tok, ex, 64)
+    answer = tok(" yes", add_special_tokens=False)["input_ids"]
+    assert labels[-1] == tok.eos_token_id and ids[-1] == tok.eos_token_id
+    assert [t for t in labels if t != -100] == answer + [tok.eos_token_id]
+    batch = next(training_batches([ex, text_example("s", "a b c")], tok, 2, 1, 64, seed=0))
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape
+    assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()
