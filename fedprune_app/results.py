@@ -69,7 +69,7 @@ class RunDirectory:
         table = client_table(self.rows("evaluate"))
         server = {str(r["round"]): {k: v for k, v in r.items() if k not in ("time", "phase", "round")}
                   for r in self.rows("server-evaluate")}
-        dropped = [{"round": r["round"], "phase": r["phase"], "node": r["node"], "problem": r.get("problem", "")[:200]}
+        dropped = [{"round": r["round"], "phase": r["phase"], "node": r["node"], "problem": r.get("problem", "")[-300:]}
                    for r in self.records if r.get("status") in ("failed", "rejected")]
         summary = {"status": status, "method": self.cfg.method, "started-at": self.started,
                    "seconds": round(time.time() - self.started, 1),

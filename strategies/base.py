@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -43,6 +44,12 @@ def _flat_metrics(content: RecordDict) -> dict[str, Any]:
         for k, v in rec.items():
             out[k] = v.decode() if isinstance(v, bytes) else v
     return out
+
+
+def _tail(reason: str, n: int = 600) -> str:
+    """The end of an error text (where a traceback names the exception), without terminal colour codes."""
+    clean = re.sub(r"\x1b\[[0-9;]*m", "", reason).strip()
+    return clean if len(clean) <= n else "…" + clean[-n:]
 
 
 class FederatedStrategy(FedAvg):
@@ -124,8 +131,8 @@ class FederatedStrategy(FedAvg):
             row["client"] = row.pop("partition-id", None)
             row["status"] = "rejected" if problem else "accepted"
             if problem:
-                row["problem"] = problem[:500]
-                log.warning("round %d: reply of node %d dropped: %s", server_round, node_id, problem[:200])
+                row["problem"] = _tail(problem)
+                log.warning("round %d: reply of node %d dropped: %s", server_round, node_id, _tail(problem, 300))
             else:
                 accepted.append(msg.content)
             self.record(row)
@@ -140,7 +147,9 @@ class FederatedStrategy(FedAvg):
         for msg in replies:
             row: dict[str, Any] = {"round": server_round, "phase": "evaluate", "node": msg.metadata.src_node_id}
             if msg.has_error():
-                row.update(status="failed", problem=msg.error.reason[:500])
+                row.update(status="failed", problem=_tail(msg.error.reason))
+                log.warning("round %d: evaluation on node %d failed: %s", server_round, row["node"],
+                            _tail(msg.error.reason, 300))
             else:
                 row.update(_flat_metrics(msg.content), status="ok")
                 good.append(msg.content)

@@ -83,3 +83,9 @@ def test_launcher_merges_presets_and_overrides_in_order(tmp_path: Path) -> None:
 def test_presets_are_valid() -> None:
     for preset in sorted((ROOT / "conf").glob("*.toml")):
         RunConfig.from_flower(launch.merged_config(ROOT, [str(preset)]), methods=registry.names())
+
+
+def test_readme_documents_every_key_with_its_default() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for key in KEYS:
+        assert f"| `{key.name}` | `{key.default!r}` |" in readme, f"README lacks the row of {key.name}"
