@@ -1,5 +1,8 @@
 """Client data: sources -> normalized examples -> seeded train/val/test splits -> client partitions -> tokens.
 
+Tokens: a prompted example (question, instruction) is one sequence with the loss on its response; plain
+text is packed into `seq-len` blocks.
+
 Every example is a plain dict (it round-trips through JSONL and `datasets`):
 `{"source", "prompt", "response", "choices", "label"}`. Training puts the loss on the response tokens
 (for plain text the prompt is empty, so every token counts); multiple-choice examples also carry their
@@ -304,19 +307,41 @@ def collate(encoded: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def pack_text(examples: Sequence[Example], tokenizer: Any, seq_len: int) -> list[tuple[list[int], list[int]]]:
+    """Plain-text examples as one token stream (eos between documents) cut into seq_len blocks; every
+    token is a target. The last, shorter block is kept if it has at least 2 tokens."""
+    stream: list[int] = []
+    for e in examples:
+        stream += tokenizer(e["response"], add_special_tokens=True)["input_ids"]
+        if tokenizer.eos_token_id is not None:
+            stream.append(tokenizer.eos_token_id)
+    blocks = [stream[i:i + seq_len] for i in range(0, len(stream), seq_len)]
+    return [(b, list(b)) for b in blocks if len(b) >= 2]
+
+
+def training_items(examples: Sequence[Example], tokenizer: Any, seq_len: int) -> list[tuple[list[int], list[int]]]:
+    """What a training step samples from: each prompted example encoded alone (loss on its response),
+    plain text packed into full seq_len blocks."""
+    prompted = [encode(tokenizer, e, seq_len) for e in examples if e["prompt"]]
+    return prompted + pack_text([e for e in examples if not e["prompt"]], tokenizer, seq_len)
+
+
 def training_batches(examples: Sequence[Example], tokenizer: Any, batch_size: int, steps: int, seq_len: int,
                      seed: int) -> Iterator[dict[str, torch.Tensor]]:
-    """`steps` batches drawn epoch by epoch from a seeded permutation of the examples."""
+    """`steps` batches drawn epoch by epoch from a seeded permutation of the training items."""
+    items = training_items(examples, tokenizer, seq_len)
+    if not items:
+        raise ValueError("no training items: the client's examples are empty")
     rng = random.Random(seed)
     order: list[int] = []
     for _ in range(steps):
         batch = []
         while len(batch) < batch_size:
             if not order:
-                order = list(range(len(examples)))
+                order = list(range(len(items)))
                 rng.shuffle(order)
-            batch.append(examples[order.pop()])
-        yield collate([encode(tokenizer, e, seq_len) for e in batch], tokenizer.pad_token_id)
+            batch.append(items[order.pop()])
+        yield collate(batch, tokenizer.pad_token_id)
 
 
 def text_of(examples: Sequence[Example]) -> str:

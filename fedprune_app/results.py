@@ -119,8 +119,11 @@ def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[
     lines = [f"# {cfg.method}: {cfg.num_server_rounds} rounds, {len(table)} clients, model `{cfg.model_name}`", "",
              "Per client, on its own test split: the untouched model (round 0) and the federated model after the "
              f"last round. Wall time {seconds:.0f} s.", ""]
-    head = "| client | data | " + " | ".join(f"{m} untouched | {m} {cfg.method}" for m in metrics) + " |"
-    lines += [head, "|" + "---|" * (2 + 2 * len(metrics))]
+    if not table:
+        lines.append("No client evaluated the model in this run (fraction-evaluate = 0 or every evaluation failed).")
+    else:
+        head = "| client | data | " + " | ".join(f"{m} untouched | {m} {cfg.method}" for m in metrics) + " |"
+        lines += [head, "|" + "---|" * (2 + 2 * len(metrics))]
     for row in table:
         cells = [str(row["client"]), f"`{row['data']}`"]
         for m in metrics:
@@ -150,6 +153,7 @@ def plot_rounds(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out_dir.mkdir(parents=True, exist_ok=True)
     series: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -159,7 +163,8 @@ def plot_rounds(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         who = "server" if r.get("phase") == "server-evaluate" else f"client {r.get('client')}"
         for k, v in r.items():
             if k in (*METRIC_NAMES, "train-loss") and isinstance(v, int | float):
-                series[f"{r.get('phase')}-{k}"][who].append((int(r["round"]), float(v)))
+                phase = str(r.get("phase"))
+                series[k if k.startswith(phase) else f"{phase}-{k}"][who].append((int(r["round"]), float(v)))
     paths = []
     for name, lines in series.items():
         fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -167,6 +172,7 @@ def plot_rounds(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=who)
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(name)
         ax.legend(fontsize=7)
         fig.tight_layout()

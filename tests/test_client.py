@@ -70,3 +70,16 @@ def test_a_bad_message_becomes_an_error_reply_not_a_crash(setup) -> None:
     broken = ArrayRecord({k: v for k, v in list(initial.items())[1:]})
     with pytest.raises(KeyError, match="adapter state lacks 1 tensors"):
         app(_message(broken, MessageType.TRAIN), context)
+
+
+def test_instruction_clients_are_scored_with_rouge_l(tiny_model_dir: Path) -> None:
+    from fedprune_app.data import client_data
+    from fedprune_app.evaluation import evaluate_client
+
+    cfg = small_config(tiny_model_dir, client_data="natural_instructions:subtask033", test_examples=3,
+                       gen_max_new_tokens=4)
+    data = client_data(cfg, 0, 1)
+    assert data.train[0]["response"] and "Output:" in data.train[0]["prompt"]
+    model, tok = peft_model_for(cfg)
+    metrics = evaluate_client(model, tok, data, cfg, 1)
+    assert set(metrics) == {"rouge-l", "ppl"} and 0.0 <= metrics["rouge-l"] <= 1.0

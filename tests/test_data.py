@@ -133,3 +133,16 @@ def test_encode_masks_the_prompt(tiny_model_dir: Path) -> None:
     batch = next(training_batches([ex, text_example("s", "a b c")], tok, 2, 1, 64, seed=0))
     assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape
     assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()
+
+
+def test_plain_text_is_packed_into_full_blocks(tiny_model_dir: Path) -> None:
+    from fedprune_app.data import pack_text, training_items
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    docs = [text_example("s", " ".join(f"word{i}" for i in range(40))) for _ in range(3)]
+    stream_len = sum(len(tok(d["response"])["input_ids"]) + 1 for d in docs)
+    blocks = pack_text(docs, tok, 32)
+    assert [len(b) for b, _ in blocks[:-1]] == [32] * (len(blocks) - 1)
+    assert sum(len(b) for b, _ in blocks) == stream_len and all(b == y for b, y in blocks)
+    mixed = training_items(docs + [normalize_record("s", {"question": "q", "choices": ["a"], "label": 0})], tok, 32)
+    assert len(mixed) == len(blocks) + 1
