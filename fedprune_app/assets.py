@@ -4,8 +4,8 @@
   (installed with `--no-deps`, never imported). transformers loads the GGUF dequantized to fp32; it refuses
   to save a GGUF-loaded model, so we rebuild a plain `LlamaForCausalLM` from its config, load the state dict
   and `save_pretrained` it once into the cache.
-- Data: BIG-bench 1.0.0's sdist from PyPI (`pip download --no-binary :all:`); only the task JSON files the
-  app uses are extracted.
+- Data: BIG-bench 1.0.0's sdist from PyPI (fetched through the index's simple API, sha256-checked); only
+  the task JSON files the app uses are extracted.
 
 Both steps are safe when several Ray workers ask at once: a file lock serialises them and the result is
 built in a temporary directory that is renamed into place (an atomic rename), so a reader never sees half
@@ -118,16 +118,56 @@ def embedded_model_dir() -> Path:
 
 # --- the data -----------------------------------------------------------------------------------------
 
+def _download_from_index(name: str, filename: str, out: Path) -> None:
+    """Fetch one release file through the package index's simple API (PEP 503 HTML or PEP 691 JSON),
+    checking its sha256. Used instead of `pip download`: pip >= 25 refuses BIG-bench's sdist while
+    preparing its metadata (it declares a direct-URL dependency), even with --no-deps."""
+    import hashlib
+    import json
+    import re
+    import urllib.parse
+    import urllib.request
+
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    page_url = f"{index}/{name}/"
+    request = urllib.request.Request(page_url, headers={
+        "Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.5"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        body = response.read().decode()
+        is_json = "json" in response.headers.get("Content-Type", "")
+    if is_json:
+        links = {f["filename"]: (f["url"], f.get("hashes", {}).get("sha256")) for f in json.loads(body)["files"]}
+    else:
+        links = {}
+        for href, text in re.findall(r'<a[^>]*href="([^"]+)"[^>]*>([^<]+)</a>', body):
+            url, _, fragment = href.partition("#")
+            links[text.strip()] = (urllib.parse.urljoin(page_url, url),
+                                   fragment.split("=", 1)[1] if fragment.startswith("sha256=") else None)
+    if filename not in links:
+        raise AssetError(f"{filename} is not listed on {page_url}")
+    url, expected = links[filename]
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=600) as response, open(out, "wb") as f:
+        while chunk := response.read(1 << 20):
+            digest.update(chunk)
+            f.write(chunk)
+    if expected and digest.hexdigest() != expected:
+        raise AssetError(f"{filename}: sha256 {digest.hexdigest()} != the index's {expected}")
+
+
 def bigbench_sdist() -> Path:
-    """The BIG-bench 1.0.0 sdist, downloaded once from PyPI (358 MB)."""
+    """The BIG-bench 1.0.0 sdist, downloaded once from the package index (358 MB, ~40 s)."""
     target = cache_root() / "downloads" / "bigbench-1.0.0"
 
     def download(tmp: Path) -> None:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "bigbench==1.0.0", "-d", str(tmp), "--quiet"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise AssetError(f"could not download bigbench==1.0.0 from PyPI:\n{done.stderr[-2000:]}")
+        try:
+            _download_from_index("bigbench", BIGBENCH_SDIST, tmp / BIGBENCH_SDIST)
+        except Exception as first:  # an index without the JSON API: let an older pip try
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                   "bigbench==1.0.0", "-d", str(tmp), "--quiet"]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise AssetError(f"could not download bigbench==1.0.0: {first}; pip: {done.stderr[-1500:]}") from first
 
     return build_once(target, download) / BIGBENCH_SDIST
 

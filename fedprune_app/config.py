@@ -95,6 +95,17 @@ KEYS: tuple[Key, ...] = (
     Key("learning-rate", 5e-4, "AdamW learning rate.", minimum=0.0),
     Key("weight-decay", 0.0, "AdamW weight decay.", minimum=0.0),
     Key("max-grad-norm", 1.0, "Gradient clipping norm (0 = off).", minimum=0.0),
+    # --- pruning (fedspallm) ----------------------------------------------------------------------------
+    Key("sparsity", 0.5, "Target unstructured sparsity of every pruned weight matrix.", minimum=0.0, maximum=0.99),
+    Key("pruner", "sparsegpt", "Local pruner.", choices=("sparsegpt", "wanda", "magnitude")),
+    Key("prune-n", 0, "N of N:M semi-structured sparsity (0 = unstructured).", minimum=0),
+    Key("prune-m", 0, "M of N:M semi-structured sparsity.", minimum=0),
+    Key("calib-segments", 32, "Calibration segments per client.", minimum=1),
+    Key("calib-seq-len", 256, "Tokens per calibration segment (the paper: 2048).", minimum=8),
+    Key("sparsegpt-blocksize", 128, "SparseGPT column block size.", minimum=1),
+    Key("sparsegpt-percdamp", 0.01, "SparseGPT Hessian dampening (fraction of the mean diagonal).", minimum=0.0),
+    Key("fedspallm-resources", "1.0", "Per-client r_i in (0, 1]: the share of decoder layers a client prunes per "
+        "round (Eq. 8); one value for all or one per sampled client."),
     # --- evaluation ----------------------------------------------------------------------------------
     Key("eval-every", 0, "Federated evaluation every k rounds (and always round 0 = the untouched model, and "
         "the last round); 0 = only round 0 and the last round.", minimum=0),
@@ -106,8 +117,8 @@ KEYS: tuple[Key, ...] = (
     Key("ppl-window", 256, "Sliding-window length for perplexity.", minimum=8),
     Key("ppl-stride", 256, "Sliding-window stride for perplexity (<= ppl-window).", minimum=1),
     Key("gen-max-new-tokens", 32, "Greedy tokens generated per example for Rouge-L.", minimum=1),
-    Key("server-eval-data", "squad_shifts:squaddev", "Held-out text on which the server scores the global "
-        "model's perplexity each round (empty = off)."),
+    Key("server-eval-data", "squad_shifts:squaddev", "Comma-separated sources whose held-out text the server "
+        "scores the global model's perplexity on after each round (empty = off)."),
 )
 
 KEY_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
@@ -190,6 +201,9 @@ class RunConfig:
                               f"got {values['ppl-stride']}")
         if not split_list(str(values["client-data"])):
             raise ConfigError("run-config key 'client-data' must name at least one data source")
+        if values["prune-n"] and not 0 < values["prune-n"] < values["prune-m"]:
+            raise ConfigError(f"run-config keys 'prune-n'/'prune-m' must satisfy 0 < n < m (e.g. 2:4), "
+                              f"got {values['prune-n']}:{values['prune-m']}")
         if not split_list(str(values["lora-target-modules"])):
             raise ConfigError("run-config key 'lora-target-modules' must name at least one module")
         return cls(values)

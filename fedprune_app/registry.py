@@ -9,8 +9,10 @@ from dataclasses import dataclass
 
 from clients.base import FederatedClient
 from clients.fedit import FedITClient
+from clients.fedspallm import FedSpaLLMClient
 from strategies.base import FederatedStrategy
 from strategies.fedit import FedITStrategy
+from strategies.fedspallm import FedSpaLLMStrategy
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,7 @@ class Method:
 
 METHODS: dict[str, Method] = {
     "fedit": Method(FedITStrategy, FedITClient),
+    "fedspallm": Method(FedSpaLLMStrategy, FedSpaLLMClient),
 }
 
 

@@ -67,8 +67,9 @@ class RunDirectory:
     def finish(self, status: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Write summary.json, results.md and the plots; return the summary."""
         table = client_table(self.rows("evaluate"))
-        server = {str(r["round"]): {k: v for k, v in r.items() if k not in ("time", "phase", "round")}
-                  for r in self.rows("server-evaluate")}
+        server: dict[str, dict[str, float]] = defaultdict(dict)
+        for r in self.rows("server-evaluate"):
+            server[str(r["round"])][f"ppl `{r['data']}`"] = r["ppl"]
         dropped = [{"round": r["round"], "phase": r["phase"], "node": r["node"], "problem": r.get("problem", "")[-300:]}
                    for r in self.records if r.get("status") in ("failed", "rejected")]
         summary = {"status": status, "method": self.cfg.method, "started-at": self.started,
@@ -138,9 +139,8 @@ def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[
         lines.append("| " + " | ".join(cells) + " |")
     if server:
         rounds = sorted(server, key=int)
-        keys = sorted({k for r in rounds for k in server[r] if k != "data"})
-        data = next((server[r]["data"] for r in rounds if "data" in server[r]), "held-out text")
-        lines += ["", f"Server-side evaluation of the global model on `{data}`:", "",
+        keys = sorted({k for r in rounds for k in server[r]})
+        lines += ["", "Server-side evaluation of the global model (perplexity of held-out text):", "",
                   "| round | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
         for r in rounds:
             lines.append(f"| {r} | " + " | ".join(_fmt(server[r].get(k)) for k in keys) + " |")
@@ -160,7 +160,7 @@ def plot_rounds(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     for r in records:
         if r.get("status") in ("failed", "rejected"):
             continue
-        who = "server" if r.get("phase") == "server-evaluate" else f"client {r.get('client')}"
+        who = f"server {r.get('data')}" if r.get("phase") == "server-evaluate" else f"client {r.get('client')}"
         for k, v in r.items():
             if k in (*METRIC_NAMES, "train-loss") and isinstance(v, int | float):
                 phase = str(r.get("phase"))

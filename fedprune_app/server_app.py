@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedprune_app import registry
-from fedprune_app.config import RunConfig
+from fedprune_app.config import RunConfig, split_list
 from fedprune_app.evaluation import held_out_text, perplexity
 from fedprune_app.results import RunDirectory
 from fedprune_app.runtime import quiet_libraries, seed_everything
@@ -31,20 +31,24 @@ log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --st
 
 def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
                       ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
-    """Perplexity of the global model on held-out `server-eval-data` text after every round."""
-    source = str(cfg.server_eval_data).strip()
-    if not source or int(cfg.eval_ppl_tokens) == 0:
+    """Perplexity of the global model on the held-out text of each `server-eval-data` source, every round."""
+    sources = split_list(str(cfg.server_eval_data))
+    if not sources or int(cfg.eval_ppl_tokens) == 0:
         return None
-    text = held_out_text(source, cfg)
+    texts = {source: held_out_text(source, cfg) for source in sources}
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        start = time.perf_counter()
         model, tokenizer = strategy.global_model(arrays)
-        ppl = perplexity(model, tokenizer, text, int(cfg.ppl_window), int(cfg.ppl_stride), int(cfg.eval_ppl_tokens))
-        row = {"ppl": ppl, "seconds": time.perf_counter() - start}
-        run.log({"round": server_round, "phase": "server-evaluate", "data": source, **row})
-        log.info("[fedprune] round %d: server perplexity on %s = %.2f", server_round, source, ppl)
-        return MetricRecord(row)
+        metrics: dict[str, float] = {}
+        for source, text in texts.items():
+            start = time.perf_counter()
+            ppl = perplexity(model, tokenizer, text, int(cfg.ppl_window), int(cfg.ppl_stride),
+                             int(cfg.eval_ppl_tokens))
+            run.log({"round": server_round, "phase": "server-evaluate", "data": source, "ppl": ppl,
+                     "seconds": time.perf_counter() - start})
+            log.info("[fedprune] round %d: server perplexity on %s = %.2f", server_round, source, ppl)
+            metrics[f"ppl/{source}"] = ppl
+        return MetricRecord(metrics)
 
     return evaluate
 

@@ -4,6 +4,7 @@ Flower's `Strategy.start` owns the round loop (train -> aggregate -> federated e
 `FederatedStrategy` fills in what all methods share and leaves a few small hooks:
 
 - `initial_arrays()`            the global state the first round starts from;
+- `plan_round(round, nodes)`    per-round plan over the sampled nodes (e.g. FedSpaLLM's layer sampling);
 - `node_config(round, node)`    per-node entries of the train ConfigRecord (layer ids, ranks, budgets);
 - `arrays_for(node, arrays)`    the per-node payload (default: the global arrays);
 - `reply_problem(node, reply)`  why a reply cannot be aggregated (default: shapes / finiteness vs what was sent);
@@ -67,6 +68,9 @@ class FederatedStrategy(FedAvg):
     def initial_arrays(self) -> ArrayRecord:
         raise NotImplementedError
 
+    def plan_round(self, server_round: int, node_ids: list[int]) -> None:
+        """Called with the sampled nodes before their train messages are built (e.g. to assign layers)."""
+
     def node_config(self, server_round: int, node_id: int) -> dict[str, Any]:
         return {}
 
@@ -107,7 +111,9 @@ class FederatedStrategy(FedAvg):
             return []
         messages = []
         self.sent = {}
-        for node_id in self.sample(grid, self.fraction_train):
+        node_ids = self.sample(grid, self.fraction_train)
+        self.plan_round(server_round, node_ids)
+        for node_id in node_ids:
             payload = self.arrays_for(node_id, arrays)
             self.sent[node_id] = payload
             node_cfg = ConfigRecord({**dict(config), "server-round": server_round,

@@ -62,3 +62,34 @@ def test_embedded_smollm2_perplexity_on_wikipedia_matches_the_reference() -> Non
     ppl = perplexity(load_base_model("embedded"), load_tokenizer("embedded"),
                      held_out_text("squad_shifts:squaddev", cfg), 256, 256, 2048)
     assert 12 < ppl < 35
+
+
+def test_download_from_an_html_simple_index_checks_the_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import functools
+    import hashlib
+    import http.server
+    import threading
+
+    from fedprune_app.assets import AssetError, _download_from_index
+
+    payload = b"sdist bytes"
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "pkg-1.0.tar.gz").write_bytes(payload)
+    (tmp_path / "simple" / "pkg").mkdir(parents=True)
+    good = hashlib.sha256(payload).hexdigest()
+    (tmp_path / "simple" / "pkg" / "index.html").write_text(
+        f'<html><body><a href="../../files/pkg-1.0.tar.gz#sha256={good}">pkg-1.0.tar.gz</a><br/>'
+        f'<a href="../../files/pkg-1.0.tar.gz#sha256={"0" * 64}" data-x="y">pkg-bad.tar.gz</a></body></html>')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_address[1]}/simple")
+        _download_from_index("pkg", "pkg-1.0.tar.gz", tmp_path / "out")
+        assert (tmp_path / "out").read_bytes() == payload
+        with pytest.raises(AssetError, match="sha256"):
+            _download_from_index("pkg", "pkg-bad.tar.gz", tmp_path / "out2")
+        with pytest.raises(AssetError, match="not listed"):
+            _download_from_index("pkg", "pkg-2.0.tar.gz", tmp_path / "out3")
+    finally:
+        server.shutdown()

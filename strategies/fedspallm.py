@@ -1,0 +1,184 @@
+"""FedSpaLLM (Bai et al. 2024, §4, Alg. 1): federated unstructured pruning.
+
+Each round the server samples k_i ∝ r_i decoder layers for client i (Eq. 8; every layer is sampled by at
+least one client, the condition of Corollary 4.1) and sends those layers' current global weights; the client
+prunes them with its own calibration data (SparseGPT by default) and returns the pruned weights and bool
+masks. Per weight matrix the server averages each weight over the clients that kept it (ℓ0-norm
+aggregation, Eq. 5) and expands the mask to exactly the target sparsity, pruning first the positions most
+clients pruned (Eq. 6–7). Matrices that no client sampled keep their previous global weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, RecordDict
+
+from fedprune_app.config import RunConfig, per_client
+from fedprune_app.pruned_models import MASK_SUFFIX
+from strategies.base import FederatedStrategy, _flat_metrics
+from strategies.utils import to_record
+
+# --- pure helpers ---------------------------------------------------------------------------------------
+
+def l0_aggregate(weights: Sequence[np.ndarray], masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. 5: W_g = Σ M_i⊙W_i / Σ M_i (0 where every client pruned), and C = #clients that pruned (Eq. 6)."""
+    kept = np.zeros(weights[0].shape, dtype=np.int64)
+    total = np.zeros(weights[0].shape, dtype=np.float64)
+    for w, m in zip(weights, masks, strict=True):
+        kept += m
+        total += np.where(m, w.astype(np.float64), 0.0)
+    merged = np.divide(total, kept, out=np.zeros_like(total), where=kept > 0)
+    return merged.astype(weights[0].dtype), len(weights) - kept
+
+
+def expand_masks(merged: np.ndarray, pruned_count: np.ndarray, n_clients: int, sparsity: float,
+                 prunen: int = 0, prunem: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. 6–7: prune where every client pruned, then k = ⌈s·d⌉ − #{C_j = N} more positions, the largest C_j
+    first. Ties in C_j are broken by the smaller |aggregated weight| (the choice a magnitude pruner would
+    make; the paper leaves it open). With n:m the same order is applied within every group of m per row.
+    If clients agreed on more than ⌈s·d⌉ positions, nothing is restored (they are zero in every client).
+    Returns (weights with the pruned positions zeroed, kept mask)."""
+    # order key: most-agreed first, then smallest magnitude
+    magnitude = np.abs(merged.astype(np.float64))
+    scale = magnitude.max() + 1.0
+    priority = pruned_count.astype(np.float64) * scale + (scale - magnitude) / scale  # larger = prune first
+    if prunen:
+        rows, cols = merged.shape
+        usable = cols - cols % prunem
+        groups = priority[:, :usable].reshape(rows, -1, prunem)
+        order = np.argsort(-groups, axis=-1, kind="stable")[..., :prunen]
+        prune = np.zeros_like(groups, dtype=bool)
+        np.put_along_axis(prune, order, True, axis=-1)
+        pruned = np.zeros(merged.shape, dtype=bool)
+        pruned[:, :usable] = prune.reshape(rows, usable)
+        pruned |= pruned_count == n_clients
+    else:
+        pruned = pruned_count == n_clients
+        k = math.ceil(sparsity * merged.size) - int(pruned.sum())
+        if k > 0:
+            candidates = np.flatnonzero(~pruned)
+            chosen = candidates[np.argsort(-priority.flat[candidates], kind="stable")[:k]]
+            pruned.flat[chosen] = True
+    return np.where(pruned, 0, merged).astype(merged.dtype), ~pruned
+
+
+def layer_quota(num_layers: int, resources: Sequence[float]) -> list[int]:
+    """k_i = max(1, round(r_i·L)) with r_i ∈ (0, 1] the share of layers client i can prune per round."""
+    return [min(num_layers, max(1, round(r * num_layers))) for r in resources]
+
+
+def sample_layers(num_layers: int, quotas: Sequence[int], rng: random.Random) -> list[list[int]]:
+    """Eq. 8 with coverage: a random permutation of the layers is dealt to the clients' slots (client i has
+    k_i slots, shuffled), so every layer goes to some client; each client's remaining slots are filled with
+    random layers it does not hold yet. Every layer has the same chance of being sampled by a client
+    (Theorem 4.2's condition) and |L_i| = k_i exactly. Needs Σ k_i ≥ L."""
+    if sum(quotas) < num_layers:
+        raise ValueError(f"layer quotas {list(quotas)} sum to {sum(quotas)} < {num_layers} layers: some layer would "
+                         "go unsampled; raise 'fedspallm-resources'")
+    slots = [i for i, k in enumerate(quotas) for _ in range(k)]
+    rng.shuffle(slots)
+    layers = list(range(num_layers))
+    rng.shuffle(layers)
+    chosen: list[set[int]] = [set() for _ in quotas]
+    for layer, client in zip(layers, slots, strict=False):
+        chosen[client].add(layer)
+    for client, k in enumerate(quotas):
+        rest = [layer for layer in range(num_layers) if layer not in chosen[client]]
+        chosen[client] |= set(rng.sample(rest, k - len(chosen[client])))
+    return [sorted(c) for c in chosen]
+
+
+def layer_of(param_name: str, layer_prefix: str) -> int:
+    """Decoder-layer index of a parameter name like 'model.layers.12.mlp.up_proj.weight'."""
+    return int(param_name[len(layer_prefix):].split(".", 1)[0])
+
+
+# --- the strategy ---------------------------------------------------------------------------------------
+
+class FedSpaLLMStrategy(FederatedStrategy):
+    """Layer sampling down, pruned weights + masks up, ℓ0 aggregation + mask expansion."""
+
+    def __init__(self, cfg: RunConfig, recorder: Any = None) -> None:
+        super().__init__(cfg, recorder)
+        self.global_state: dict[str, np.ndarray] = {}
+        self.layer_prefix = ""
+        self.num_layers = 0
+        self.node_layers: dict[int, list[int]] = {}
+
+    def initial_arrays(self) -> ArrayRecord:
+        """The server keeps the global weights itself (`global_state`); the loop carries a round counter."""
+        from fedprune_app.pruned_models import prunable_weights
+
+        self.global_state, self.layer_prefix, self.num_layers = prunable_weights(self.cfg)
+        return to_record({"global-round": np.zeros(1, dtype=np.int64)})
+
+    def plan_round(self, server_round: int, node_ids: list[int]) -> None:
+        """Eq. 8: k_i ∝ r_i layers per sampled node, every layer covered."""
+        resources = per_client(str(self.cfg.fedspallm_resources), len(node_ids), float, "fedspallm-resources")
+        assignment = sample_layers(self.num_layers, layer_quota(self.num_layers, resources), self.rng)
+        self.node_layers = dict(zip(node_ids, assignment, strict=True))
+
+    def configure_evaluate(self, server_round, arrays, config, grid):  # type: ignore[no-untyped-def]
+        """No federated evaluation: the server scores the global model on held-out text of every domain
+        (`server-eval-data`), as the paper reports WikiText-2/PTB/C4 perplexity of the global model."""
+        return []
+
+    def node_config(self, server_round: int, node_id: int) -> dict[str, Any]:
+        return {"layers": json.dumps(self.node_layers.get(node_id, []))}
+
+    def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
+        layers = set(self.node_layers.get(node_id, []))
+        return to_record({k: v for k, v in self.global_state.items()
+                          if layer_of(k, self.layer_prefix) in layers})
+
+    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
+        if "arrays" not in reply.array_records:
+            return "reply holds no 'arrays' record"
+        got = reply.array_records["arrays"]
+        expected = set(self.sent[node_id])
+        weights = {k for k in got if not k.endswith(MASK_SUFFIX)}
+        if weights != expected:
+            return f"reply holds {len(weights)} weight matrices, expected the {len(expected)} of its sampled layers"
+        for key in expected:
+            w, m = got[key].numpy(), got.get(key + MASK_SUFFIX)
+            if m is None or m.numpy().dtype != np.bool_ or m.numpy().shape != w.shape:
+                return f"{key}: mask missing, not bool, or not of the weight's shape"
+            if w.shape != self.global_state[key].shape or not np.isfinite(w).all():
+                return f"{key}: wrong shape or non-finite values"
+            if (w[~m.numpy()] != 0).any():
+                return f"{key}: weights at pruned positions are not zero"
+        if _flat_metrics(reply).get("num-examples", 0) <= 0:
+            return "reply lacks a positive 'num-examples' metric"
+        return None
+
+    def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
+        by_key: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        for reply in replies:
+            arrays = reply.array_records["arrays"]
+            for key in arrays:
+                if not key.endswith(MASK_SUFFIX):
+                    ws, ms = by_key.setdefault(key, ([], []))
+                    ws.append(arrays[key].numpy())
+                    ms.append(arrays[key + MASK_SUFFIX].numpy())
+        n, m = int(self.cfg.prune_n), int(self.cfg.prune_m)
+        for key, (ws, ms) in by_key.items():
+            merged, pruned_count = l0_aggregate(ws, ms)
+            self.global_state[key], _ = expand_masks(merged, pruned_count, len(ws), float(self.cfg.sparsity), n, m)
+        return to_record({"global-round": np.array([server_round], dtype=np.int64)})
+
+    def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
+        from fedprune_app.pruned_models import model_with_weights
+
+        return model_with_weights(self.cfg, self.global_state)
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        from fedprune_app.pruned_models import save_pruned
+
+        return save_pruned(self.cfg, self.global_state, out_dir)

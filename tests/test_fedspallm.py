@@ -1,0 +1,141 @@
+"""FedSpaLLM: ℓ0 aggregation, mask expansion and layer sampling against brute force; the client; the strategy."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+
+from fedprune_app.client_app import app
+from fedprune_app.pruned_models import MASK_SUFFIX, prunable_names
+from strategies.fedspallm import FedSpaLLMStrategy, expand_masks, l0_aggregate, layer_quota, sample_layers
+from strategies.utils import to_record
+from tests.conftest import small_config
+
+
+def test_l0_aggregate_matches_a_brute_force_loop() -> None:
+    rng = np.random.default_rng(0)
+    ws = [rng.normal(size=(5, 7)).astype(np.float32) for _ in range(3)]
+    ms = [rng.random((5, 7)) > 0.5 for _ in range(3)]
+    ms[0][0, 0] = ms[1][0, 0] = ms[2][0, 0] = False  # pruned by everyone
+    merged, pruned_count = l0_aggregate(ws, ms)
+    for i in range(5):
+        for j in range(7):
+            kept = [w[i, j] for w, m in zip(ws, ms, strict=True) if m[i, j]]
+            assert merged[i, j] == pytest.approx(sum(kept) / len(kept) if kept else 0.0, rel=1e-6)
+            assert pruned_count[i, j] == 3 - len(kept)
+    assert merged[0, 0] == 0 and pruned_count[0, 0] == 3
+
+
+@pytest.mark.parametrize("sparsity", [0.5, 0.6, 0.8])
+def test_mask_expansion_hits_the_exact_target_and_prefers_agreed_positions(sparsity: float) -> None:
+    rng = np.random.default_rng(1)
+    n = 4
+    ws = [rng.normal(size=(16, 24)).astype(np.float32) for _ in range(n)]
+    ms = []
+    for w in ws:  # each client prunes exactly `sparsity` of its matrix by its own scores
+        k = int(round(sparsity * w.size))
+        kept = np.ones(w.size, bool)
+        kept[np.argsort(np.abs(w + rng.normal(size=w.shape)).flatten())[:k]] = False
+        ms.append(kept.reshape(w.shape))
+    merged, counts = l0_aggregate(ws, ms)
+    final, kept = expand_masks(merged, counts, n, sparsity)
+    assert (~kept).sum() == math.ceil(sparsity * merged.size)
+    assert (final[~kept] == 0).all() and np.array_equal(final[kept], merged[kept])
+    assert (~kept[counts == n]).all()  # pruned by all -> pruned
+    # no kept position was pruned by more clients than any pruned position (apart from the all-agree set)
+    assert counts[kept].max() <= counts[~kept].min() or counts[~kept].min() == n
+
+
+def test_mask_expansion_breaks_ties_by_magnitude_and_supports_n_m() -> None:
+    merged = np.array([[0.1, -5.0, 0.3, 2.0]], dtype=np.float32)
+    counts = np.array([[1, 1, 1, 0]])
+    _, kept = expand_masks(merged, counts, 2, 0.5)
+    assert kept.tolist() == [[False, True, False, True]]  # two of the three C=1 positions, the smallest |w|
+    rng = np.random.default_rng(2)
+    merged = rng.normal(size=(4, 8)).astype(np.float32)
+    _, kept = expand_masks(merged, rng.integers(0, 3, size=(4, 8)), 3, 0.5, prunen=2, prunem=4)
+    assert (kept.reshape(4, 2, 4).sum(-1) == 2).all()
+
+
+def test_layer_sampling_covers_every_layer_and_follows_resources() -> None:
+    quotas = layer_quota(30, [0.2, 0.4, 0.6, 1.0])
+    assert quotas == [6, 12, 18, 30]
+    rng = random.Random(0)
+    hits: Counter[int] = Counter()
+    for _ in range(200):
+        assignment = sample_layers(30, [6, 6, 12, 9], rng)
+        assert [len(a) for a in assignment] == [6, 6, 12, 9]
+        assert set().union(*map(set, assignment)) == set(range(30))
+        hits.update(layer for a in assignment for layer in a)
+    assert max(hits.values()) / min(hits.values()) < 1.3  # every layer equally likely (Theorem 4.2)
+    with pytest.raises(ValueError, match="'fedspallm-resources'"):
+        sample_layers(30, [5, 5], rng)
+
+
+@pytest.fixture()
+def fedspallm_cfg(tiny_model_dir: Path, tmp_path: Path):
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps({"text": f"Paragraph {i}: the river runs past the old mill and the "
+                                                f"town of number {i} near the hills."}) + "\n" for i in range(60)))
+    return small_config(tiny_model_dir, method="fedspallm", client_data=f"{text}", calib_segments=4,
+                        calib_seq_len=32, sparsity=0.5, server_eval_data=f"{text}", sparsegpt_blocksize=32)
+
+
+def test_client_prunes_and_returns_only_its_sampled_layers(fedspallm_cfg, flower_ids: None) -> None:
+    context = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 1},
+                      state=RecordDict(), run_config=fedspallm_cfg.to_dict())
+    content = RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord({"server-round": 1, "layers": "[1]"})})
+    reply = app(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=3), context).content
+    arrays = reply.array_records["arrays"]
+    weights = [k for k in arrays if not k.endswith(MASK_SUFFIX)]
+    assert weights and all(k.startswith("model.layers.1.") for k in weights)
+    assert len(weights) == 7  # q k v o gate up down
+    for k in weights:
+        w, m = arrays[k].numpy(), arrays[k + MASK_SUFFIX].numpy()
+        assert m.dtype == np.bool_ and (w[~m] == 0).all() and abs((~m).mean() - 0.5) < 0.01
+    assert reply.metric_records["metrics"]["num-examples"] == 4
+
+
+def test_strategy_aggregates_hand_built_replies(fedspallm_cfg, flower_ids: None) -> None:
+    rows: list[dict] = []
+    strategy = FedSpaLLMStrategy(fedspallm_cfg, recorder=rows.append)
+    handle = strategy.initial_arrays()
+    before = {k: v.copy() for k, v in strategy.global_state.items()}
+
+    class Grid:
+        def get_node_ids(self) -> list[int]:
+            return [1, 2]
+
+    sent = list(strategy.configure_train(1, handle, ConfigRecord(), Grid()))
+    assert set().union(*(set(json.loads(m.content.config_records["config"]["layers"])) for m in sent)) == {0, 1}
+    rng = np.random.default_rng(3)
+    replies = []
+    for i, msg in enumerate(sent):
+        payload = {}
+        for k, v in msg.content.array_records["arrays"].items():
+            w = v.numpy() + rng.normal(scale=0.01, size=v.shape).astype(np.float32)
+            keep = rng.random(w.shape) > 0.5
+            payload[k], payload[k + MASK_SUFFIX] = np.where(keep, w, 0).astype(np.float32), keep
+        content = RecordDict({"arrays": to_record(payload),
+                              "metrics": MetricRecord({"num-examples": 4, "partition-id": i})})
+        replies.append(Message(content=content, reply_to=msg))
+    bad = RecordDict({"arrays": to_record({k: np.full(v.shape, np.nan, np.float32) for k, v in
+                                           sent[0].content.array_records["arrays"].items()}),
+                      "metrics": MetricRecord({"num-examples": 4})})
+    replies.append(Message(content=bad, reply_to=sent[0]))
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert arrays is not None and [r["status"] for r in rows].count("rejected") == 1
+    sampled = {k for m in sent for k in m.content.array_records["arrays"]}
+    for k, v in strategy.global_state.items():
+        if k in sampled:
+            assert (v == 0).sum() == math.ceil(0.5 * v.size)
+        else:
+            np.testing.assert_array_equal(v, before[k])
+    assert len(prunable_names(strategy.global_model(arrays)[0])) == len(before)
