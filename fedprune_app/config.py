@@ -221,3 +221,19 @@ def markdown_table() -> str:
         rows.append(f"| `{k.name}` | `{k.default!r}` | {k.allowed()} | {k.help} |")
     return "\n".join(rows)
 
+
+
+def update_readme(path: str = "README.md") -> None:
+    """Rewrite the README's key table (between the keys:start/keys:end markers) from KEYS."""
+    import re
+    from pathlib import Path
+
+    readme = Path(path)
+    text = readme.read_text()
+    new = re.sub(r"(<!-- keys:start[^>]*-->\n).*?(\n<!-- keys:end -->)", lambda m: m.group(1) + markdown_table()
+                 + m.group(2), text, flags=re.S)
+    readme.write_text(new)
+
+
+if __name__ == "__main__":
+    update_readme()
