@@ -149,17 +149,18 @@ PruneFn = Callable[[str, nn.Linear, torch.Tensor, torch.Tensor], tuple[torch.Ten
 
 
 class InputStats:
-    """Running H = 2XXᵀ/n and Σx²/n of one linear layer's inputs (all calibration tokens, float32)."""
+    """Running H = 2XXᵀ/n (if `hessian`) and Σx²/n of one linear layer's inputs (all calibration tokens, fp32)."""
 
-    def __init__(self, features: int) -> None:
-        self.hessian = torch.zeros(features, features)
+    def __init__(self, features: int, hessian: bool = True) -> None:
+        self.hessian = torch.zeros(features, features) if hessian else torch.zeros(0, 0)
         self.sq_norms = torch.zeros(features)
         self.count = 0
 
     def add(self, x: torch.Tensor) -> None:
         x = x.detach().reshape(-1, x.shape[-1]).float()
         n, t = self.count, x.shape[0]
-        self.hessian.mul_(n / (n + t)).addmm_(x.T, x, alpha=2.0 / (n + t))
+        if self.hessian.numel():
+            self.hessian.mul_(n / (n + t)).addmm_(x.T, x, alpha=2.0 / (n + t))
         self.sq_norms.mul_(n / (n + t)).add_((x ** 2).sum(0), alpha=1.0 / (n + t))
         self.count = n + t
 
@@ -175,8 +176,10 @@ def prune_sequentially(model: nn.Module, batches: Sequence[torch.Tensor], layer_
     each layer in `layer_ids`, collect every linear's `InputStats` (forward hooks), call
     `prune(name, linear, H, sq_norms) -> (new weight, kept mask)`, write the weight, and re-run the layer so
     the next layer sees the pruned layer's outputs. Returns {full parameter name: kept mask}.
-    Layers after the last sampled one are not run at all.
+    Layers after the last sampled one are not run at all. A `prune` function may carry `needs`:
+    "hessian" (default), "norms" (Σx² only, Wanda) or "nothing" (magnitude: no statistics pass).
     """
+    needs = getattr(prune, "needs", "hessian")
     layers = decoder_layers(model)
     names = {id(module): name for name, module in model.named_modules()}
     inputs = capture_layer0_inputs(model, batches)
@@ -189,14 +192,15 @@ def prune_sequentially(model: nn.Module, batches: Sequence[torch.Tensor], layer_
         if j in wanted:
             start = time.perf_counter()
             linears = linear_modules(layer)
-            stats = {name: InputStats(m.in_features) for name, m in linears.items()}
-            handles = [m.register_forward_hook(stats[name].hook) for name, m in linears.items()]
-            try:
-                for h, kw in zip(hidden, kwargs, strict=True):
-                    layer(h, **kw)
-            finally:
-                for handle in handles:
-                    handle.remove()
+            stats = {name: InputStats(m.in_features, needs == "hessian") for name, m in linears.items()}
+            if needs != "nothing":
+                handles = [m.register_forward_hook(stats[name].hook) for name, m in linears.items()]
+                try:
+                    for h, kw in zip(hidden, kwargs, strict=True):
+                        layer(h, **kw)
+                finally:
+                    for handle in handles:
+                        handle.remove()
             for name, linear in linears.items():
                 new_weight, kept = prune(name, linear, stats[name].hessian, stats[name].sq_norms)
                 linear.weight.data.copy_(new_weight.to(linear.weight.dtype))
@@ -207,16 +211,28 @@ def prune_sequentially(model: nn.Module, batches: Sequence[torch.Tensor], layer_
     return masks
 
 
+@dataclass
+class Pruner:
+    """A per-linear pruning function and the input statistics it needs (see `prune_sequentially`)."""
+
+    fn: PruneFn
+    needs: str = "hessian"
+
+    def __call__(self, name: str, linear: nn.Linear, hessian: torch.Tensor, sq_norms: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fn(name, linear, hessian, sq_norms)
+
+
 def make_pruner(kind: str, sparsity: float, prunen: int = 0, prunem: int = 0, blocksize: int = 128,
-                percdamp: float = 0.01) -> PruneFn:
+                percdamp: float = 0.01) -> Pruner:
     """The per-linear pruning function of a pruner name (see PRUNERS)."""
     if kind == "sparsegpt":
-        return lambda _n, lin, H, _sq: sparsegpt_prune(lin.weight.data, H, sparsity, prunen, prunem, blocksize,
-                                                       percdamp)
+        return Pruner(lambda _n, lin, H, _sq: sparsegpt_prune(lin.weight.data, H, sparsity, prunen, prunem,
+                                                              blocksize, percdamp), "hessian")
     if kind == "wanda":
-        return lambda _n, lin, _H, sq: wanda_prune(lin.weight.data, sq, sparsity, prunen, prunem)
+        return Pruner(lambda _n, lin, _H, sq: wanda_prune(lin.weight.data, sq, sparsity, prunen, prunem), "norms")
     if kind == "magnitude":
-        return lambda _n, lin, _H, _sq: magnitude_prune(lin.weight.data, sparsity, prunen, prunem)
+        return Pruner(lambda _n, lin, _H, _sq: magnitude_prune(lin.weight.data, sparsity, prunen, prunem), "nothing")
     raise ValueError(f"pruner must be one of {', '.join(PRUNERS)}, got {kind!r}")
 
 

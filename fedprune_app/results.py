@@ -121,7 +121,8 @@ def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[
              "Per client, on its own test split: the untouched model (round 0) and the federated model after the "
              f"last round. Wall time {seconds:.0f} s.", ""]
     if not table:
-        lines.append("No client evaluated the model in this run (fraction-evaluate = 0 or every evaluation failed).")
+        lines.append("No federated (client-side) evaluation in this run: the method evaluates on the server, "
+                     "fraction-evaluate is 0, or every client evaluation failed.")
     else:
         head = "| client | data | " + " | ".join(f"{m} untouched | {m} {cfg.method}" for m in metrics) + " |"
         lines += [head, "|" + "---|" * (2 + 2 * len(metrics))]

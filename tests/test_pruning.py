@@ -116,3 +116,21 @@ def test_only_the_sampled_layers_are_pruned() -> None:
             assert sparsity_of(masks[name]) == pytest.approx(0.5) and (p[~masks[name]] == 0).all()
         else:
             torch.testing.assert_close(p, dense[name])
+
+
+@pytest.mark.parametrize("kind", ["magnitude", "wanda"])
+def test_cheaper_pruners_through_the_loop_match_the_direct_call(kind: str) -> None:
+    model = _tiny_llama()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(5))
+    layer = decoder_layers(model)[0]
+    original = layer.mlp.down_proj.weight.detach().clone()
+    captured: list[torch.Tensor] = []
+    handle = layer.mlp.down_proj.register_forward_hook(lambda _m, a, _o: captured.append(a[0].detach()))
+    with torch.no_grad():
+        model(input_ids=ids)
+    handle.remove()
+    x = captured[0].reshape(-1, captured[0].shape[-1])
+    expected = (magnitude_prune(original, 0.5)[0] if kind == "magnitude"
+                else wanda_prune(original, (x ** 2).mean(0), 0.5)[0])
+    prune_sequentially(model, [ids], [0], make_pruner(kind, 0.5))
+    torch.testing.assert_close(layer.mlp.down_proj.weight, expected)
