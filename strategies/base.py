@@ -32,19 +32,18 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from fedprune_app.config import RunConfig
-from strategies.utils import check_arrays, numpy_state, record_bytes, spec_of, to_record, weighted_average
+from strategies.utils import (
+    check_arrays,
+    flat_metrics,
+    numpy_state,
+    record_bytes,
+    spec_of,
+    to_record,
+    weighted_average,
+)
 
 log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
 Recorder = Callable[[dict[str, Any]], None]
-
-
-def _flat_metrics(content: RecordDict) -> dict[str, Any]:
-    """Every MetricRecord and ConfigRecord entry of a reply, flattened (lists kept)."""
-    out: dict[str, Any] = {}
-    for rec in list(content.metric_records.values()) + list(content.config_records.values()):
-        for k, v in rec.items():
-            out[k] = v.decode() if isinstance(v, bytes) else v
-    return out
 
 
 def _tail(reason: str, n: int = 600) -> str:
@@ -80,14 +79,14 @@ class FederatedStrategy(FedAvg):
     def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
         if "arrays" not in reply.array_records:
             return "reply holds no 'arrays' record"
-        metrics = _flat_metrics(reply)
+        metrics = flat_metrics(reply)
         if not isinstance(metrics.get("num-examples"), int | float) or metrics["num-examples"] <= 0:
             return "reply lacks a positive 'num-examples' metric"
         return check_arrays(reply.array_records["arrays"], spec_of(self.sent[node_id]))
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         states = [numpy_state(r.array_records["arrays"]) for r in replies]
-        weights = [float(_flat_metrics(r)["num-examples"]) for r in replies]
+        weights = [float(flat_metrics(r)["num-examples"]) for r in replies]
         return to_record(weighted_average(states, weights))
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
@@ -133,7 +132,7 @@ class FederatedStrategy(FedAvg):
                 problem = f"client error: {msg.error.reason}"
             else:
                 problem = self.reply_problem(node_id, msg.content) if node_id in self.sent else "unexpected reply"
-                row.update(_flat_metrics(msg.content), **{"bytes-up": record_bytes(msg.content)})
+                row.update(flat_metrics(msg.content), **{"bytes-up": record_bytes(msg.content)})
             row["client"] = row.pop("partition-id", None)
             row["status"] = "rejected" if problem else "accepted"
             if problem:
@@ -157,7 +156,7 @@ class FederatedStrategy(FedAvg):
                 log.warning("round %d: evaluation on node %d failed: %s", server_round, row["node"],
                             _tail(msg.error.reason, 300))
             else:
-                row.update(_flat_metrics(msg.content), status="ok")
+                row.update(flat_metrics(msg.content), status="ok")
                 good.append(msg.content)
             row["client"] = row.pop("partition-id", None)
             self.record(row)
@@ -166,7 +165,7 @@ class FederatedStrategy(FedAvg):
     @staticmethod
     def mean_metrics(replies: list[RecordDict]) -> MetricRecord:
         """Example-weighted mean of every numeric scalar metric the replies share."""
-        flat = [_flat_metrics(r) for r in replies]
+        flat = [flat_metrics(r) for r in replies]
         weights = [float(m.get("num-examples", 1)) for m in flat]
         keys = set.intersection(*(set(m) for m in flat))
         out: dict[str, float | int] = {"num-examples": int(sum(weights))}

@@ -22,8 +22,8 @@ from flwr.app import ArrayRecord, RecordDict
 
 from fedprune_app.config import RunConfig, per_client
 from fedprune_app.pruned_models import MASK_SUFFIX
-from strategies.base import FederatedStrategy, _flat_metrics
-from strategies.utils import to_record
+from strategies.base import FederatedStrategy
+from strategies.utils import flat_metrics, to_record
 
 # --- pure helpers ---------------------------------------------------------------------------------------
 
@@ -154,7 +154,7 @@ class FedSpaLLMStrategy(FederatedStrategy):
                 return f"{key}: wrong shape or non-finite values"
             if (w[~m.numpy()] != 0).any():
                 return f"{key}: weights at pruned positions are not zero"
-        if _flat_metrics(reply).get("num-examples", 0) <= 0:
+        if flat_metrics(reply).get("num-examples", 0) <= 0:
             return "reply lacks a positive 'num-examples' metric"
         return None
 

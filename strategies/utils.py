@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
@@ -61,3 +62,12 @@ def check_arrays(received: ArrayRecord, expected: Mapping[str, tuple[tuple[int, 
 def spec_of(record: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
     """{name: (shape, dtype)} of an ArrayRecord: what a reply must match."""
     return {k: (tuple(v.shape), str(v.dtype)) for k, v in record.items()}
+
+
+def flat_metrics(content: RecordDict) -> dict[str, Any]:
+    """Every MetricRecord and ConfigRecord entry of a reply, flattened (lists kept)."""
+    out: dict[str, Any] = {}
+    for rec in list(content.metric_records.values()) + list(content.config_records.values()):
+        for k, v in rec.items():
+            out[k] = v.decode() if isinstance(v, bytes) else v
+    return out
