@@ -104,6 +104,8 @@ KEYS: tuple[Key, ...] = (
     Key("calib-seq-len", 256, "Tokens per calibration segment (the paper: 2048).", minimum=8),
     Key("sparsegpt-blocksize", 128, "SparseGPT column block size.", minimum=1),
     Key("sparsegpt-percdamp", 0.01, "SparseGPT Hessian dampening (fraction of the mean diagonal).", minimum=0.0),
+    Key("fedspallm-references", "random", "Comparison models scored beside the global one at the end: "
+        "'random' (a random mask at the target sparsity per matrix); empty = none."),
     Key("fedspallm-resources", "1.0", "Per-client r_i in (0, 1]: the share of decoder layers a client prunes per "
         "round (Eq. 8); one value for all or one per sampled client."),
     # --- evaluation ----------------------------------------------------------------------------------
@@ -204,6 +206,10 @@ class RunConfig:
         if values["prune-n"] and not 0 < values["prune-n"] < values["prune-m"]:
             raise ConfigError(f"run-config keys 'prune-n'/'prune-m' must satisfy 0 < n < m (e.g. 2:4), "
                               f"got {values['prune-n']}:{values['prune-m']}")
+        bad_refs = set(split_list(str(values["fedspallm-references"]))) - {"random"}
+        if bad_refs:
+            raise ConfigError(f"run-config key 'fedspallm-references' accepts 'random' (comma-separated), "
+                              f"got {sorted(bad_refs)}")
         if not split_list(str(values["lora-target-modules"])):
             raise ConfigError("run-config key 'lora-target-modules' must name at least one module")
         return cls(values)

@@ -77,6 +77,7 @@ class RunDirectory:
                    "clients": table, "server": server, "dropped-replies": dropped, **(extra or {})}
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         text = render_results(self.cfg, table, server, summary["seconds"])
+        text += render_references(self.cfg, server, self.rows("reference"))
         if dropped:
             text += (f"\n{len(dropped)} client replies failed or were rejected and left out "
                      "(details in summary.json and metrics.jsonl).\n")
@@ -145,6 +146,26 @@ def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[
                   "| round | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
         for r in rounds:
             lines.append(f"| {r} | " + " | ".join(_fmt(server[r].get(k)) for k in keys) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_references(cfg: RunConfig, server: Mapping[str, Mapping[str, float]],
+                      refs: list[dict[str, Any]]) -> str:
+    """Dense (round 0), each comparison model, and the method's final global model, per held-out source."""
+    if not refs:
+        return ""
+    sources = list(dict.fromkeys(r["data"] for r in refs))
+    rows: dict[str, dict[str, float]] = {}
+    if "0" in server:
+        rows["dense (round 0)"] = {src: server["0"].get(f"ppl `{src}`") for src in sources}
+    for r in refs:
+        rows.setdefault(str(r["model"]), {})[r["data"]] = r["ppl"]
+    last = max(server, key=int) if server else None
+    if last is not None and last != "0":
+        rows[f"{cfg.method} (round {last})"] = {src: server[last].get(f"ppl `{src}`") for src in sources}
+    lines = ["", "Comparison (perplexity of held-out text; the same texts for every row):", "",
+             "| model | " + " | ".join(f"`{s}`" for s in sources) + " |", "|---|" + "---|" * len(sources)]
+    lines += [f"| {name} | " + " | ".join(_fmt(vals.get(s)) for s in sources) + " |" for name, vals in rows.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -53,6 +53,18 @@ def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirec
     return evaluate
 
 
+def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory) -> None:
+    """Perplexity of each of the strategy's comparison models on the same held-out texts."""
+    sources = split_list(str(cfg.server_eval_data))
+    for name, build in strategy.reference_models().items():
+        model, tokenizer = build()
+        for source in sources:
+            ppl = perplexity(model, tokenizer, held_out_text(source, cfg), int(cfg.ppl_window), int(cfg.ppl_stride),
+                             int(cfg.eval_ppl_tokens))
+            run.log({"phase": "reference", "model": name, "data": source, "ppl": ppl})
+            log.info("[fedprune] reference %s: perplexity on %s = %.2f", name, source, ppl)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
@@ -74,6 +86,7 @@ def main(grid: Grid, context: Context) -> None:
         )
         final = result.arrays if len(result.arrays) else initial  # no round produced an update: keep the start
         artefacts = strategy.save_final(final, run.path)
+        score_references(cfg, strategy, run)
         run.finish("completed", {"artefacts": artefacts, "initial-state-seconds": round(initial_ready, 3)})
     except BaseException:
         error = traceback.format_exc()[-4000:]

@@ -10,7 +10,8 @@ Flower's `Strategy.start` owns the round loop (train -> aggregate -> federated e
 - `reply_problem(node, reply)`  why a reply cannot be aggregated (default: shapes / finiteness vs what was sent);
 - `aggregate(round, replies)`   the new global ArrayRecord from the accepted replies (default: FedAvg);
 - `global_model(arrays)`        a model with the global state loaded (server evaluation, artefacts);
-- `save_final(arrays, dir)`     the final artefacts.
+- `save_final(arrays, dir)`     the final artefacts;
+- `reference_models()`          comparison models scored at the end (e.g. FedSpaLLM's random mask).
 
 Failed replies (a ClientApp that raised, a timeout) and malformed ones are dropped and logged; if no reply
 is usable the global state is kept. A client therefore never takes the run down or corrupts the state.
@@ -93,6 +94,10 @@ class FederatedStrategy(FedAvg):
         raise NotImplementedError
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        return {}
+
+    def reference_models(self) -> dict[str, Callable[[], tuple[Any, Any]]]:
+        """Comparison models the server scores beside the final global one: {name: build() -> (model, tok)}."""
         return {}
 
     # --- the template ------------------------------------------------------------------------------------

@@ -27,6 +27,11 @@ from strategies.utils import flat_metrics, to_record
 
 # --- pure helpers ---------------------------------------------------------------------------------------
 
+def target_count(sparsity: float, size: int) -> int:
+    """⌈s·d⌉ of Eq. 7, immune to float noise (0.55 · 100 is 55.000000000000007 in binary)."""
+    return math.ceil(round(sparsity * size, 9))
+
+
 def l0_aggregate(weights: Sequence[np.ndarray], masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 5: W_g = Σ M_i⊙W_i / Σ M_i (0 where every client pruned), and C = #clients that pruned (Eq. 6)."""
     kept = np.zeros(weights[0].shape, dtype=np.int64)
@@ -61,12 +66,19 @@ def expand_masks(merged: np.ndarray, pruned_count: np.ndarray, n_clients: int, s
         pruned |= pruned_count == n_clients
     else:
         pruned = pruned_count == n_clients
-        k = math.ceil(sparsity * merged.size) - int(pruned.sum())
+        k = target_count(sparsity, merged.size) - int(pruned.sum())
         if k > 0:
             candidates = np.flatnonzero(~pruned)
             chosen = candidates[np.argsort(-priority.flat[candidates], kind="stable")[:k]]
             pruned.flat[chosen] = True
     return np.where(pruned, 0, merged).astype(merged.dtype), ~pruned
+
+
+def random_prune(weight: np.ndarray, sparsity: float, rng: np.random.Generator) -> np.ndarray:
+    """The `random` baseline: exactly ⌈s·d⌉ positions, drawn uniformly, set to zero."""
+    out = weight.copy()
+    out.flat[rng.permutation(weight.size)[:target_count(sparsity, weight.size)]] = 0
+    return out
 
 
 def layer_quota(num_layers: int, resources: Sequence[float]) -> list[int]:
@@ -177,6 +189,21 @@ class FedSpaLLMStrategy(FederatedStrategy):
         from fedprune_app.pruned_models import model_with_weights
 
         return model_with_weights(self.cfg, self.global_state)
+
+    def reference_models(self) -> dict[str, Any]:
+        """`random` (paper's baseline): the dense weights with a random mask at the target sparsity."""
+        from fedprune_app.config import split_list
+        from fedprune_app.pruned_models import model_with_weights, prunable_weights
+
+        refs: dict[str, Any] = {}
+        if "random" in split_list(str(self.cfg.fedspallm_references)):
+            def random_model() -> tuple[Any, Any]:
+                rng = np.random.default_rng(int(self.cfg.seed))
+                dense, _, _ = prunable_weights(self.cfg)
+                sparsity = float(self.cfg.sparsity)
+                return model_with_weights(self.cfg, {k: random_prune(v, sparsity, rng) for k, v in dense.items()})
+            refs["random"] = random_model
+        return refs
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
         from fedprune_app.pruned_models import save_pruned

@@ -14,7 +14,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 
 from fedprune_app.client_app import app
 from fedprune_app.pruned_models import MASK_SUFFIX, prunable_names
-from strategies.fedspallm import FedSpaLLMStrategy, expand_masks, l0_aggregate, layer_quota, sample_layers
+from strategies.fedspallm import (
+    FedSpaLLMStrategy,
+    expand_masks,
+    l0_aggregate,
+    layer_quota,
+    sample_layers,
+    target_count,
+)
 from strategies.utils import to_record
 from tests.conftest import small_config
 
@@ -33,7 +40,7 @@ def test_l0_aggregate_matches_a_brute_force_loop() -> None:
     assert merged[0, 0] == 0 and pruned_count[0, 0] == 3
 
 
-@pytest.mark.parametrize("sparsity", [0.5, 0.6, 0.8])
+@pytest.mark.parametrize("sparsity", [0.5, 0.55, 0.6, 0.8])
 def test_mask_expansion_hits_the_exact_target_and_prefers_agreed_positions(sparsity: float) -> None:
     rng = np.random.default_rng(1)
     n = 4
@@ -46,7 +53,7 @@ def test_mask_expansion_hits_the_exact_target_and_prefers_agreed_positions(spars
         ms.append(kept.reshape(w.shape))
     merged, counts = l0_aggregate(ws, ms)
     final, kept = expand_masks(merged, counts, n, sparsity)
-    assert (~kept).sum() == math.ceil(sparsity * merged.size)
+    assert (~kept).sum() == target_count(sparsity, merged.size) == math.ceil(sparsity * merged.size - 1e-9)
     assert (final[~kept] == 0).all() and np.array_equal(final[kept], merged[kept])
     assert (~kept[counts == n]).all()  # pruned by all -> pruned
     # no kept position was pruned by more clients than any pruned position (apart from the all-agree set)
@@ -139,3 +146,25 @@ def test_strategy_aggregates_hand_built_replies(fedspallm_cfg, flower_ids: None)
         else:
             np.testing.assert_array_equal(v, before[k])
     assert len(prunable_names(strategy.global_model(arrays)[0])) == len(before)
+
+
+def test_random_reference_hits_the_target_sparsity(fedspallm_cfg) -> None:
+    from fedprune_app.config import ConfigError, RunConfig
+    from fedprune_app.pruned_models import prunable_names
+    from fedprune_app.results import render_references
+    from strategies.fedspallm import random_prune
+
+    w = np.ones((10, 10), np.float32)
+    assert (random_prune(w, 0.55, np.random.default_rng(0)) == 0).sum() == 55
+    strategy = FedSpaLLMStrategy(fedspallm_cfg)
+    strategy.initial_arrays()
+    model, _ = strategy.reference_models()["random"]()
+    params = dict(model.named_parameters())
+    for name in prunable_names(model):
+        assert (params[name] == 0).float().mean().item() == pytest.approx(0.5, abs=1e-3)
+    text = render_references(fedspallm_cfg, {"0": {"ppl `d`": 10.0}, "1": {"ppl `d`": 20.0}},
+                             [{"model": "random", "data": "d", "ppl": 900.0}])
+    assert "| dense (round 0) | 10.00 |" in text and "| random | 900.00 |" in text
+    assert "| fedspallm (round 1) | 20.00 |" in text
+    with pytest.raises(ConfigError, match="'fedspallm-references' accepts 'random'"):
+        RunConfig.from_flower({"fedspallm-references": "random,oracle"})
