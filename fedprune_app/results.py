@@ -14,6 +14,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Mapping
 from datetime import datetime
@@ -82,7 +83,10 @@ class RunDirectory:
             text += (f"\n{len(dropped)} client replies failed or were rejected and left out "
                      "(details in summary.json and metrics.jsonl).\n")
         (self.path / "results.md").write_text(text)
-        plot_rounds(self.records, self.path / "plots")
+        try:
+            plot_rounds(self.records, self.path / "plots")
+        except Exception as err:  # a figure must never cost a finished run its status
+            warnings.warn(f"plotting failed: {err!r}", stacklevel=1)
         return summary
 
 
@@ -180,7 +184,7 @@ def plot_rounds(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     series: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        if r.get("status") in ("failed", "rejected"):
+        if r.get("status") in ("failed", "rejected") or "round" not in r:
             continue
         who = f"server {r.get('data')}" if r.get("phase") == "server-evaluate" else f"client {r.get('client')}"
         for k, v in r.items():
