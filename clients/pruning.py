@@ -164,8 +164,37 @@ class InputStats:
         self.sq_norms.mul_(n / (n + t)).add_((x ** 2).sum(0), alpha=1.0 / (n + t))
         self.count = n + t
 
-    def hook(self, _module: nn.Module, args: tuple, _output: Any) -> None:
-        self.add(args[0])
+
+def collect_input_stats(layer: nn.Module, linears: dict[str, nn.Linear], hidden: Sequence[torch.Tensor],
+                        kwargs: Sequence[dict[str, Any]], needs: str) -> dict[str, InputStats]:
+    """Run the layer on every calibration batch with hooks on its linears. Linears fed the very same input
+    tensor (q/k/v, gate/up) share one `InputStats`, so each Hessian is accumulated once."""
+    stats: dict[str, InputStats] = {}
+    # inputs seen in the current batch, kept alive so that no new tensor can reuse their id
+    this_batch: list[tuple[torch.Tensor, InputStats]] = []
+
+    def added_with(x: torch.Tensor) -> InputStats | None:
+        return next((st for seen, st in this_batch if seen is x), None)
+
+    def hook_for(name: str) -> Callable[[nn.Module, tuple, Any], None]:
+        def hook(_module: nn.Module, args: tuple, _output: Any) -> None:
+            x = args[0]
+            if name not in stats:
+                stats[name] = added_with(x) or InputStats(x.shape[-1], needs == "hessian")
+            if added_with(x) is not stats[name]:
+                stats[name].add(x)
+                this_batch.append((x, stats[name]))
+        return hook
+
+    handles = [m.register_forward_hook(hook_for(name)) for name, m in linears.items()]
+    try:
+        for h, kw in zip(hidden, kwargs, strict=True):
+            this_batch.clear()
+            layer(h, **kw)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return stats
 
 
 @torch.no_grad()
@@ -192,15 +221,8 @@ def prune_sequentially(model: nn.Module, batches: Sequence[torch.Tensor], layer_
         if j in wanted:
             start = time.perf_counter()
             linears = linear_modules(layer)
-            stats = {name: InputStats(m.in_features, needs == "hessian") for name, m in linears.items()}
-            if needs != "nothing":
-                handles = [m.register_forward_hook(stats[name].hook) for name, m in linears.items()]
-                try:
-                    for h, kw in zip(hidden, kwargs, strict=True):
-                        layer(h, **kw)
-                finally:
-                    for handle in handles:
-                        handle.remove()
+            stats = collect_input_stats(layer, linears, hidden, kwargs, needs) if needs != "nothing" else {
+                name: InputStats(m.in_features, False) for name, m in linears.items()}
             for name, linear in linears.items():
                 new_weight, kept = prune(name, linear, stats[name].hessian, stats[name].sq_norms)
                 linear.weight.data.copy_(new_weight.to(linear.weight.dtype))

@@ -134,3 +134,37 @@ def test_cheaper_pruners_through_the_loop_match_the_direct_call(kind: str) -> No
                 else wanda_prune(original, (x ** 2).mean(0), 0.5)[0])
     prune_sequentially(model, [ids], [0], make_pruner(kind, 0.5))
     torch.testing.assert_close(layer.mlp.down_proj.weight, expected)
+
+
+@pytest.mark.parametrize("name", ["self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj"])
+def test_shared_input_hessians_match_each_linears_own(name: str) -> None:
+    """q/k/v (and gate/up) read the same tensor and share one Hessian; SparseGPT's result must equal the
+    direct call with the Hessian of that linear's own captured inputs, over two calibration batches."""
+    model = _tiny_llama()
+    batches = [torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(s)) for s in (6, 7)]
+    layer = decoder_layers(model)[0]
+    linear = layer.get_submodule(name)
+    original = linear.weight.detach().clone()
+    captured: list[torch.Tensor] = []
+    handle = linear.register_forward_hook(lambda _m, a, _o: captured.append(a[0].detach()))
+    with torch.no_grad():
+        for ids in batches:
+            model(input_ids=ids)
+    handle.remove()
+    x = torch.cat([c.reshape(-1, c.shape[-1]) for c in captured])
+    expected, _ = sparsegpt_prune(original, _hessian(x), 0.5, blocksize=16)
+    prune_sequentially(model, batches, [0], make_pruner("sparsegpt", 0.5, blocksize=16))
+    torch.testing.assert_close(linear.weight, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_linears_reading_the_same_tensor_share_their_statistics() -> None:
+    from clients.pruning import collect_input_stats
+    from fedprune_app.pruned_models import linear_modules
+
+    model = _tiny_llama()
+    inputs = capture_layer0_inputs(model, [torch.randint(0, 128, (2, 16))])
+    layer = decoder_layers(model)[0]
+    stats = collect_input_stats(layer, linear_modules(layer), inputs.hidden, inputs.kwargs, "hessian")
+    assert stats["self_attn.q_proj"] is stats["self_attn.k_proj"] is stats["self_attn.v_proj"]
+    assert stats["mlp.gate_proj"] is stats["mlp.up_proj"]
+    assert len({id(s) for s in stats.values()}) == 4  # qkv, o, gate/up, down
