@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
 
 from fedprune_app.config import RunConfig, per_client
 from fedprune_app.pruned_models import MASK_SUFFIX
@@ -137,7 +138,8 @@ class FedSpaLLMStrategy(FederatedStrategy):
         assignment = sample_layers(self.num_layers, layer_quota(self.num_layers, resources), self.rng)
         self.node_layers = dict(zip(node_ids, assignment, strict=True))
 
-    def configure_evaluate(self, server_round, arrays, config, grid):  # type: ignore[no-untyped-def]
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
         """No federated evaluation: the server scores the global model on held-out text of every domain
         (`server-eval-data`), as the paper reports WikiText-2/PTB/C4 perplexity of the global model."""
         return []

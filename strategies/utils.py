@@ -6,7 +6,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
+
+from fedprune_app.records import to_record as to_record  # re-exported for the strategies
 
 
 def weighted_average(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
@@ -23,11 +25,6 @@ def weighted_average(states: Sequence[Mapping[str, np.ndarray]], weights: Sequen
             acc += state[key].astype(np.float64) * (w / total)
         out[key] = acc.astype(first.dtype)
     return out
-
-
-def to_record(state: Mapping[str, np.ndarray]) -> ArrayRecord:
-    """{name: ndarray} as an ArrayRecord."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in state.items()})
 
 
 def numpy_state(record: ArrayRecord) -> dict[str, np.ndarray]:
