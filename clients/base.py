@@ -7,12 +7,15 @@ The ClientApp builds one client object per message (`Client(cfg, context)`) and 
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import cached_property
+from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, RecordDict
 
-from fedprune_app.config import RunConfig
-from fedprune_app.data import ClientData, client_data
+from fedprune_app.config import NodeConfig, RunConfig
+from fedprune_app.data import ClientData, client_data, source_splits
+from fedprune_app.runtime import client_seed
 
 
 class FederatedClient:
@@ -23,11 +26,16 @@ class FederatedClient:
     def __init__(self, cfg: RunConfig, context: Context) -> None:
         self.cfg = cfg
         self.context = context
-        self.partition_id = int(context.node_config.get("partition-id", 0))
-        self.num_partitions = int(context.node_config.get("num-partitions", 1))
+        node = NodeConfig.from_flower(context.node_config)  # ConfigError naming the bad key
+        self.partition_id = node.partition_id
+        self.num_partitions = node.num_partitions
+        self.data_path: str | None = node.data_path  # a private JSONL on this device, replaces the partition
+        self.resources: float | None = node.resources  # FedSpaLLM's r_i (Eq. 8) when the node sets it
 
     @cached_property
     def data(self) -> ClientData:
+        if self.data_path is not None:
+            return local_file_data(self.cfg, self.partition_id, self.data_path)
         return client_data(self.cfg, self.partition_id, self.num_partitions)
 
     @property
@@ -43,10 +51,26 @@ class FederatedClient:
 
     def seed(self, server_round: int) -> int:
         """A seed distinct per (run seed, round, client)."""
-        return int(self.cfg.seed) * 1_000_003 + server_round * 1009 + self.partition_id
+        return client_seed(int(self.cfg.seed), server_round, self.partition_id)
 
     def train(self, content: RecordDict) -> RecordDict:
         raise NotImplementedError
 
     def evaluate(self, content: RecordDict) -> RecordDict:
         raise NotImplementedError
+
+    def reference(self, content: RecordDict) -> RecordDict:
+        """A comparison model built from this client's data alone (e.g. FedSpaLLM's `standalone`), scored here.
+        `content.config_records["config"]["reference"]` names it; the reply carries metrics only."""
+        name = content.config_records["config"]["reference"]
+        raise NotImplementedError(f"method {self.cfg.method!r} has no client-side reference {name!r}")
+
+
+def local_file_data(cfg: RunConfig, partition_id: int, data_path: str) -> ClientData:
+    """A device's own JSONL file (node-config `data-path`) as this client's data, split like any `client-data`
+    source (`jsonl:` reader, seeded test | val | train split of `data.source_splits`, the same sizes).
+    The file's name (not its path) is what replies report as the client's data."""
+    splits = source_splits(f"jsonl:{data_path}", int(cfg.seed), int(cfg.test_examples), int(cfg.val_examples),
+                           int(cfg.max_train_examples))
+    return ClientData(partition_id, splits.train, splits.val, splits.test, f"data-path:{Path(data_path).name}",
+                      splits.test_path, Counter(e["source"] for e in splits.train))

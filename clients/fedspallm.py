@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
+import torch
 from flwr.app import MetricRecord, RecordDict
 
 from clients.base import FederatedClient
-from clients.pruning import make_pruner, prune_sequentially, sparsity_of
-from fedprune_app.pruned_models import MASK_SUFFIX, calibration_batches, dense_model, model_with_weights
+from fedprune_app.config import split_list
+from fedprune_app.evaluation import held_out_text, perplexity
+from fedprune_app.pruned_models import (
+    MASK_SUFFIX,
+    calibration_batches,
+    decoder_layers,
+    dense_model,
+    model_with_weights,
+)
+from fedprune_app.pruning import Pruner, prune_sequentially, pruner_for, sparsity_of
 from fedprune_app.records import to_record
 
 
@@ -30,12 +40,8 @@ class FedSpaLLMClient(FederatedClient):
         received = {k: v.numpy() for k, v in content.array_records["arrays"].items()}
         # both restore the process's cached model to dense first (Eq. 9), whatever an earlier message pruned
         model, tokenizer = model_with_weights(self.cfg, received) if received else dense_model(self.cfg)
-        batches = calibration_batches(self.data.train, tokenizer, int(self.cfg.calib_segments),
-                                      int(self.cfg.calib_seq_len), self.seed(server_round))
-        pruner = make_pruner(str(self.cfg.pruner), float(self.cfg.sparsity), int(self.cfg.prune_n),
-                             int(self.cfg.prune_m), int(self.cfg.sparsegpt_blocksize),
-                             float(self.cfg.sparsegpt_percdamp))
-        masks = prune_sequentially(model, batches, layers, pruner)
+        batches = self.calibration(tokenizer, server_round)
+        masks = prune_sequentially(model, batches, layers, self.pruner())
         params = dict(model.named_parameters())
         reply = {}
         for name, kept in masks.items():
@@ -51,4 +57,32 @@ class FedSpaLLMClient(FederatedClient):
 
     def evaluate(self, content: RecordDict) -> RecordDict:
         raise NotImplementedError("FedSpaLLM evaluates the global model on the server (server-eval-data)")
+
+    def reference(self, content: RecordDict) -> RecordDict:
+        """`standalone` (the paper's baseline): this client prunes every layer of the dense model with only its
+        own calibration data (the same segments as its round-1 call) and scores the result's perplexity on the
+        public held-out texts the server uses (`server-eval-data`), so the server can report the client models'
+        mean. Nothing but the perplexities is sent."""
+        name = str(content.config_records["config"]["reference"])
+        if name != "standalone":
+            return super().reference(content)
+        start = time.perf_counter()
+        model, tokenizer = dense_model(self.cfg)
+        batches = self.calibration(tokenizer, server_round=1)
+        prune_sequentially(model, batches, range(len(decoder_layers(model))), self.pruner())
+        metrics: dict[str, float | int] = {"num-examples": int(sum(b.shape[0] for b in batches)),
+                                           "partition-id": self.partition_id}
+        for source in split_list(str(self.cfg.server_eval_data)):
+            metrics[f"ppl/{source}"] = perplexity(model, tokenizer, held_out_text(source, self.cfg),
+                                                  int(self.cfg.ppl_window), int(self.cfg.ppl_stride),
+                                                  int(self.cfg.eval_ppl_tokens))
+        metrics["seconds"] = time.perf_counter() - start
+        return RecordDict({"metrics": MetricRecord(metrics), "info": self.info()})
+
+    def calibration(self, tokenizer: Any, server_round: int) -> list[torch.Tensor]:
+        return calibration_batches(self.data.train, tokenizer, int(self.cfg.calib_segments),
+                                   int(self.cfg.calib_seq_len), self.seed(server_round))
+
+    def pruner(self) -> Pruner:
+        return pruner_for(self.cfg)
 

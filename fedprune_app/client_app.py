@@ -29,3 +29,9 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     return Message(content=make_client(context).evaluate(msg.content), reply_to=msg)
+
+
+@app.evaluate("reference")
+def reference(msg: Message, context: Context) -> Message:
+    """`evaluate.reference` messages: a baseline the client builds from its own data (see FederatedClient)."""
+    return Message(content=make_client(context).reference(msg.content), reply_to=msg)

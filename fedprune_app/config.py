@@ -55,6 +55,7 @@ DEFAULT_CLIENT_DATA = (
     "bigbench:elementary_math_qa/question_only,bigbench:logical_deduction/three_objects"
 )
 
+FEDSPALLM_REFERENCES = ("random", "standalone", "centralized")
 KEYS: tuple[Key, ...] = (
     # --- the run -------------------------------------------------------------------------------------
     Key("method", "fedit", "Federated method (server strategy + client pair from the registry)."),
@@ -104,8 +105,10 @@ KEYS: tuple[Key, ...] = (
     Key("calib-seq-len", 256, "Tokens per calibration segment (the paper: 2048).", minimum=8),
     Key("sparsegpt-blocksize", 128, "SparseGPT column block size.", minimum=1),
     Key("sparsegpt-percdamp", 0.01, "SparseGPT Hessian dampening (fraction of the mean diagonal).", minimum=0.0),
-    Key("fedspallm-references", "random", "Comparison models scored beside the global one at the end: "
-        "'random' (a random mask at the target sparsity per matrix); empty = none."),
+    Key("fedspallm-references", "random", "Comparison models scored beside the global one at the end "
+        "(comma-separated): 'random' (a random mask at the target sparsity per matrix), 'standalone' (each client "
+        "prunes the whole model with its own data; the mean is reported), 'centralized' (simulation only: the "
+        "pruner on all clients' calibration data pooled); empty = none."),
     Key("fedspallm-resources", "1.0", "Per-client r_i in (0, 1]: the share of decoder layers a client prunes per "
         "round (Eq. 8); one value for all or one per sampled client."),
     # --- evaluation ----------------------------------------------------------------------------------
@@ -206,10 +209,10 @@ class RunConfig:
         if values["prune-n"] and not 0 < values["prune-n"] < values["prune-m"]:
             raise ConfigError(f"run-config keys 'prune-n'/'prune-m' must satisfy 0 < n < m (e.g. 2:4), "
                               f"got {values['prune-n']}:{values['prune-m']}")
-        bad_refs = set(split_list(str(values["fedspallm-references"]))) - {"random"}
+        bad_refs = set(split_list(str(values["fedspallm-references"]))) - set(FEDSPALLM_REFERENCES)
         if bad_refs:
-            raise ConfigError(f"run-config key 'fedspallm-references' accepts 'random' (comma-separated), "
-                              f"got {sorted(bad_refs)}")
+            raise ConfigError(f"run-config key 'fedspallm-references' accepts {', '.join(FEDSPALLM_REFERENCES)} "
+                              f"(comma-separated), got {sorted(bad_refs)}")
         if not split_list(str(values["lora-target-modules"])):
             raise ConfigError("run-config key 'lora-target-modules' must name at least one module")
         return cls(values)
@@ -239,6 +242,71 @@ def update_readme(path: str = "README.md") -> None:
     new = re.sub(r"(<!-- keys:start[^>]*-->\n).*?(\n<!-- keys:end -->)", lambda m: m.group(1) + markdown_table()
                  + m.group(2), text, flags=re.S)
     readme.write_text(new)
+
+
+# --- node config (a SuperNode's `--node-config`; the simulation sets partition-id and num-partitions) ---------
+# (deployment engineer's addition: NodeConfig; used by clients/base.py)
+
+NODE_KEYS: dict[str, str] = {
+    "partition-id": "an int in [0, num-partitions)",
+    "num-partitions": "an int >= 1",
+    "data-path": "an existing .jsonl file on this device (its examples replace the embedded partition)",
+    "resources": "a float in (0, 1] (FedSpaLLM's r_i, Eq. 8)",
+}
+
+
+def _node_number(node_config: Mapping[str, Any], key: str, default: float | None, cast: type) -> Any:
+    """`node_config[key]` as `cast` (int or float); numeric strings are accepted (Flower's Ray proxy sends
+    partition-id as a str), bools and fractional ints are not."""
+    value = node_config.get(key, default)
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool) or cast is int and isinstance(value, float):
+            raise ValueError
+        return cast(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"node-config key '{key}' must be {NODE_KEYS[key]}, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """A SuperNode's validated node config. `data_path` is the resolved JSONL path (None = use the embedded
+    partition); an empty `data-path=""` counts as not given. `resources` is None when not given."""
+
+    partition_id: int = 0
+    num_partitions: int = 1
+    data_path: str | None = None
+    resources: float | None = None
+
+    @classmethod
+    def from_flower(cls, node_config: Mapping[str, Any]) -> NodeConfig:
+        """Validate `context.node_config` or raise ConfigError naming the key and what it accepts."""
+        from pathlib import Path
+
+        unknown = sorted(set(node_config) - set(NODE_KEYS))
+        if unknown:
+            allowed = "; ".join(f"'{k}' ({v})" for k, v in NODE_KEYS.items())
+            raise ConfigError(f"unknown node-config key(s): {', '.join(repr(k) for k in unknown)}. "
+                              f"Allowed keys: {allowed}")
+        num = _node_number(node_config, "num-partitions", 1, int)
+        if num < 1:
+            raise ConfigError(f"node-config key 'num-partitions' must be {NODE_KEYS['num-partitions']}, got {num}")
+        pid = _node_number(node_config, "partition-id", 0, int)
+        if not 0 <= pid < num:
+            raise ConfigError(f"node-config key 'partition-id' must be an int in [0, {num}) "
+                              f"(num-partitions = {num}), got {pid}")
+        data_path = node_config.get("data-path")
+        if data_path is not None and not isinstance(data_path, str):
+            raise ConfigError(f"node-config key 'data-path' must be {NODE_KEYS['data-path']}, got {data_path!r}")
+        path = Path(data_path).expanduser().resolve() if data_path else None
+        if path is not None and (path.suffix != ".jsonl" or not path.is_file()):
+            problem = "is not a .jsonl file" if path.suffix != ".jsonl" else "does not exist on this device"
+            raise ConfigError(f"node-config key 'data-path' must be {NODE_KEYS['data-path']}: {path} {problem}")
+        resources = _node_number(node_config, "resources", None, float)
+        if resources is not None and not 0.0 < resources <= 1.0:
+            raise ConfigError(f"node-config key 'resources' must be {NODE_KEYS['resources']}, got {resources}")
+        return cls(pid, num, None if path is None else str(path), resources)
 
 
 if __name__ == "__main__":

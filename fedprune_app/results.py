@@ -71,11 +71,13 @@ class RunDirectory:
         server: dict[str, dict[str, float]] = defaultdict(dict)
         for r in self.rows("server-evaluate"):
             server[str(r["round"])][f"ppl `{r['data']}`"] = r["ppl"]
-        dropped = [{"round": r["round"], "phase": r["phase"], "node": r["node"], "problem": r.get("problem", "")[-300:]}
+        dropped = [{"round": r.get("round"), "phase": r["phase"], "node": r.get("node"),
+                    "problem": r.get("problem", "")[-300:]}
                    for r in self.records if r.get("status") in ("failed", "rejected")]
         summary = {"status": status, "method": self.cfg.method, "started-at": self.started,
                    "seconds": round(time.time() - self.started, 1),
-                   "clients": table, "server": server, "dropped-replies": dropped, **(extra or {})}
+                   "clients": table, "server": server, "references": reference_means(self.rows("reference")),
+                   "dropped-replies": dropped, **(extra or {})}
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         text = render_results(self.cfg, table, server, summary["seconds"])
         text += render_references(self.cfg, server, self.rows("reference"))
@@ -153,17 +155,34 @@ def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[
     return "\n".join(lines) + "\n"
 
 
+def reference_means(refs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """{model: {data: ppl}} from the `reference` rows; a client-built reference (one row per client) is the mean
+    over its clients, as the FedSpaLLM paper reports its `standalone` row; `clients` counts them."""
+    per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in refs:
+        if r.get("status") != "failed" and isinstance(r.get("ppl"), int | float):
+            per[str(r["model"])][str(r["data"])].append(float(r["ppl"]))
+    out: dict[str, dict[str, float]] = {}
+    for name, by_data in per.items():
+        out[name] = {data: sum(v) / len(v) for data, v in by_data.items()}
+        if any(r.get("client") is not None for r in refs if r.get("model") == name):
+            out[name]["clients"] = max(len(v) for v in by_data.values())
+    return out
+
+
 def render_references(cfg: RunConfig, server: Mapping[str, Mapping[str, float]],
                       refs: list[dict[str, Any]]) -> str:
     """Dense (round 0), each comparison model, and the method's final global model, per held-out source."""
-    if not refs:
+    means = reference_means(refs)
+    if not means:
         return ""
-    sources = list(dict.fromkeys(r["data"] for r in refs))
+    sources = list(dict.fromkeys(r["data"] for r in refs if "data" in r))
     rows: dict[str, dict[str, float]] = {}
     if "0" in server:
         rows["dense (round 0)"] = {src: server["0"].get(f"ppl `{src}`") for src in sources}
-    for r in refs:
-        rows.setdefault(str(r["model"]), {})[r["data"]] = r["ppl"]
+    for name, vals in means.items():
+        label = f"{name} (mean of {int(vals['clients'])} clients)" if "clients" in vals else name
+        rows[label] = vals
     last = max(server, key=int) if server else None
     if last is not None and last != "0":
         rows[f"{cfg.method} (round {last})"] = {src: server[last].get(f"ppl `{src}`") for src in sources}

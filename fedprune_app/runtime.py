@@ -41,3 +41,9 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def client_seed(seed: int, server_round: int, partition_id: int) -> int:
+    """A seed distinct per (run seed, round, client): what a client draws its batches/segments with. The server
+    uses it too when it rebuilds a client's round-1 calibration set (the simulation-only `centralized` reference)."""
+    return seed * 1_000_003 + server_round * 1009 + partition_id

@@ -5,7 +5,8 @@
 3. build the method's strategy and its initial global state;
 4. round 0: every client scores the untouched model; rounds 1..R: Flower's train/evaluate loop, each
    reply logged to metrics.jsonl, the server scoring the global model's perplexity after every round;
-5. save the final artefacts, write summary.json / results.md / plots and print the table.
+5. save the final artefacts, score the comparison models (built by the server, or by every client from its
+   own data), write summary.json / results.md / plots and print the table.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def main(grid: Grid, context: Context) -> None:
         final = result.arrays if len(result.arrays) else initial  # no round produced an update: keep the start
         artefacts = strategy.save_final(final, run.path)
         score_references(cfg, strategy, run)
+        strategy.score_client_references(grid)
         run.finish("completed", {"artefacts": artefacts, "initial-state-seconds": round(initial_ready, 3)})
     except BaseException:
         error = traceback.format_exc()[-4000:]

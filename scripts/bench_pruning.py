@@ -18,11 +18,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clients.pruning import PRUNERS, make_pruner, prune_sequentially  # noqa: E402
 from fedprune_app.config import RunConfig  # noqa: E402
 from fedprune_app.data import client_data  # noqa: E402
 from fedprune_app.evaluation import held_out_text, perplexity  # noqa: E402
 from fedprune_app.pruned_models import calibration_batches, dense_model  # noqa: E402
+from fedprune_app.pruning import PRUNERS, make_pruner, prune_sequentially  # noqa: E402
 from fedprune_app.runtime import quiet_libraries  # noqa: E402
 
 

@@ -11,7 +11,9 @@ Flower's `Strategy.start` owns the round loop (train -> aggregate -> federated e
 - `aggregate(round, replies)`   the new global ArrayRecord from the accepted replies (default: FedAvg);
 - `global_model(arrays)`        a model with the global state loaded (server evaluation, artefacts);
 - `save_final(arrays, dir)`     the final artefacts;
-- `reference_models()`          comparison models scored at the end (e.g. FedSpaLLM's random mask).
+- `reference_models()`          comparison models the server builds and scores at the end (e.g. a random mask);
+- `client_references()`         comparison models each client builds from its own data alone and scores itself,
+                                asked for with `evaluate.reference` messages after the last round (`standalone`).
 
 Failed replies (a ClientApp that raised, a timeout) and malformed ones are dropped and logged; if no reply
 is usable the global state is kept. A client therefore never takes the run down or corrupts the state.
@@ -63,6 +65,7 @@ class FederatedStrategy(FedAvg):
         self.record = recorder or (lambda row: None)
         self.rng = random.Random(int(cfg.seed))
         self.sent: dict[int, ArrayRecord] = {}
+        self.num_connected = 0  # nodes connected at the last sampling (= partitions in a simulation)
 
     # --- hooks -------------------------------------------------------------------------------------------
     def initial_arrays(self) -> ArrayRecord:
@@ -100,12 +103,17 @@ class FederatedStrategy(FedAvg):
         """Comparison models the server scores beside the final global one: {name: build() -> (model, tok)}."""
         return {}
 
+    def client_references(self) -> list[str]:
+        """Names of the baselines every client builds from its own data and scores (FederatedClient.reference)."""
+        return []
+
     # --- the template ------------------------------------------------------------------------------------
     def sample(self, grid: Grid, fraction: float) -> list[int]:
         """Wait for `min-nodes`, then draw ⌈fraction·N⌉ nodes with the run's seeded RNG."""
         while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
             log.info("waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes)
             time.sleep(1)
+        self.num_connected = len(nodes)
         k = max(1, min(len(nodes), round(fraction * len(nodes))))
         return sorted(self.rng.sample(nodes, k))
 
@@ -189,6 +197,28 @@ class FederatedStrategy(FedAvg):
             self.aggregate_evaluate(0, replies)
         return super().start(grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds, timeout=timeout,
                              train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+
+    def score_client_references(self, grid: Grid, timeout: float = 3600) -> None:
+        """After the last round: one `evaluate.reference` message per node and baseline; each reply's `ppl/<data>`
+        metrics are logged as `reference` rows (one per client; results.md reports the mean over clients)."""
+        for name in self.client_references():
+            log.info("[fedprune] reference %s: every client builds it from its own data", name)
+            messages = [Message(content=RecordDict({"config": ConfigRecord({"reference": name})}),
+                                message_type=f"{MessageType.EVALUATE}.reference", dst_node_id=node_id)
+                        for node_id in self.sample(grid, 1.0)]
+            for msg in grid.send_and_receive(messages, timeout=timeout):
+                node_id = msg.metadata.src_node_id
+                if msg.has_error():
+                    self.record({"phase": "reference", "model": name, "node": node_id, "status": "failed",
+                                 "problem": _tail(msg.error.reason)})
+                    log.warning("reference %s on node %d failed: %s", name, node_id, _tail(msg.error.reason, 300))
+                    continue
+                metrics = flat_metrics(msg.content)
+                for key, value in metrics.items():
+                    if key.startswith("ppl/"):
+                        self.record({"phase": "reference", "model": name, "node": node_id,
+                                     "client": metrics.get("partition-id"), "data": key[4:], "ppl": value,
+                                     "seconds": metrics.get("seconds")})
 
     def evaluates(self, server_round: int) -> bool:
         """Round 0 and the last round always; every `eval-every` rounds in between."""

@@ -21,9 +21,19 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedprune_app.config import RunConfig, per_client
-from fedprune_app.pruned_models import MASK_SUFFIX
-from strategies.base import FederatedStrategy
+from fedprune_app.config import RunConfig, per_client, split_list
+from fedprune_app.data import client_data
+from fedprune_app.pruned_models import (
+    MASK_SUFFIX,
+    calibration_batches,
+    dense_model,
+    model_with_weights,
+    prunable_weights,
+    save_pruned,
+)
+from fedprune_app.pruning import prune_sequentially, pruner_for
+from fedprune_app.runtime import client_seed
+from strategies.base import FederatedStrategy, log
 from strategies.utils import flat_metrics, to_record
 
 # --- pure helpers ---------------------------------------------------------------------------------------
@@ -127,8 +137,6 @@ class FedSpaLLMStrategy(FederatedStrategy):
 
     def initial_arrays(self) -> ArrayRecord:
         """The server keeps the global weights itself (`global_state`); the loop carries a round counter."""
-        from fedprune_app.pruned_models import prunable_weights
-
         self.global_state, self.layer_prefix, self.num_layers = prunable_weights(self.cfg)
         return to_record({"global-round": np.zeros(1, dtype=np.int64)})
 
@@ -188,26 +196,40 @@ class FedSpaLLMStrategy(FederatedStrategy):
         return to_record({"global-round": np.array([server_round], dtype=np.int64)})
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
-        from fedprune_app.pruned_models import model_with_weights
-
         return model_with_weights(self.cfg, self.global_state)
 
     def reference_models(self) -> dict[str, Any]:
-        """`random` (paper's baseline): the dense weights with a random mask at the target sparsity."""
-        from fedprune_app.config import split_list
-        from fedprune_app.pruned_models import model_with_weights, prunable_weights
-
+        """Server-built comparison models, per `fedspallm-references`:
+        - `random` (the paper's baseline): the dense weights with a random mask at the target sparsity;
+        - `centralized` (simulation only: the server rebuilds every partition's data from the embedded sources):
+          the pruner on the pooled calibration data of all clients, i.e. every client's round-1 segments
+          together — the upper reference a federation cannot run."""
         refs: dict[str, Any] = {}
-        if "random" in split_list(str(self.cfg.fedspallm_references)):
+        names = split_list(str(self.cfg.fedspallm_references))
+        sparsity = float(self.cfg.sparsity)
+        if "random" in names:
             def random_model() -> tuple[Any, Any]:
                 rng = np.random.default_rng(int(self.cfg.seed))
                 dense, _, _ = prunable_weights(self.cfg)
-                sparsity = float(self.cfg.sparsity)
                 return model_with_weights(self.cfg, {k: random_prune(v, sparsity, rng) for k, v in dense.items()})
             refs["random"] = random_model
+        if "centralized" in names:
+            refs["centralized"] = self.centralized_model
         return refs
 
-    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        from fedprune_app.pruned_models import save_pruned
+    def centralized_model(self) -> tuple[Any, Any]:
+        model, tokenizer = dense_model(self.cfg)
+        n = max(1, self.num_connected)
+        batches = [b for pid in range(n) for b in calibration_batches(
+            client_data(self.cfg, pid, n).train, tokenizer, int(self.cfg.calib_segments), int(self.cfg.calib_seq_len),
+            client_seed(int(self.cfg.seed), 1, pid))]
+        log.info("[fedprune] reference centralized: pruning on the pooled calibration data of %d clients", n)
+        prune_sequentially(model, batches, range(self.num_layers), pruner_for(self.cfg))
+        return model, tokenizer
 
+    def client_references(self) -> list[str]:
+        """`standalone` (the paper's baseline): each client prunes the whole model with its own data alone."""
+        return [name for name in split_list(str(self.cfg.fedspallm_references)) if name == "standalone"]
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
         return save_pruned(self.cfg, self.global_state, out_dir)

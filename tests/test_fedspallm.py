@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
 from fedprune_app.client_app import app
@@ -166,5 +167,87 @@ def test_random_reference_hits_the_target_sparsity(fedspallm_cfg) -> None:
                              [{"model": "random", "data": "d", "ppl": 900.0}])
     assert "| dense (round 0) | 10.00 |" in text and "| random | 900.00 |" in text
     assert "| fedspallm (round 1) | 20.00 |" in text
-    with pytest.raises(ConfigError, match="'fedspallm-references' accepts 'random'"):
+    with pytest.raises(ConfigError, match="'fedspallm-references' accepts random, standalone, centralized"):
         RunConfig.from_flower({"fedspallm-references": "random,oracle"})
+
+
+class ClientGrid:
+    """A Grid whose nodes are ClientApp calls in this process (node id -> Context), with one failing node."""
+
+    def __init__(self, cfg, partitions: int, failing: int | None = None) -> None:
+        self.contexts = {10 + p: Context(run_id=1, node_id=10 + p, state=RecordDict(), run_config=cfg.to_dict(),
+                                         node_config={"partition-id": p, "num-partitions": partitions})
+                         for p in range(partitions)}
+        self.failing = failing
+
+    def get_node_ids(self) -> list[int]:
+        return sorted(self.contexts)
+
+    def send_and_receive(self, messages, timeout: float = 0):
+        from flwr.app import Error
+
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            if node == self.failing:
+                yield Message(Error(code=0, reason="client crashed"), reply_to=msg)
+            else:
+                yield app(msg, self.contexts[node])
+
+
+def test_standalone_reference_is_each_clients_own_full_pruning(fedspallm_cfg, flower_ids: None) -> None:
+    """Every client prunes all layers with its own round-1 segments and reports only perplexities; a failing
+    client is logged, not fatal."""
+    from fedprune_app.data import client_data
+    from fedprune_app.evaluation import held_out_text, perplexity
+    from fedprune_app.pruned_models import calibration_batches, dense_model
+    from fedprune_app.pruning import prune_sequentially, pruner_for
+    from fedprune_app.runtime import client_seed
+
+    cfg = fedspallm_cfg.replace(**{"fedspallm-references": "standalone", "partitioner": "iid"})
+    rows: list[dict] = []
+    strategy = FedSpaLLMStrategy(cfg, recorder=rows.append)
+    strategy.initial_arrays()
+    assert strategy.client_references() == ["standalone"]
+    strategy.score_client_references(ClientGrid(cfg, partitions=3, failing=12))
+    ok = [r for r in rows if r.get("status") != "failed"]
+    assert sorted(r["client"] for r in ok) == [0, 1] and [r["node"] for r in rows if "problem" in r] == [12]
+    # brute force for client 1: the same segments, every layer pruned, the same held-out text
+    model, tok = dense_model(cfg)
+    batches = calibration_batches(client_data(cfg, 1, 3).train, tok, 4, 32, client_seed(0, 1, 1))
+    prune_sequentially(model, batches, [0, 1], pruner_for(cfg))
+    source = str(cfg.server_eval_data)
+    expected = perplexity(model, tok, held_out_text(source, cfg), 64, 64, 128)
+    assert next(r["ppl"] for r in ok if r["client"] == 1) == pytest.approx(expected, rel=1e-5)
+    dense_ppl = perplexity(*dense_model(cfg), held_out_text(source, cfg), 64, 64, 128)
+    assert expected != pytest.approx(dense_ppl, rel=1e-3)
+
+
+def test_standalone_reply_holds_metrics_only(fedspallm_cfg, flower_ids: None) -> None:
+    grid = ClientGrid(fedspallm_cfg, partitions=1)
+    msg = Message(content=RecordDict({"config": ConfigRecord({"reference": "standalone"})}),
+                  message_type="evaluate.reference", dst_node_id=10)
+    reply = next(grid.send_and_receive([msg])).content
+    assert not reply.array_records and set(reply.metric_records) == {"metrics"}
+    assert any(k.startswith("ppl/") for k in reply.metric_records["metrics"])
+
+
+def test_centralized_reference_prunes_on_the_pooled_segments(fedspallm_cfg) -> None:
+    from fedprune_app.data import client_data
+    from fedprune_app.pruned_models import calibration_batches, dense_model
+    from fedprune_app.pruning import prune_sequentially, pruner_for
+    from fedprune_app.runtime import client_seed
+
+    cfg = fedspallm_cfg.replace(**{"fedspallm-references": "random,centralized", "partitioner": "iid"})
+    strategy = FedSpaLLMStrategy(cfg)
+    strategy.initial_arrays()
+    strategy.num_connected = 2
+    model, _ = strategy.reference_models()["centralized"]()
+    got = {k: v.detach().clone() for k, v in model.named_parameters() if k in strategy.global_state}
+    model, tok = dense_model(cfg)
+    pooled = [b for p in range(2) for b in calibration_batches(client_data(cfg, p, 2).train, tok, 4, 32,
+                                                               client_seed(0, 1, p))]
+    prune_sequentially(model, pooled, [0, 1], pruner_for(cfg))
+    params = dict(model.named_parameters())
+    for k, v in got.items():
+        assert torch.equal(v, params[k]), k
+        assert (v == 0).float().mean().item() == pytest.approx(0.5, abs=0.02)

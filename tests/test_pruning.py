@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
-from clients.pruning import (
+from fedprune_app.pruning import (
     capture_layer0_inputs,
     decoder_layers,
     magnitude_prune,
@@ -158,8 +158,8 @@ def test_shared_input_hessians_match_each_linears_own(name: str) -> None:
 
 
 def test_linears_reading_the_same_tensor_share_their_statistics() -> None:
-    from clients.pruning import collect_input_stats
     from fedprune_app.pruned_models import linear_modules
+    from fedprune_app.pruning import collect_input_stats
 
     model = _tiny_llama()
     inputs = capture_layer0_inputs(model, [torch.randint(0, 128, (2, 16))])

@@ -21,13 +21,18 @@ def test_finish_writes_everything_from_the_rows(tmp_path: Path) -> None:
     for rnd in (0, 2):
         run.log({"round": rnd, "phase": "server-evaluate", "data": "wiki", "ppl": 20.0 + rnd})
     run.log({"phase": "reference", "model": "random", "data": "wiki", "ppl": 1e6})
+    for client, ppl in ((0, 30.0), (1, 50.0)):  # a client-built reference: one row per client, mean reported
+        run.log({"phase": "reference", "model": "standalone", "client": client, "data": "wiki", "ppl": ppl})
+    run.log({"phase": "reference", "model": "standalone", "node": 9, "status": "failed", "problem": "oom"})
     summary = run.finish("completed")
     assert summary["status"] == "completed" and summary["clients"][0]["acc/untouched"] == 0.25
-    assert summary["clients"][0]["acc/tuned"] == 0.75 and len(summary["dropped-replies"]) == 1
+    assert summary["clients"][0]["acc/tuned"] == 0.75 and len(summary["dropped-replies"]) == 2
+    assert summary["references"] == {"random": {"wiki": 1e6}, "standalone": {"wiki": 40.0, "clients": 2}}
     assert json.loads((run.path / "summary.json").read_text())["server"]["2"] == {"ppl `wiki`": 22.0}
     text = (run.path / "results.md").read_text()
     assert "| 0 | `src` | 0.250 | 0.750 | 9.000 | 7.000 |" in text
-    assert "| random | 1000000.00 |" in text and "1 client replies failed" in text
+    assert "| random | 1000000.00 |" in text and "2 client replies failed" in text
+    assert "| standalone (mean of 2 clients) | 40.00 |" in text
     assert {p.name for p in (run.path / "plots").glob("*.png")} >= {"evaluate-acc.png", "train-loss.png",
                                                                     "server-evaluate-ppl.png"}
-    assert len((run.path / "metrics.jsonl").read_text().splitlines()) == 7
+    assert len((run.path / "metrics.jsonl").read_text().splitlines()) == 10

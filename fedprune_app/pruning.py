@@ -1,6 +1,8 @@
-"""Client-side unstructured pruners (SparseGPT, Wanda, magnitude) and the sequential layer loop.
+"""Unstructured pruners (SparseGPT, Wanda, magnitude) and the sequential layer loop.
 
-Pure functions over tensors; the FedSpaLLM client and the baselines call them. Conventions: a weight
+Pure functions over tensors. The FedSpaLLM client runs them on its own calibration data; the server runs
+them only for the simulation-only `centralized` reference (pooled data), which is why they live in the
+shared machinery rather than under clients/. Conventions: a weight
 matrix W is (out_features, in_features) as in `nn.Linear`; a mask is bool with True = weight kept.
 `n:m` sparsity (`prunen`, `prunem` > 0) prunes n of every m consecutive input weights of each row.
 """
@@ -256,6 +258,12 @@ def make_pruner(kind: str, sparsity: float, prunen: int = 0, prunem: int = 0, bl
     if kind == "magnitude":
         return Pruner(lambda _n, lin, _H, _sq: magnitude_prune(lin.weight.data, sparsity, prunen, prunem), "nothing")
     raise ValueError(f"pruner must be one of {', '.join(PRUNERS)}, got {kind!r}")
+
+
+def pruner_for(cfg: Any) -> Pruner:
+    """The pruner a run config asks for (`pruner`, `sparsity`, `prune-n`/`prune-m`, SparseGPT's block/damping)."""
+    return make_pruner(str(cfg.pruner), float(cfg.sparsity), int(cfg.prune_n), int(cfg.prune_m),
+                       int(cfg.sparsegpt_blocksize), float(cfg.sparsegpt_percdamp))
 
 
 def sparsity_of(mask: torch.Tensor) -> float:
