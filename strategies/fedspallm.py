@@ -11,7 +11,6 @@ clients pruned (Eq. 6–7). Matrices that no client sampled keep their previous 
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from fedprune_app.pruned_models import (
     model_with_weights,
     prunable_weights,
     save_pruned,
+    target_count,
 )
 from fedprune_app.pruning import prune_sequentially, pruner_for
 from fedprune_app.runtime import client_seed
@@ -37,11 +37,6 @@ from strategies.base import FederatedStrategy, log
 from strategies.utils import flat_metrics, to_record
 
 # --- pure helpers ---------------------------------------------------------------------------------------
-
-def target_count(sparsity: float, size: int) -> int:
-    """⌈s·d⌉ of Eq. 7, immune to float noise (0.55 · 100 is 55.000000000000007 in binary)."""
-    return math.ceil(round(sparsity * size, 9))
-
 
 def l0_aggregate(weights: Sequence[np.ndarray], masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 5: W_g = Σ M_i⊙W_i / Σ M_i (0 where every client pruned), and C = #clients that pruned (Eq. 6)."""

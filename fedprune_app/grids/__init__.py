@@ -1,0 +1,88 @@
+"""Experiment grids: run a method's presets over the settings of the paper's tables, then render the tables
+with each claim marked held / not held, from the runs' own files (summary.json, metrics.jsonl, artefacts).
+
+    python -m fedprune_app.grids fedspallm                    # run what is missing, write <out>/tables.md
+    python -m fedprune_app.grids fedspallm --only table1,comm # a subset of the cells
+    python -m fedprune_app.grids fedspallm --render-only      # re-render from the finished runs
+
+A grid is a list of `Cell`s (presets + overrides + the number of SuperNodes) and a `render` function. Cells whose
+run directory already holds a completed summary.json are not run again, so an interrupted grid resumes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a grid: `group` (e.g. 'table1'), a tag unique in the grid, run configs, SuperNodes."""
+
+    group: str
+    tag: str
+    run_config: tuple[str, ...]
+    supernodes: int
+    settings: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    method: str
+    cells: Callable[[Any], list[Cell]]  # argparse namespace -> cells
+    render: Callable[[list[Cell], dict[str, Path]], str]  # cells, {tag: run dir} -> Markdown
+
+
+def finished_run(out_dir: Path, method: str, tag: str) -> Path | None:
+    """The newest run directory of `tag` under out_dir whose summary.json says completed."""
+    for path in sorted(out_dir.glob(f"*-{method}-{tag}*"), reverse=True):
+        summary = path / "summary.json"
+        if path.name.split(f"-{method}-", 1)[1] in (tag, *(f"{tag}-{i}" for i in range(2, 10))) \
+                and summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
+            return path
+    return None
+
+
+def run_cells(grid: Grid, cells: Sequence[Cell], out_dir: Path, quiet: bool = False) -> dict[str, Path]:
+    """Launch every cell that has no completed run yet (one `flwr run` each); return {tag: run dir}."""
+    from fedprune_app.launch import launch
+
+    runs: dict[str, Path] = {}
+    for i, cell in enumerate(cells, 1):
+        done = finished_run(out_dir, grid.method, cell.tag)
+        if done is None:
+            print(f"[grid] {grid.name} {i}/{len(cells)}: {cell.tag} ({cell.supernodes} clients)", flush=True)
+            launched = launch([*cell.run_config, f"run-tag=\"{cell.tag}\" output-dir=\"{out_dir}\""],
+                              f"num-supernodes={cell.supernodes} client-resources-num-cpus=1", quiet=quiet)
+            done = launched.run_dir if launched.code == 0 else None
+            if done is None:
+                print(f"[grid] {cell.tag} failed (status {launched.status}); it is left out of the tables", flush=True)
+        if done is not None:
+            runs[cell.tag] = done
+    return runs
+
+
+def collect_runs(grid: Grid, cells: Sequence[Cell], out_dir: Path) -> dict[str, Path]:
+    return {c.tag: run for c in cells if (run := finished_run(out_dir, grid.method, c.tag)) is not None}
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def mark(held: bool | None) -> str:
+    return "**held**" if held else ("**not held**" if held is not None else "**not checked** (cells missing)")
+
+
+def fmt_ppl(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.2e}" if value >= 1e4 else f"{value:.2f}"

@@ -1,0 +1,94 @@
+"""Experiment grids: cells from the presets, resume by run directory, the FedSpaLLM tables and their claims."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from fedprune_app.config import RunConfig
+from fedprune_app.grids import finished_run
+from fedprune_app.grids.fedspallm import GRID
+from fedprune_app.launch import merged_config
+from fedprune_app.pruned_models import target_count
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("wiki", "nyt")
+
+
+def fake_run(out: Path, tag: str, sparsity: float, fed: float, standalone: float, random: float,
+             exact: bool = True, status: str = "completed") -> Path:
+    """A run directory as a FedSpaLLM run leaves it (only the files the tables read)."""
+    run = out / f"20260101-000000-fedspallm-{tag}"
+    (run / "model").mkdir(parents=True)
+    server = {"0": {f"ppl `{s}`": 20.0 for s in SOURCES}, "1": {f"ppl `{s}`": fed for s in SOURCES}}
+    refs = {"random": dict.fromkeys(SOURCES, random), "standalone": {**dict.fromkeys(SOURCES, standalone), "clients": 4},
+            "centralized": dict.fromkeys(SOURCES, fed * 0.9)}
+    (run / "summary.json").write_text(json.dumps({"status": status, "server": server, "references": refs}))
+    size = 100
+    zeros = target_count(sparsity, size) - (0 if exact else 1)
+    (run / "sparsity.json").write_text(json.dumps({"size": 2 * size, "matrices": {
+        "a": {"zeros": target_count(sparsity, size), "size": size}, "b": {"zeros": zeros, "size": size}}}))
+    rows = [{"phase": "train", "status": "accepted", "bytes-down": 4e6, "bytes-up": 5e6} for _ in range(4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "model" / "model.safetensors").write_bytes(b"0" * 1000)
+    return run
+
+
+def args(only: str = "table1", sparsity: str = "0.5,0.6,0.7") -> Namespace:
+    return Namespace(only=only, sparsity=sparsity)
+
+
+def test_cells_use_valid_presets_and_unique_tags() -> None:
+    cells = GRID.cells(args(only="", sparsity="0.5,0.8"))
+    assert [c.tag for c in cells] == ["table1-s50", "table1-s80", "table2-s50", "table2-s80", "table3-s50",
+                                      "table3-s80", "comm-sampled"]
+    assert [c.supernodes for c in cells] == [4, 4, 8, 8, 16, 16, 4]
+    for cell in cells:  # every cell's merged config validates; the table presets wait for all their clients
+        cfg = RunConfig.from_flower(merged_config(ROOT, list(cell.run_config)))
+        assert cfg.method == "fedspallm" and float(cfg.sparsity) == cell.settings["sparsity"]
+        if cell.group.startswith("table"):
+            assert int(cfg.min_nodes) == cell.supernodes and str(cfg.fedspallm_resources) == "1.0"
+
+
+def test_finished_run_ignores_failed_and_other_tags(tmp_path: Path) -> None:
+    fake_run(tmp_path, "table1-s50", 0.5, 30, 31, 1e5, status="failed")
+    assert finished_run(tmp_path, "fedspallm", "table1-s50") is None
+    fake_run(tmp_path, "table1-s500", 0.5, 30, 31, 1e5)
+    assert finished_run(tmp_path, "fedspallm", "table1-s50") is None
+    done = fake_run(tmp_path / "b", "table1-s50", 0.5, 30, 31, 1e5)
+    assert finished_run(tmp_path / "b", "fedspallm", "table1-s50") == done
+
+
+def test_tables_mark_claims_held(tmp_path: Path) -> None:
+    cells = GRID.cells(args())
+    runs = {c.tag: fake_run(tmp_path, c.tag, c.settings["sparsity"], fed, std, 1e6)
+            for c, (fed, std) in zip(cells, [(30, 31), (40, 44), (60, 80)], strict=False)}
+    text = GRID.render(cells, runs)
+    assert "| 60% | standalone (mean of 4) | 44.00 | 44.00 |" in text and "| 50% | random | 1.00e+06 |" in text
+    claims = text.split("## Claims")[1].split("## Communication")[0]
+    assert claims.count("**held**") == 4 and "not held" not in claims
+    assert "6/6 (setting, domain) pairs" in claims and "6/6 matrices over 3 runs" in claims
+
+
+def test_tables_mark_claims_not_held(tmp_path: Path) -> None:
+    cells = GRID.cells(args())
+    specs = [(30, 29, True), (40, 44, True), (60, 62, False)]  # fed above standalone at 50%; gap shrinks at 70%
+    runs = {c.tag: fake_run(tmp_path, c.tag, c.settings["sparsity"], fed, std, 50 * fed, exact)
+            for c, (fed, std, exact) in zip(cells, specs, strict=True)}
+    claims = GRID.render(cells, runs).split("## Claims")[1].split("## Communication")[0]
+    lines = [line for line in claims.splitlines() if line.startswith("- ")]
+    assert all("**not held**" in line for line in lines), lines
+    assert "table1 50%: FedSpaLLM above standalone on wiki, nyt" in claims
+    assert "5/6 matrices" in claims
+
+
+@pytest.mark.parametrize("missing", ["table1-s60"])
+def test_missing_cells_are_reported_not_invented(tmp_path: Path, missing: str) -> None:
+    cells = GRID.cells(args(only="table1,comm"))
+    runs = {c.tag: fake_run(tmp_path, c.tag, c.settings["sparsity"], 30, 31, 1e5) for c in cells if c.tag != missing}
+    text = GRID.render(cells, runs)
+    assert "| 60% | *not run* |" in text and f"- `{missing}`: not run" in text
+    assert "| layer sampling (r_i = 0.5) | 4.0 | 5.0 | 0.0 | 0.0 |" in text
