@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
@@ -26,13 +27,18 @@ class FedITClient(FederatedClient):
     def train(self, content: RecordDict) -> RecordDict:
         server_round = int(content.config_records["config"]["server-round"])
         model, tokenizer = self.load(content)
+        return self.local_round(model, tokenizer, server_round)
+
+    def local_round(self, model: Any, tokenizer: Any, server_round: int, **extra: float | int) -> RecordDict:
+        """`local-steps` of LoRA training from the loaded adapter, the validation loss, and the reply
+        (adapter tensors + metrics, `extra` metrics added)."""
         report = train_steps(model, tokenizer, self.data.train, self.cfg, seed=self.seed(server_round))
         start = time.perf_counter()
         val_loss = mean_loss(model, tokenizer, self.data.val, int(self.cfg.seq_len)) if self.data.val else math.nan
         self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1
         metrics = MetricRecord({
             "train-loss": report.mean_loss, "val-loss": val_loss, "num-examples": len(self.data.train),
-            "partition-id": self.partition_id, "train-seconds": report.seconds,
+            "partition-id": self.partition_id, "train-seconds": report.seconds, **extra,
             "seconds": report.seconds + time.perf_counter() - start,
         })
         return RecordDict({"arrays": ArrayRecord(get_adapter_state(model)), "metrics": metrics, "info": self.info()})

@@ -35,3 +35,9 @@ def evaluate(msg: Message, context: Context) -> Message:
 def reference(msg: Message, context: Context) -> Message:
     """`evaluate.reference` messages: a baseline the client builds from its own data (see FederatedClient)."""
     return Message(content=make_client(context).reference(msg.content), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """`query` messages: a one-off question before training (FedTPA's mean feature vector, `query` of the client)."""
+    return Message(content=make_client(context).query(msg.content), reply_to=msg)

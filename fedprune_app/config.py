@@ -56,6 +56,7 @@ DEFAULT_CLIENT_DATA = (
 )
 
 FEDSPALLM_REFERENCES = ("random", "standalone", "centralized")
+PERPLEXITY_SET_NAMES = ("wikitext2", "ptb", "c4")  # `ppl:<name>` in server-eval-data (data.PERPLEXITY_SETS)
 KEYS: tuple[Key, ...] = (
     # --- the run -------------------------------------------------------------------------------------
     Key("method", "fedit", "Federated method (server strategy + client pair from the registry)."),
@@ -110,7 +111,50 @@ KEYS: tuple[Key, ...] = (
         "prunes the whole model with its own data; the mean is reported), 'centralized' (simulation only: the "
         "pruner on all clients' calibration data pooled); empty = none."),
     Key("fedspallm-resources", "1.0", "Per-client r_i in (0, 1]: the share of decoder layers a client prunes per "
-        "round (Eq. 8); one value for all or one per sampled client."),
+        "round (Eq. 8); one value for all or one per partition id. A SuperNode's node-config `resources` "
+        "overrides it for that node."),
+    # --- sftp ----------------------------------------------------------------------------------------
+    Key("sftp-keep-ratios", "0.5", "SFT-P per-client target keep ratio p in (0, 1] of the prunable projections "
+        "(0.8 = '20% pruning'); one value for all clients or one per partition, e.g. '0.8,0.8,0.5,0.5'."),
+    Key("sftp-conditioning", True, "SFT-P client conditioning (+C): the generator reads the client's private "
+        "embedding e_k; false = NOC (one shared fixed input, the same masks for every client)."),
+    Key("sftp-adapters", True, "SFT-P adapter co-training (+A): LoRA (lora-* keys) trained and federated with "
+        "the generator; false = NOA."),
+    Key("sftp-lambda", 16.0, "SFT-P budget regulariser weight lambda (Eq. 13).", minimum=0.0),
+    Key("sftp-gate-bias", 3.0, "SFT-P gate bias c in pi0 = sigmoid(s + c) (Eq. 12).", minimum=-20.0, maximum=20.0),
+    Key("sftp-gate-tau", 0.4, "SFT-P ReinMax temperature tau (Eq. 12; the reference implementation wants >= 1, "
+        "the paper uses 0.4).", minimum=1e-3),
+    Key("sftp-embed-dim", 16, "SFT-P dimension of the private client embedding e_k (and the layer embedding).",
+        minimum=1),
+    Key("sftp-generator-hidden", 32, "SFT-P hidden units of the 2-layer MLP mask generator.", minimum=1),
+    Key("sftp-generator-lr", 1e-3, "SFT-P AdamW learning rate of the generator and e_k (no schedule).", minimum=0.0),
+    Key("sftp-generator-weight-decay", 0.05, "SFT-P AdamW weight decay of the generator and e_k.", minimum=0.0),
+    Key("sftp-lora-lr", 2e-5, "SFT-P LoRA learning rate (cosine-annealed over all rounds' local steps).",
+        minimum=0.0),
+    Key("sftp-aggregation", "equal", "SFT-P FedAvg weights of Theta and Phi (Eq. 15): equal per client (Table 4) "
+        "or by the clients' num-examples.", choices=("equal", "num-examples")),
+    # --- fedtpa / flexlora ----------------------------------------------------------------------------
+    Key("local-val-fraction", 0.0, "Share of each client's own training partition held out (seeded) as its "
+        "validation set (FedTPA §IV-A4: 0.2 = 8:2); 0 = the source's val split. With a share, val-examples caps "
+        "how many held-out examples are scored (0 = all).", minimum=0.0, maximum=0.9),
+    Key("fedtpa-beta-min", 0.25, "FedTPA beta_m: initial keep-ratio of the client closest to the global "
+        "features (Eq. 5); 1 = no heterogeneous initialisation.", minimum=1e-3, maximum=1.0),
+    Key("fedtpa-delta", 0.1, "FedTPA delta: step of the keep-ratio adjustment by loss trend (Eq. 9).",
+        minimum=0.0, maximum=0.99),
+    Key("fedtpa-ema-decay", 0.85, "FedTPA eta: decay of the EMA of |w * dL/dw| (Eq. 6; AdaLoRA's 0.85).",
+        minimum=0.0, maximum=0.999),
+    Key("fedtpa-warmup-steps", 3, "FedTPA warm-up steps (of local-steps, which must be larger) before rank "
+        "pruning; the remaining steps fine-tune the pruned adapters (§III-D).", minimum=1),
+    Key("fedtpa-feature-examples", 64, "FedTPA: local examples whose mean backbone feature lambda_i a client "
+        "uploads once before round 1 (Eq. 3); 0 = all.", minimum=0),
+    Key("fedtpa-itpa", True, "FedTPA ITPA: initial keep-ratios from feature divergence (Eq. 3-5); false = "
+        "beta = 1 for every client and no feature upload."),
+    Key("fedtpa-dapr", True, "FedTPA DAPR: adjust each keep-ratio by its loss trend every round (Eq. 9); "
+        "false = fixed."),
+    Key("fedtpa-lcwa", True, "FedTPA LCWA: layer-wise contribution-weighted aggregation (Eq. 8); false = FedAvg "
+        "by num-examples."),
+    Key("flexlora-ranks", "8,16,32,64", "FlexLoRA per-client LoRA ranks (resources), one for all or one per "
+        "partition id; the server redistributes the averaged dW by truncated SVD at each rank."),
     # --- evaluation ----------------------------------------------------------------------------------
     Key("eval-every", 0, "Federated evaluation every k rounds (and always round 0 = the untouched model, and "
         "the last round); 0 = only round 0 and the last round.", minimum=0),
@@ -122,7 +166,8 @@ KEYS: tuple[Key, ...] = (
     Key("ppl-window", 256, "Sliding-window length for perplexity.", minimum=8),
     Key("ppl-stride", 256, "Sliding-window stride for perplexity (<= ppl-window).", minimum=1),
     Key("gen-max-new-tokens", 32, "Greedy tokens generated per example for Rouge-L.", minimum=1),
-    Key("server-eval-data", "squad_shifts:squaddev", "Comma-separated sources whose held-out text the server "
+    Key("server-eval-data", "squad_shifts:squaddev", "Comma-separated sources (or the perplexity sets "
+        "ppl:wikitext2, ppl:ptb, ppl:c4 where the Hub is reachable) whose held-out text the server "
         "scores the global model's perplexity on after each round (empty = off)."),
 )
 
@@ -213,8 +258,30 @@ class RunConfig:
         if bad_refs:
             raise ConfigError(f"run-config key 'fedspallm-references' accepts {', '.join(FEDSPALLM_REFERENCES)} "
                               f"(comma-separated), got {sorted(bad_refs)}")
+        bad_sets = [s for s in split_list(str(values["server-eval-data"]))
+                    if s.startswith("ppl:") and s[4:] not in PERPLEXITY_SET_NAMES]
+        if bad_sets:
+            raise ConfigError(f"run-config key 'server-eval-data': unknown perplexity set(s) {bad_sets}; use "
+                              f"{', '.join('ppl:' + n for n in PERPLEXITY_SET_NAMES)} or a data source")
         if not split_list(str(values["lora-target-modules"])):
             raise ConfigError("run-config key 'lora-target-modules' must name at least one module")
+        try:
+            ratios = [float(v) for v in split_list(str(values["sftp-keep-ratios"]))]
+        except ValueError:
+            ratios = []
+        if not ratios or not all(0 < r <= 1 for r in ratios):
+            raise ConfigError("run-config key 'sftp-keep-ratios' must be comma-separated keep ratios in (0, 1] "
+                              f"(one, or one per client), got {values['sftp-keep-ratios']!r}")
+        if values["method"] == "fedtpa" and values["fedtpa-warmup-steps"] >= values["local-steps"]:
+            raise ConfigError(f"run-config key 'fedtpa-warmup-steps' must be < local-steps "
+                              f"({values['local-steps']}), got {values['fedtpa-warmup-steps']}")
+        try:
+            ranks = [int(v) for v in split_list(str(values["flexlora-ranks"]))]
+        except ValueError:
+            ranks = []
+        if not ranks or min(ranks) < 1:
+            raise ConfigError("run-config key 'flexlora-ranks' must be comma-separated positive ints (one, or "
+                              f"one per client), got {values['flexlora-ranks']!r}")
         return cls(values)
 
 

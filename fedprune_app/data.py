@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 from collections import Counter
@@ -109,6 +110,16 @@ def _squad_shifts(source: str, domain: str) -> list[Example]:
     return [text_example(source, t) for t in seen]
 
 
+NI_CATEGORIES = ("quoref", "mctaco", "cosmosqa", "drop", "winogrande", "qasc", "essential_terms", "multirc", "ropes")
+
+
+def ni_category(subtask: str) -> str:
+    """The task category of a natural_instructions subtask: its source dataset ('subtask002_quoref_answer_generation'
+    -> 'quoref'); the three miscellaneous subtasks (045-047) -> 'misc'. The Dirichlet partitioner's label."""
+    rest = subtask.split("_", 1)[-1]
+    return next((c for c in NI_CATEGORIES if rest.startswith(c)), "misc")
+
+
 def _natural_instructions(source: str, subtask: str) -> list[Example]:
     from fedprune_app.assets import bigbench_task_dir
 
@@ -121,7 +132,8 @@ def _natural_instructions(source: str, subtask: str) -> list[Example]:
         data = json.loads((d / "task.json").read_text())
         definition = str(data.get("task_prefix", "")).strip()
         for ex in data["examples"]:
-            out.append(instruction_example(source, f"{definition}\n\n{ex['input']}", ex["target"][0]))
+            example = instruction_example(source, f"{definition}\n\n{ex['input']}", ex["target"][0])
+            out.append({**example, "category": ni_category(d.name)})
     return out
 
 
@@ -222,11 +234,12 @@ class ClientData:
 
 def partition_pool(pool: list[Example], num_partitions: int, partitioner: str, alpha: float, seed: int) -> list[
         list[int]]:
-    """Indices of `pool` per partition: Flower Datasets' IidPartitioner or DirichletPartitioner over `source`."""
+    """Indices of `pool` per partition: Flower Datasets' IidPartitioner or DirichletPartitioner over the label,
+    an example's `category` where it has one (natural_instructions: its source dataset), else its `source`."""
     from datasets import Dataset
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
 
-    ds = Dataset.from_dict({"source": [e["source"] for e in pool], "idx": list(range(len(pool)))})
+    ds = Dataset.from_dict({"source": [e.get("category") or e["source"] for e in pool], "idx": list(range(len(pool)))})
     if partitioner == "iid":
         part = IidPartitioner(num_partitions=num_partitions)
     else:
@@ -234,6 +247,17 @@ def partition_pool(pool: list[Example], num_partitions: int, partitioner: str, a
                                     min_partition_size=1, self_balancing=False, shuffle=True)
     part.dataset = ds
     return [list(part.load_partition(i)["idx"]) for i in range(num_partitions)]
+
+
+def local_split(train: list[Example], fraction: float, cap: int, seed: int) -> tuple[list[Example], list[Example]]:
+    """A client's own validation set: a seeded ⌊fraction·n⌋ of its training examples (at least one example stays
+    for training); the rest train, in their order. `cap` > 0 scores only the first `cap` held-out examples."""
+    order = list(range(len(train)))
+    random.Random(seed).shuffle(order)
+    n_val = min(len(train) - 1, math.floor(round(fraction * len(train), 9)))
+    held = set(order[:n_val])
+    val = [train[i] for i in order[:n_val]]
+    return [e for i, e in enumerate(train) if i not in held], val[:cap] if cap else val
 
 
 def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> ClientData:
@@ -272,6 +296,9 @@ def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> Clien
         counts = Counter(e["source"] for e in train)
         mine = [counts.most_common(1)[0][0]] if counts else [sources[0]]
         val = splits[mine[0]].val
+    if float(cfg.local_val_fraction) > 0:  # the client's own train/val split (FedTPA §IV-A4: 8:2)
+        train, val = local_split(train, float(cfg.local_val_fraction), int(cfg.val_examples),
+                                 int(cfg.seed) * 1009 + partition_id)
     if not train:
         raise ConfigError(f"client {partition_id} received no training examples; lower the number of clients, "
                           "raise max-train-examples or dirichlet-alpha")
@@ -283,7 +310,8 @@ def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> Clien
 # --- tokens -------------------------------------------------------------------------------------------
 
 def encode(tokenizer: Any, example: Example, seq_len: int) -> tuple[list[int], list[int]]:
-    """Token ids and labels (-100 on the prompt) of prompt + ' ' + response + eos, truncated to seq_len."""
+    """Token ids and labels (-100 on the prompt) of prompt + ' ' + response + eos, truncated to seq_len: a too
+    long example loses the head of its prompt first (so the response, the training target, is kept)."""
     prompt_ids = tokenizer(example["prompt"], add_special_tokens=True)["input_ids"] if example["prompt"] else []
     joiner = " " if example["prompt"] else ""
     full_ids = tokenizer(example["prompt"] + joiner + example["response"], add_special_tokens=True)["input_ids"]
@@ -291,7 +319,8 @@ def encode(tokenizer: Any, example: Example, seq_len: int) -> tuple[list[int], l
         full_ids = full_ids + [tokenizer.eos_token_id]
     n_prompt = len(prompt_ids) if full_ids[:len(prompt_ids)] == prompt_ids else len(prompt_ids) - 1
     labels = [-100] * n_prompt + full_ids[n_prompt:]
-    return full_ids[:seq_len], labels[:seq_len]
+    cut = min(max(0, len(full_ids) - seq_len), n_prompt)
+    return full_ids[cut:][:seq_len], labels[cut:][:seq_len]
 
 
 def collate(encoded: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -347,3 +376,33 @@ def training_batches(examples: Sequence[Example], tokenizer: Any, batch_size: in
 def text_of(examples: Sequence[Example]) -> str:
     """Held-out text for perplexity: each example as the text it is trained on, one per paragraph."""
     return "\n\n".join((e["prompt"] + " " + e["response"]).strip() for e in examples)
+
+
+# --- the pruning papers' perplexity sets (reachable where the Hugging Face Hub is) ----------------------------
+
+# name -> (dataset, config, split, text field, joiner, keyword arguments): as the SparseGPT/FedSpaLLM
+# evaluation reads them (WikiText-2 raw test joined by blank lines, PTB test sentences joined by spaces, the
+# first 1,100 documents of C4's first English validation shard joined by spaces).
+PERPLEXITY_SETS: dict[str, tuple[str, str | None, str, str, str, dict[str, Any]]] = {
+    "wikitext2": ("wikitext", "wikitext-2-raw-v1", "test", "text", "\n\n", {}),
+    "ptb": ("ptb_text_only", "penn_treebank", "test", "sentence", " ", {}),
+    "c4": ("allenai/c4", None, "validation[:1100]", "text", " ",
+           {"data_files": {"validation": "en/c4-validation.00000-of-00008.json.gz"}}),
+}
+
+
+def load_dataset(*args: Any, **kwargs: Any) -> Any:
+    """`datasets.load_dataset` (one seam, so tests can serve local files where the Hub is unreachable)."""
+    import datasets
+
+    return datasets.load_dataset(*args, **kwargs)
+
+
+def perplexity_set_text(name: str) -> str:
+    """The text of `ppl:<name>` (wikitext2, ptb, c4) through `datasets`, joined as the paper's evaluation does."""
+    if name not in PERPLEXITY_SETS:
+        raise ConfigError(f"run-config key 'server-eval-data': unknown perplexity set 'ppl:{name}'; use "
+                          f"{', '.join('ppl:' + n for n in PERPLEXITY_SETS)} or a data source")
+    dataset, config_name, split, field, joiner, kwargs = PERPLEXITY_SETS[name]
+    rows = load_dataset(dataset, config_name, split=split, **kwargs)
+    return joiner.join(str(t) for t in rows[field])

@@ -189,9 +189,12 @@ def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: Run
 
 
 def held_out_text(source: str, cfg: RunConfig) -> str:
-    """The test split of a source as text (the server's perplexity set)."""
-    from fedprune_app.data import source_splits
+    """The test split of a source as text (the server's perplexity set); `ppl:wikitext2|ptb|c4` are the
+    pruning papers' sets, read through `datasets` (see data.PERPLEXITY_SETS)."""
+    from fedprune_app.data import perplexity_set_text, source_splits
 
+    if source.startswith("ppl:"):
+        return perplexity_set_text(source[4:])
     splits = source_splits(source, int(cfg.seed), int(cfg.test_examples), int(cfg.val_examples),
                            int(cfg.max_train_examples))
     return text_of(splits.test)

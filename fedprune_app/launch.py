@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,18 +115,27 @@ def superlink_family(port: int) -> set[int]:
 
 def stop_superlink(port: int) -> None:
     """Terminate the SuperLink on `port` and everything it started (TERM, then KILL after 10 s)."""
-    family = superlink_family(port)
+    terminate(superlink_family(port))
+
+
+def terminate(pids: set[int], grace: float = 10.0, alive: Callable[[int], bool] | None = None,
+              tick: Callable[[], None] | None = None) -> None:
+    """TERM every pid, then KILL what is still `alive` after `grace` s (`tick` runs while waiting, e.g. to reap
+    children)."""
+    alive = alive or (lambda p: Path(f"/proc/{p}").exists())
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in family:
+        for pid in pids:
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        deadline = time.time() + 10
-        while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in family):
+        deadline = time.time() + grace
+        while time.time() < deadline and any(alive(p) for p in pids):
+            if tick is not None:
+                tick()
             time.sleep(0.2)
-        family = {p for p in family if Path(f"/proc/{p}").exists()}
-        if not family:
+        pids = {p for p in pids if alive(p)}
+        if not pids:
             return
 
 

@@ -10,9 +10,15 @@ from dataclasses import dataclass
 from clients.base import FederatedClient
 from clients.fedit import FedITClient
 from clients.fedspallm import FedSpaLLMClient
+from clients.fedtpa import FedTPAClient
+from clients.flexlora import FlexLoRAClient
+from clients.sftp import SFTPClient
 from strategies.base import FederatedStrategy
 from strategies.fedit import FedITStrategy
 from strategies.fedspallm import FedSpaLLMStrategy
+from strategies.fedtpa import FedTPAStrategy
+from strategies.flexlora import FlexLoRAStrategy
+from strategies.sftp import SFTPStrategy
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,9 @@ class Method:
 METHODS: dict[str, Method] = {
     "fedit": Method(FedITStrategy, FedITClient),
     "fedspallm": Method(FedSpaLLMStrategy, FedSpaLLMClient),
+    "fedtpa": Method(FedTPAStrategy, FedTPAClient),
+    "flexlora": Method(FlexLoRAStrategy, FlexLoRAClient),
+    "sftp": Method(SFTPStrategy, SFTPClient),
 }
 
 

@@ -107,6 +107,9 @@ class FederatedStrategy(FedAvg):
         """Names of the baselines every client builds from its own data and scores (FederatedClient.reference)."""
         return []
 
+    def prepare(self, grid: Grid, timeout: float) -> None:
+        """Called once at the top of `start`, before round 0 (e.g. FedTPA's one-off feature query)."""
+
     # --- the template ------------------------------------------------------------------------------------
     def sample(self, grid: Grid, fraction: float) -> list[int]:
         """Wait for `min-nodes`, then draw ⌈fraction·N⌉ nodes with the run's seeded RNG."""
@@ -190,7 +193,8 @@ class FederatedStrategy(FedAvg):
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
-        """Round 0 (every client scores the initial state), then Flower's loop."""
+        """`prepare`, round 0 (every client scores the initial state), then Flower's loop."""
+        self.prepare(grid, timeout)
         if self.fraction_evaluate > 0:
             cfg = ConfigRecord(dict(evaluate_config or ConfigRecord()))
             replies = grid.send_and_receive(self.configure_evaluate(0, initial_arrays, cfg, grid), timeout=timeout)

@@ -146,3 +146,31 @@ def test_plain_text_is_packed_into_full_blocks(tiny_model_dir: Path) -> None:
     assert sum(len(b) for b, _ in blocks) == stream_len and all(b == y for b, y in blocks)
     mixed = training_items(docs + [normalize_record("s", {"question": "q", "choices": ["a"], "label": 0})], tok, 32)
     assert len(mixed) == len(blocks) + 1
+
+
+def test_paper_perplexity_sets_load_through_datasets(monkeypatch) -> None:
+    """ppl:wikitext2/ptb/c4 ask `datasets` for the paper's split and field and join it as SparseGPT does; here a
+    local Dataset stands in for the Hub."""
+    import datasets
+
+    from fedprune_app import data
+    from fedprune_app.config import PERPLEXITY_SET_NAMES, ConfigError, RunConfig
+    from fedprune_app.evaluation import held_out_text
+
+    calls = []
+
+    def fake_load(name, config_name, split, **kwargs):
+        calls.append((name, config_name, split, kwargs))
+        field = data.PERPLEXITY_SETS[{"wikitext": "wikitext2", "ptb_text_only": "ptb", "allenai/c4": "c4"}[name]][3]
+        return datasets.Dataset.from_dict({field: ["first line", "second line"]})
+
+    monkeypatch.setattr(data, "load_dataset", fake_load)
+    cfg = RunConfig.from_flower({"server-eval-data": "ppl:wikitext2,ppl:ptb,ppl:c4"})
+    assert held_out_text("ppl:wikitext2", cfg) == "first line\n\nsecond line"
+    assert held_out_text("ppl:ptb", cfg) == "first line second line"
+    held_out_text("ppl:c4", cfg)
+    assert calls[0][:3] == ("wikitext", "wikitext-2-raw-v1", "test") and calls[1][2] == "test"
+    assert calls[2][3]["data_files"]["validation"].startswith("en/c4-validation")
+    assert set(PERPLEXITY_SET_NAMES) == set(data.PERPLEXITY_SETS)
+    with pytest.raises(ConfigError, match="'server-eval-data'.*ppl:wikitext2, ppl:ptb, ppl:c4"):
+        RunConfig.from_flower({"server-eval-data": "ppl:wikitext103"})

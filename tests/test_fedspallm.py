@@ -174,9 +174,12 @@ def test_random_reference_hits_the_target_sparsity(fedspallm_cfg) -> None:
 class ClientGrid:
     """A Grid whose nodes are ClientApp calls in this process (node id -> Context), with one failing node."""
 
-    def __init__(self, cfg, partitions: int, failing: int | None = None) -> None:
-        self.contexts = {10 + p: Context(run_id=1, node_id=10 + p, state=RecordDict(), run_config=cfg.to_dict(),
-                                         node_config={"partition-id": p, "num-partitions": partitions})
+    def __init__(self, cfg, partitions: int, failing: int | None = None, ids: list[int] | None = None,
+                 node_configs: dict[int, dict] | None = None) -> None:
+        ids = ids or [10 + p for p in range(partitions)]
+        self.contexts = {ids[p]: Context(run_id=1, node_id=ids[p], state=RecordDict(), run_config=cfg.to_dict(),
+                                         node_config={"partition-id": p, "num-partitions": partitions,
+                                                      **(node_configs or {}).get(p, {})})
                          for p in range(partitions)}
         self.failing = failing
 
@@ -251,3 +254,24 @@ def test_centralized_reference_prunes_on_the_pooled_segments(fedspallm_cfg) -> N
     for k, v in got.items():
         assert torch.equal(v, params[k]), k
         assert (v == 0).float().mean().item() == pytest.approx(0.5, abs=0.02)
+
+
+def test_resources_come_from_node_config_and_layers_follow_partitions(fedspallm_cfg, flower_ids: None) -> None:
+    """`prepare` asks each node for (partition id, node-config resources); a node's own r_i overrides the run
+    config's per-partition list, and the same seed deals the same layers to the same partitions whatever node
+    ids Flower gives."""
+    cfg = fedspallm_cfg.replace(**{"fedspallm-resources": "1.0,0.5,1.0"})
+    deals = []
+    for ids in ([10, 11, 12], [99, 5, 42]):
+        strategy = FedSpaLLMStrategy(cfg)
+        handle = strategy.initial_arrays()
+        grid = ClientGrid(cfg, partitions=3, ids=ids, node_configs={2: {"resources": 0.4}})
+        strategy.prepare(grid, timeout=10)
+        assert strategy.node_info == {ids[0]: (0, 0.0), ids[1]: (1, 0.0), ids[2]: (2, 0.4)}
+        assert strategy.node_resources(ids) == [1.0, 0.5, 0.4]
+        sent = list(strategy.configure_train(1, handle, ConfigRecord(), grid))
+        by_partition = {ids.index(m.metadata.dst_node_id): json.loads(m.content.config_records["config"]["layers"])
+                        for m in sent}
+        assert [len(by_partition[p]) for p in range(3)] == [2, 1, 1]  # k_i = max(1, round(r_i * 2 layers))
+        deals.append(by_partition)
+    assert deals[0] == deals[1]

@@ -24,7 +24,8 @@ def fake_run(out: Path, tag: str, sparsity: float, fed: float, standalone: float
     run = out / f"20260101-000000-fedspallm-{tag}"
     (run / "model").mkdir(parents=True)
     server = {"0": {f"ppl `{s}`": 20.0 for s in SOURCES}, "1": {f"ppl `{s}`": fed for s in SOURCES}}
-    refs = {"random": dict.fromkeys(SOURCES, random), "standalone": {**dict.fromkeys(SOURCES, standalone), "clients": 4},
+    refs = {"random": dict.fromkeys(SOURCES, random),
+            "standalone": {**dict.fromkeys(SOURCES, standalone), "clients": 4},
             "centralized": dict.fromkeys(SOURCES, fed * 0.9)}
     (run / "summary.json").write_text(json.dumps({"status": status, "server": server, "references": refs}))
     size = 100

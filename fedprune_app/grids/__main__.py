@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render-only", action="store_true", help="do not run; render from finished runs")
     parser.add_argument("--quiet", action="store_true", help="hide each run's log stream")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # lets the running launch stop its SuperLink
     grid = GRIDS[args.grid]
     out_dir = Path(args.out or f"outputs/grids/{grid.name}").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

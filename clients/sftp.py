@@ -1,0 +1,219 @@
+"""SFT-P client (Alg. 1; §3.2–3.3): E local steps on Eq. 13 with hard masks from the shared generator h_Θ
+conditioned on the client's private embedding e_k, then Θ (and LoRA Φ with adapters) back to the server.
+
+Private state (`context.state`, never sent): ArrayRecord `sftp-embedding` = e_k and its AdamW moments, and
+the ConfigRecord `sftp` (AdamW step of e_k, rounds trained). Θ's and Φ's optimiser state is fresh each round.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from torch import Tensor, nn
+
+from clients.base import FederatedClient
+from fedprune_app.config import RunConfig
+from fedprune_app.data import Example, training_batches
+from fedprune_app.evaluation import evaluate_client, mean_loss
+from fedprune_app.mask_generator import (
+    GENERATOR_PREFIX,
+    MaskGenerator,
+    backbone_parameters,
+    budget_penalty,
+    cosine_lr,
+    deterministic_mask,
+    generator_for,
+    get_generator_state,
+    keep_ratio_of,
+    kept_ratios,
+    layer_masks,
+    reinmax_binary,
+    routed_model_for,
+    set_generator_state,
+    stacked_masks,
+)
+from fedprune_app.models import get_adapter_state, set_adapter_state
+from fedprune_app.records import to_record
+from fedprune_app.routing import kept_parameters, prunable_parameters, set_masks
+
+EMBEDDING_RECORD = "sftp-embedding"
+
+
+@dataclass
+class LocalReport:
+    """Per-step CLM loss and penalty of one round of local training."""
+
+    clm: list[float] = field(default_factory=list)
+    penalty: list[float] = field(default_factory=list)
+    objective: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, embedding: nn.Parameter | None,
+                   embedding_state: dict[str, Tensor], examples: list[Example], cfg: RunConfig, keep_ratio: float,
+                   seed: int, server_round: int) -> LocalReport:
+    """Alg. 1's inner loop: per step, g = ReinMax gates of h_Θ(e_k) (Eq. 10–12), L = CLM + λ·R(T(g), p·T_total)
+    (Eq. 13–14), one AdamW step on (Θ, e_k, Φ) with the gradient clipped jointly to `max-grad-norm`.
+
+    AdamW lr `sftp-generator-lr`, wd `sftp-generator-weight-decay` for Θ and e_k (constant); LoRA lr
+    `sftp-lora-lr` cosine-annealed over all rounds' steps (step (round−1)·E + t of R·E), wd `weight-decay`.
+    `embedding_state` holds e_k's AdamW moments/step ({} at first) and is updated in place.
+    """
+    steps, total_steps = int(cfg.local_steps), int(cfg.num_server_rounds) * int(cfg.local_steps)
+    lora = [p for p in model.parameters() if p.requires_grad]
+    groups: list[dict[str, Any]] = [{"params": list(generator.parameters())}]
+    if embedding is not None:
+        groups.append({"params": [embedding]})
+    if lora:
+        groups.append({"params": lora, "lr": float(cfg.sftp_lora_lr), "weight_decay": float(cfg.weight_decay)})
+    opt = torch.optim.AdamW(groups, lr=float(cfg.sftp_generator_lr),
+                            weight_decay=float(cfg.sftp_generator_weight_decay))
+    if embedding is not None and embedding_state:
+        opt.state[embedding] = {k: v.clone() for k, v in embedding_state.items()}
+    params = [p for g in groups for p in g["params"]]
+    config, target = model.config, keep_ratio * prunable_parameters(model.config)
+    tau, bias, lam = float(cfg.sftp_gate_tau), float(cfg.sftp_gate_bias), float(cfg.sftp_lambda)
+    gate_rng = torch.Generator().manual_seed(seed)
+    report, start = LocalReport(), time.perf_counter()
+    model.train()
+    generator.train()
+    try:
+        for t, batch in enumerate(training_batches(examples, tokenizer, int(cfg.batch_size), steps, int(cfg.seq_len),
+                                                   seed)):
+            if lora:
+                groups[-1]["lr"] = cosine_lr(float(cfg.sftp_lora_lr), (server_round - 1) * steps + t, total_steps)
+            masks = layer_masks(reinmax_binary(generator(embedding), tau, bias, gate_rng))
+            set_masks(model, masks)
+            clm = model(**batch).loss
+            penalty = budget_penalty(kept_parameters(config, masks), target)
+            loss = clm + lam * penalty
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"SFT-P objective became {loss.item()} (lower sftp-generator-lr?)")
+            loss.backward()
+            if float(cfg.max_grad_norm) > 0:
+                torch.nn.utils.clip_grad_norm_(params, float(cfg.max_grad_norm))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            report.clm.append(clm.item())
+            report.penalty.append(penalty.item())
+            report.objective.append(loss.item())
+    finally:
+        set_masks(model, None)
+        model.eval()
+        generator.eval()
+    if embedding is not None:
+        embedding_state.clear()
+        embedding_state.update({k: v.detach().clone() for k, v in opt.state[embedding].items()})
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+class SFTPClient(FederatedClient):
+    """Trains Θ (+Φ) and its private e_k; evaluates its own deterministic mask on its own task."""
+
+    name = "sftp"
+
+    @property
+    def keep_ratio(self) -> float:
+        return keep_ratio_of(self.cfg, self.partition_id, self.num_partitions)
+
+    def load(self, content: RecordDict) -> tuple[nn.Module, Any, MaskGenerator]:
+        """The routed model with the message's Φ loaded, and h_Θ with its Θ."""
+        model, tokenizer = routed_model_for(self.cfg)
+        model.eval()  # dropout off outside local_training, whatever an earlier use left
+        arrays = content.array_records["arrays"].to_torch_state_dict()
+        generator = generator_for(self.cfg, model.config)
+        set_generator_state(generator, arrays)
+        if self.cfg.sftp_adapters:
+            set_adapter_state(model, {k: v for k, v in arrays.items() if not k.startswith(GENERATOR_PREFIX)})
+        return model, tokenizer, generator
+
+    def embedding(self) -> tuple[nn.Parameter | None, dict[str, Tensor]]:
+        """(e_k, its AdamW state) from `context.state`; e_k ~ N(0, I) seeded by (seed, partition) at first use.
+        None under NOC (no private conditioning)."""
+        if not self.cfg.sftp_conditioning:
+            return None, {}
+        if EMBEDDING_RECORD not in self.context.state.array_records:
+            init = torch.randn(int(self.cfg.sftp_embed_dim), generator=torch.Generator().manual_seed(self.seed(0)))
+            self.context.state[EMBEDDING_RECORD] = ArrayRecord({"embedding": init})
+        stored = self.context.state.array_records[EMBEDDING_RECORD].to_torch_state_dict()
+        state = {k: v for k, v in stored.items() if k != "embedding"}
+        if state:
+            state["step"] = torch.tensor(float(self.private["embedding-step"]))
+        return nn.Parameter(stored["embedding"].clone()), state
+
+    def store_embedding(self, embedding: nn.Parameter, state: dict[str, Tensor]) -> None:
+        arrays = {"embedding": embedding.detach().clone(), "exp_avg": state["exp_avg"],
+                  "exp_avg_sq": state["exp_avg_sq"]}
+        self.context.state[EMBEDDING_RECORD] = ArrayRecord(arrays)
+        self.private["embedding-step"] = float(state["step"])
+
+    def kept(self, model: nn.Module, masks: list[dict[str, Tensor]] | None) -> dict[str, float]:
+        total = prunable_parameters(model.config)
+        kept = float(total if masks is None else kept_parameters(model.config, masks))
+        return kept_ratios(kept, total, backbone_parameters(model))
+
+    def train(self, content: RecordDict) -> RecordDict:
+        start = time.perf_counter()
+        server_round = int(content.config_records["config"]["server-round"])
+        model, tokenizer, generator = self.load(content)
+        embedding, state = self.embedding()
+        report = local_training(model, tokenizer, generator, embedding, state, self.data.train, self.cfg,
+                                self.keep_ratio, self.seed(server_round), server_round)
+        if embedding is not None:
+            self.store_embedding(embedding, state)
+        self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1
+        with torch.no_grad():
+            masks = layer_masks(deterministic_mask(generator(embedding), float(self.cfg.sftp_gate_bias)))
+            set_masks(model, masks)
+            try:
+                val_loss = mean_loss(model, tokenizer, self.data.val, int(self.cfg.seq_len)) if self.data.val \
+                    else math.nan
+            finally:
+                set_masks(model, None)
+        arrays = get_generator_state(generator)
+        if self.cfg.sftp_adapters:
+            arrays |= get_adapter_state(model)
+        metrics = MetricRecord({
+            "num-examples": len(self.data.train), "partition-id": self.partition_id, "keep-target": self.keep_ratio,
+            "train-loss": _mean(report.objective), "clm-loss": _mean(report.clm), "penalty": _mean(report.penalty),
+            "val-loss": val_loss, **self.kept(model, masks), "train-seconds": report.seconds,
+            "seconds": time.perf_counter() - start,
+        })
+        return RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics, "info": self.info()})
+
+    def evaluate(self, content: RecordDict) -> RecordDict:
+        """Round 0: the dense model. Later: the client's deterministic mask 1[σ(h_Θ(e_k) + c) > 0.5] on the routed
+        model. At the last round the reply also carries that mask as bool arrays `masks` {name: (layers, d)}:
+        the structure the server compiles and deploys for this client. It is all the server learns about the
+        client beyond Θ/Φ and the metrics (e_k itself never leaves)."""
+        start = time.perf_counter()
+        server_round = int(content.config_records["config"]["server-round"])
+        model, tokenizer, generator = self.load(content)
+        masks = None
+        if server_round > 0:
+            embedding, _ = self.embedding()
+            with torch.no_grad():
+                masks = layer_masks(deterministic_mask(generator(embedding), float(self.cfg.sftp_gate_bias)))
+        set_masks(model, masks)
+        try:
+            with torch.no_grad():
+                scores = evaluate_client(model, tokenizer, self.data, self.cfg, self.num_partitions)
+        finally:
+            set_masks(model, None)
+        metrics = MetricRecord({**scores, **self.kept(model, masks), "num-examples": len(self.data.test),
+                                "partition-id": self.partition_id, "keep-target": self.keep_ratio,
+                                "seconds": time.perf_counter() - start})
+        reply = RecordDict({"metrics": metrics, "info": self.info()})
+        if masks is not None and server_round == int(self.cfg.num_server_rounds):
+            reply["masks"] = to_record({k: v.bool().numpy() for k, v in stacked_masks(masks).items()})
+        return reply

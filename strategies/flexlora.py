@@ -1,0 +1,137 @@
+"""FlexLoRA (Bai et al., NeurIPS 2024; FedTPA's baseline [15]): heterogeneous LoRA ranks, ΔW averaging, SVD.
+
+Client i trains LoRA at its own rank r_i (`flexlora-ranks`, by partition id: its resources). The server forms
+every client's full ΔW_i = (α/r_i)·B_i·A_i per adapter layer, averages them by data size,
+ΔW = Σ_i p_i ΔW_i (p_i ∝ num-examples), and gives each client its own rank back by truncated SVD:
+B = U_r·S_r/(α/r), A = V_rᵀ (the FederatedScope FlexLoRA split: the singular values go to B, A stays
+orthonormal; peft then applies α/r and reproduces U_r S_r V_rᵀ, the best rank-r approximation, Eckart–Young).
+
+The global arrays the loop carries (and that federated evaluation, server evaluation and the saved adapter use)
+are the factors at the largest configured rank r_max; a node of known rank r is sent their first r dimensions
+(`truncate_factors`, identical to the rank-r SVD). A node not heard from yet gets the r_max factors and
+truncates them itself. The share of ‖ΔW‖²_F that rank r_max keeps is logged each round (`svd-energy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, RecordDict
+
+from fedprune_app.config import RunConfig, split_list
+from strategies.base import log
+from strategies.fedit import FedITStrategy
+from strategies.lora_utils import LORA_A, LORA_B, adapter_layers, truncate_factors
+from strategies.utils import flat_metrics, numpy_state, to_record
+
+# --- pure functions -------------------------------------------------------------------------------------
+
+def lora_delta(b: np.ndarray, a: np.ndarray, alpha: float, rank: int) -> np.ndarray:
+    """ΔW = (α/r)·B·A of one adapter layer (float64)."""
+    return (alpha / rank) * (b.astype(np.float64) @ a.astype(np.float64))
+
+
+def average_deltas(states: Sequence[dict[str, np.ndarray]], ranks: Sequence[int], weights: Sequence[float],
+                   layers: Sequence[str], alpha: float) -> dict[str, np.ndarray]:
+    """ΔW^j = Σ_i p_i·(α/r_i)·B_i^j A_i^j with p_i = w_i / Σ w (FlexLoRA's data-size weighting)."""
+    p = np.asarray(weights, dtype=np.float64) / float(sum(weights))
+    return {layer: sum(pi * lora_delta(s[layer + LORA_B], s[layer + LORA_A], alpha, r)
+                       for s, r, pi in zip(states, ranks, p, strict=True))
+            for layer in layers}
+
+
+def svd_factors(delta: np.ndarray, rank: int, alpha: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """The rank-r LoRA of ΔW: B = U_r S_r/(α/r) (d×r), A = V_rᵀ (r×l), and the share of ‖ΔW‖²_F it keeps.
+
+    A rank above min(d, l) is zero-padded (B columns and A rows of zeros): ΔW has no further directions."""
+    u, s, vt = np.linalg.svd(delta.astype(np.float64), full_matrices=False)
+    k = min(rank, s.size)
+    b = np.zeros((delta.shape[0], rank))
+    a = np.zeros((rank, delta.shape[1]))
+    b[:, :k] = u[:, :k] * s[:k] / (alpha / rank)
+    a[:k] = vt[:k]
+    total = float((s ** 2).sum())
+    return b.astype(np.float32), a.astype(np.float32), float((s[:k] ** 2).sum() / total) if total > 0 else 1.0
+
+
+def max_rank(cfg: RunConfig) -> int:
+    """r_max: the largest rank in `flexlora-ranks` (the global adapter's rank)."""
+    return max(int(v) for v in split_list(str(cfg.flexlora_ranks)))
+
+
+# --- the strategy ---------------------------------------------------------------------------------------
+
+class FlexLoRAStrategy(FedITStrategy):
+    """Per-node ranks down, heterogeneous adapters up, ΔW average + truncated SVD."""
+
+    def __init__(self, cfg: RunConfig, recorder: Any = None) -> None:
+        super().__init__(cfg.replace(lora_rank=max_rank(cfg)), recorder)
+        self.r_max = max_rank(cfg)
+        self.alpha = float(cfg.lora_alpha)
+        self.node_rank: dict[int, int] = {}
+        self.layers: list[str] = []
+
+    def initial_arrays(self) -> ArrayRecord:
+        """Fresh LoRA at r_max (A seeded, B = 0: ΔW = 0); a rank-r client starts from its first r rows of A."""
+        arrays = super().initial_arrays()
+        self.layers = adapter_layers(arrays.keys())
+        return arrays
+
+    def node_config(self, server_round: int, node_id: int) -> dict[str, Any]:
+        return {"rank": self.node_rank.get(node_id, self.r_max)}
+
+    def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
+        rank = self.node_rank.get(node_id, self.r_max)
+        if rank == self.r_max:
+            return arrays
+        state = numpy_state(arrays)
+        out: dict[str, np.ndarray] = {}
+        for layer in self.layers:
+            out[layer + LORA_B], out[layer + LORA_A] = truncate_factors(state[layer + LORA_B], state[layer + LORA_A],
+                                                                        rank)
+        return to_record(out)
+
+    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
+        """Reject replies with missing/extra tensors, a rank outside [1, r_max] or not the same in every layer
+        (and as reported), shapes that do not fit the layers, non-finite values or bad metrics."""
+        if "arrays" not in reply.array_records:
+            return "reply holds no 'arrays' record"
+        arrays, sent = reply.array_records["arrays"], self.sent[node_id]
+        if set(arrays) != set(sent):
+            return f"reply holds {len(arrays)} adapter tensors, expected the {len(sent)} sent"
+        metrics = flat_metrics(reply)
+        rank = metrics.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= self.r_max:
+            return f"reply reports rank {rank!r}, expected an int in [1, {self.r_max}]"
+        for layer in self.layers:
+            a, b = arrays[layer + LORA_A].numpy(), arrays[layer + LORA_B].numpy()
+            want_a, want_b = (rank, sent[layer + LORA_A].shape[1]), (sent[layer + LORA_B].shape[0], rank)
+            if a.shape != want_a or b.shape != want_b:
+                return f"{layer}: adapter shapes {a.shape}/{b.shape}, expected {want_a}/{want_b} for rank {rank}"
+            if not (np.isfinite(a).all() and np.isfinite(b).all()):
+                return f"{layer}: non-finite adapter values"
+        n, pid = metrics.get("num-examples"), metrics.get("partition-id")
+        if not isinstance(n, int | float) or not n > 0:
+            return "reply lacks a positive 'num-examples' metric"
+        if not isinstance(pid, int) or pid < 0:
+            return "reply lacks a non-negative int 'partition-id' metric"
+        self.node_rank[node_id] = rank
+        return None
+
+    def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
+        states = [numpy_state(r.array_records["arrays"]) for r in replies]
+        metrics = [flat_metrics(r) for r in replies]
+        deltas = average_deltas(states, [int(m["rank"]) for m in metrics],
+                                [float(m["num-examples"]) for m in metrics], self.layers, self.alpha)
+        out: dict[str, np.ndarray] = {}
+        energy = []
+        for layer, delta in deltas.items():
+            out[layer + LORA_B], out[layer + LORA_A], kept = svd_factors(delta, self.r_max, self.alpha)
+            energy.append(kept)
+        share = float(np.mean(energy))
+        self.record({"round": server_round, "phase": "server-aggregate", "svd-energy": share})
+        log.info("[fedprune] FlexLoRA round %d: rank %d keeps %.4f of ||dW||^2 (mean over layers)", server_round,
+                 self.r_max, share)
+        return to_record(out)

@@ -1,0 +1,161 @@
+"""SFT-P (Structural Federated Tuning and Pruning; §3, Alg. 1): FedAvg over the mask generator Θ and the
+LoRA adapters Φ (Eq. 15); the client embeddings e_k stay on the clients.
+
+Weights of Eq. 15: equal per client (`sftp-aggregation = "equal"`, Table 4) or the clients' `num-examples`.
+At the last round each client's evaluate reply carries its hard masks; `save_final` writes under the run:
+- `generator/` Θ (`generator.safetensors`) + `config.json`; `adapter/` Φ (peft `save_pretrained`, with +A);
+- `compiled/client-<k>/` the deployable model of client k (LoRA merged, sliced by its masks):
+  `fedprune_app.routing.load_compiled("<run>/compiled/client-0")`;
+- `masks.npz` (`client-<k>/<mask>`: bool, layers × d), `masks.json` (per-layer density per client and cross-client
+  agreement per layer: Fig. 3/5), `kept_ratio.json` + `plots/kept-ratio.png` (kept ratio per client per round:
+  Fig. 4b).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+from fedprune_app.config import RunConfig
+from fedprune_app.mask_generator import (
+    GENERATOR_PREFIX,
+    deterministic_mask,
+    generator_for,
+    get_generator_state,
+    layer_masks,
+    routed_model_for,
+    set_generator_state,
+)
+from fedprune_app.models import get_adapter_state, set_adapter_state
+from fedprune_app.routing import MASK_NAMES, compile_model, save_compiled, set_masks
+from strategies.base import FederatedStrategy, Recorder
+from strategies.utils import flat_metrics, numpy_state, to_record, weighted_average
+
+
+def mask_statistics(masks: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, Any]:
+    """Per client and mask, the density of each layer (Fig. 5); per mask and layer, the share of coordinates
+    on which every client agrees (Fig. 3's agreement)."""
+    clients = sorted(masks)
+    density = {str(k): {n: masks[k][n].mean(axis=1).round(4).tolist() for n in MASK_NAMES} for k in clients}
+    agreement = {}
+    for n in MASK_NAMES:
+        stack = np.stack([masks[k][n] for k in clients])  # clients × layers × d
+        agreement[n] = (stack.all(axis=0) | ~stack.any(axis=0)).mean(axis=1).round(4).tolist()
+    return {"clients": clients, "density": density, "agreement": agreement,
+            "mean-agreement": float(np.mean([np.mean(v) for v in agreement.values()]))}
+
+
+class SFTPStrategy(FederatedStrategy):
+    """FedAvg over Θ (+Φ); collects the clients' final masks and compiles one model per client."""
+
+    def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
+        super().__init__(cfg, recorder)
+        self.final_masks: dict[int, dict[str, np.ndarray]] = {}
+        self.kept_history: list[dict[str, Any]] = []
+
+    def initial_arrays(self) -> ArrayRecord:
+        """Θ^(0) (seeded by `seed`; all-ones initial masks) and, with adapters, Φ^(0) (B = 0: the dense model)."""
+        model, _ = routed_model_for(self.cfg)
+        state = get_generator_state(generator_for(self.cfg, model.config, seed=int(self.cfg.seed)))
+        if self.cfg.sftp_adapters:
+            state |= get_adapter_state(model)
+        return ArrayRecord(state)
+
+    def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
+        """Eq. 15 over every tensor of Θ and Φ."""
+        states = [numpy_state(r.array_records["arrays"]) for r in replies]
+        metrics = [flat_metrics(r) for r in replies]
+        weights = [1.0 if self.cfg.sftp_aggregation == "equal" else float(m["num-examples"]) for m in metrics]
+        kept_keys = ("kept-ratio-prunable", "kept-ratio-model", "keep-target")
+        for m in metrics:
+            self.kept_history.append({"round": server_round, "client": m.get("partition-id"),
+                                      **{k: m.get(k) for k in kept_keys}})
+        return to_record(weighted_average(states, weights))
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Keep the final masks each client sends with its last evaluation, then log as usual."""
+        replies = list(replies)
+        for msg in replies:
+            if not msg.has_error() and "masks" in msg.content.array_records:
+                client = int(flat_metrics(msg.content)["partition-id"])
+                self.final_masks[client] = numpy_state(msg.content.array_records["masks"])
+        return super().aggregate_evaluate(server_round, replies)
+
+    def load(self, arrays: ArrayRecord) -> tuple[Any, Any, Any]:
+        model, tokenizer = routed_model_for(self.cfg)
+        model.eval()
+        state = arrays.to_torch_state_dict()
+        generator = generator_for(self.cfg, model.config)
+        set_generator_state(generator, state)
+        if self.cfg.sftp_adapters:
+            set_adapter_state(model, {k: v for k, v in state.items() if not k.startswith(GENERATOR_PREFIX)})
+        return model, tokenizer, generator
+
+    def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
+        """Backbone + Φ routed by the generator's mask for the shared fixed input (the zero embedding): every
+        client's mask under NOC; with +C the server knows no e_k, so this is the mask of an 'average' client."""
+        model, tokenizer, generator = self.load(arrays)
+        with torch.no_grad():
+            logits = generator(generator.shared_input)
+        set_masks(model, layer_masks(deterministic_mask(logits, float(self.cfg.sftp_gate_bias))))
+        return model, tokenizer
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        from safetensors.torch import save_file
+
+        model, tokenizer, generator = self.load(arrays)
+        set_masks(model, None)
+        artefacts: dict[str, str] = {}
+        (out_dir / "generator").mkdir(parents=True, exist_ok=True)
+        save_file(get_generator_state(generator), str(out_dir / "generator" / "generator.safetensors"))
+        gen_config = {**generator.config(), "gate-bias": float(self.cfg.sftp_gate_bias),
+                      "gate-tau": float(self.cfg.sftp_gate_tau), "key-prefix": GENERATOR_PREFIX}
+        (out_dir / "generator" / "config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
+        artefacts["generator"] = "generator"
+        if self.cfg.sftp_adapters:
+            model.save_pretrained(out_dir / "adapter")
+            artefacts["adapter"] = "adapter"
+        for client, masks in sorted(self.final_masks.items()):
+            per_layer = [{n: torch.from_numpy(masks[n][layer]) for n in MASK_NAMES}
+                         for layer in range(masks[MASK_NAMES[0]].shape[0])]
+            save_compiled(compile_model(model, per_layer), out_dir / "compiled" / f"client-{client}", tokenizer)
+            artefacts[f"compiled-client-{client}"] = f"compiled/client-{client}"
+        if self.final_masks:
+            np.savez_compressed(out_dir / "masks.npz", **{f"client-{k}/{n}": m[n] for k, m in
+                                                          self.final_masks.items() for n in MASK_NAMES})
+            (out_dir / "masks.json").write_text(json.dumps(mask_statistics(self.final_masks)) + "\n")
+            artefacts["masks"] = "masks.npz"
+        (out_dir / "kept_ratio.json").write_text(json.dumps(self.kept_history, indent=1) + "\n")
+        self.plot_kept_ratio(out_dir / "plots" / "kept-ratio.png")
+        return artefacts
+
+    def plot_kept_ratio(self, path: Path) -> None:
+        """Fig. 4b: the deterministic mask's kept ratio of the prunable projections per client and round."""
+        if not self.kept_history:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for client in sorted({r["client"] for r in self.kept_history}, key=str):
+            rows = sorted((r["round"], r["kept-ratio-prunable"]) for r in self.kept_history if r["client"] == client)
+            ax.plot([r for r, _ in rows], [v for _, v in rows], marker="o", label=f"client {client}")
+        for target in sorted({r["keep-target"] for r in self.kept_history if r["keep-target"] is not None}):
+            ax.axhline(target, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("kept ratio (prunable)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
