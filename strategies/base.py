@@ -160,6 +160,8 @@ class FederatedStrategy(FedAvg):
         if not accepted:
             log.warning("round %d: no usable reply, the global state is kept", server_round)
             return None, None
+        # arrival order is a race between clients: aggregate in partition order so a seed gives the same bits
+        accepted.sort(key=lambda r: (flat_metrics(r).get("partition-id", 1 << 30),))
         arrays = self.aggregate(server_round, accepted)
         return arrays, self.mean_metrics(accepted)
 

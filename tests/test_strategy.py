@@ -74,6 +74,21 @@ def test_fedavg_over_hand_built_replies(flower_ids: None) -> None:
     assert rows[0]["bytes-up"] == rows[0]["bytes-down"] == (32 + 32) * 4
 
 
+def test_aggregation_does_not_depend_on_arrival_order(flower_ids: None) -> None:
+    """Replies are aggregated in partition order, so the same seed gives the same global bits (determinism)."""
+    results = []
+    for order in ([0, 1, 2], [2, 0, 1]):
+        strategy = _strategy([])
+        sent = _train_round(strategy, [11, 22, 33])
+        # float sums depend on their order: (1e17 + 1) - 1e17 = 0 but (-1e17 + 1e17) + 1 = 1
+        states = [{k: np.full_like(v, value) for k, v in _state(np.random.default_rng(5)).items()}
+                  for value in (1e17, 1.0, -1e17)]
+        replies = [_reply(sent[i], states[i], 7, i) for i in order]
+        arrays, _ = strategy.aggregate_train(1, replies)
+        results.append({k: v.numpy().tobytes() for k, v in arrays.items()})
+    assert results[0] == results[1]
+
+
 def test_failed_and_malformed_replies_are_dropped(flower_ids: None) -> None:
     rows: list[dict[str, Any]] = []
     strategy = _strategy(rows)
