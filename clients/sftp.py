@@ -40,6 +40,7 @@ from fedprune_app.mask_generator import (
 from fedprune_app.models import get_adapter_state, set_adapter_state
 from fedprune_app.records import to_record
 from fedprune_app.routing import kept_parameters, prunable_parameters, set_masks
+from fedprune_app.training import optimizer_step
 
 EMBEDDING_RECORD = "sftp-embedding"
 
@@ -92,13 +93,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
             clm = model(**batch).loss
             penalty = budget_penalty(kept_parameters(config, masks), target)
             loss = clm + lam * penalty
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"SFT-P objective became {loss.item()} (lower sftp-generator-lr?)")
-            loss.backward()
-            if float(cfg.max_grad_norm) > 0:
-                torch.nn.utils.clip_grad_norm_(params, float(cfg.max_grad_norm))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            optimizer_step(loss, params, opt, float(cfg.max_grad_norm), "sftp-generator-lr")
             report.clm.append(clm.item())
             report.penalty.append(penalty.item())
             report.objective.append(loss.item())

@@ -27,6 +27,19 @@ class TrainReport:
         return sum(self.losses) / len(self.losses) if self.losses else math.nan
 
 
+def optimizer_step(loss: torch.Tensor, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer,
+                   max_grad_norm: float, lr_key: str) -> None:
+    """One step: refuse a non-finite loss (naming the learning-rate key to lower), backward, clip the gradient
+    norm when `max_grad_norm` > 0, step, clear the gradients."""
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"training loss became {loss.item()} (lower {lr_key}?)")
+    loss.backward()
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: RunConfig, seed: int,
                 steps: int | None = None) -> TrainReport:
     """`steps` (default `local-steps`) AdamW steps on the parameters that require grad.
@@ -44,13 +57,7 @@ def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], c
     for batch in training_batches(examples, tokenizer, int(cfg.batch_size), int(steps or cfg.local_steps),
                                   int(cfg.seq_len), seed):
         loss = model(**batch).loss
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"training loss became {loss.item()} (lower learning-rate?)")
-        loss.backward()
-        if float(cfg.max_grad_norm) > 0:
-            torch.nn.utils.clip_grad_norm_(params, float(cfg.max_grad_norm))
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(loss, params, opt, float(cfg.max_grad_norm), "learning-rate")
         report.losses.append(loss.item())
     model.eval()
     report.seconds = time.perf_counter() - start

@@ -28,7 +28,7 @@ from flwr.serverapp import Grid
 from fedprune_app.config import RunConfig
 from strategies.base import log
 from strategies.fedit import FedITStrategy
-from strategies.lora_utils import LORA_A, LORA_B, adapter_layers, keep_count
+from strategies.lora_utils import LORA_A, LORA_B, adapter_layers, factor_problem, keep_count
 from strategies.utils import flat_metrics, numpy_state, to_record, weighted_average
 
 # --- pure functions -------------------------------------------------------------------------------------
@@ -201,13 +201,8 @@ class FedTPAStrategy(FedITStrategy):
         if int(keep.sum()) != expected:
             return f"pruning log keeps {int(keep.sum())} dimensions, expected ⌊β·N·r_g⌋ = {expected}"
         for j, layer in enumerate(self.layers):
-            k = int(keep[j].sum())
-            a, b = arrays[layer + LORA_A].numpy(), arrays[layer + LORA_B].numpy()
-            want_a, want_b = (k, sent[layer + LORA_A].shape[1]), (sent[layer + LORA_B].shape[0], k)
-            if a.shape != want_a or b.shape != want_b:
-                return f"{layer}: adapter shapes {a.shape}/{b.shape} do not match its log ({want_a}/{want_b})"
-            if not (np.isfinite(a).all() and np.isfinite(b).all()):
-                return f"{layer}: non-finite adapter values"
+            if (problem := factor_problem(layer, arrays, sent, int(keep[j].sum()))) is not None:
+                return problem + " (the rank its pruning log keeps)"
         problem = self.metrics_problem(flat_metrics(reply))
         if problem is None:
             self.node_partition[node_id] = int(flat_metrics(reply)["partition-id"])

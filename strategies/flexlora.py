@@ -23,7 +23,7 @@ from flwr.app import ArrayRecord, RecordDict
 from fedprune_app.config import RunConfig, split_list
 from strategies.base import log
 from strategies.fedit import FedITStrategy
-from strategies.lora_utils import LORA_A, LORA_B, adapter_layers, truncate_factors
+from strategies.lora_utils import LORA_A, LORA_B, adapter_layers, factor_problem, truncate_factors
 from strategies.utils import flat_metrics, numpy_state, to_record
 
 # --- pure functions -------------------------------------------------------------------------------------
@@ -106,12 +106,8 @@ class FlexLoRAStrategy(FedITStrategy):
         if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= self.r_max:
             return f"reply reports rank {rank!r}, expected an int in [1, {self.r_max}]"
         for layer in self.layers:
-            a, b = arrays[layer + LORA_A].numpy(), arrays[layer + LORA_B].numpy()
-            want_a, want_b = (rank, sent[layer + LORA_A].shape[1]), (sent[layer + LORA_B].shape[0], rank)
-            if a.shape != want_a or b.shape != want_b:
-                return f"{layer}: adapter shapes {a.shape}/{b.shape}, expected {want_a}/{want_b} for rank {rank}"
-            if not (np.isfinite(a).all() and np.isfinite(b).all()):
-                return f"{layer}: non-finite adapter values"
+            if (problem := factor_problem(layer, arrays, sent, rank)) is not None:
+                return problem
         n, pid = metrics.get("num-examples"), metrics.get("partition-id")
         if not isinstance(n, int | float) or not n > 0:
             return "reply lacks a positive 'num-examples' metric"
