@@ -9,7 +9,7 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 RUN_CONFIG ?= conf/fedit.toml
 FEDERATION ?= num-supernodes=4 client-resources-num-cpus=1
 
-.PHONY: setup run test test-slow lint bench-overhead
+.PHONY: setup run test test-slow lint bench-overhead bench-scale
 
 setup:
 	@./scripts/setup.sh
@@ -26,3 +26,6 @@ test-slow: setup
 
 bench-overhead: setup
 	$(PY) scripts/bench_overhead.py
+
+bench-scale: setup
+	$(PY) scripts/bench_scale.py $(ARGS)

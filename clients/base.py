@@ -11,8 +11,9 @@ from collections import Counter
 from functools import cached_property
 from pathlib import Path
 
-from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
+from fedprune_app.checkpoint import client_state_dir, load_client_state, save_client_state
 from fedprune_app.config import NodeConfig, RunConfig
 from fedprune_app.data import ClientData, client_data, source_splits
 from fedprune_app.runtime import client_seed
@@ -31,6 +32,7 @@ class FederatedClient:
         self.num_partitions = node.num_partitions
         self.data_path: str | None = node.data_path  # a private JSONL on this device, replaces the partition
         self.resources: float | None = node.resources  # FedSpaLLM's r_i (Eq. 8) when the node sets it
+        self.state_dir: str | None = node.state_dir  # where checkpointed private state goes (None = default)
 
     @cached_property
     def data(self) -> ClientData:
@@ -52,6 +54,42 @@ class FederatedClient:
     def seed(self, server_round: int) -> int:
         """A seed distinct per (run seed, round, client)."""
         return client_seed(int(self.cfg.seed), server_round, self.partition_id)
+
+    def identity(self) -> RecordDict:
+        """The answer to the server's `{"query": "identity"}`: partition id and node-config `resources`
+        (FedSpaLLM's r_i of Eq. 8; 0 = not set). Nothing about the data."""
+        return RecordDict({"metrics": MetricRecord({"partition-id": self.partition_id,
+                                                    "num-partitions": self.num_partitions,
+                                                    "resources": float(self.resources or 0.0)})})
+
+    def query(self, content: RecordDict) -> RecordDict:
+        """A method's own one-off question (e.g. FedTPA's mean feature); no method asks one by default."""
+        raise NotImplementedError(f"method {self.cfg.method!r} answers no query {dict(content.config_records)}")
+
+    # --- the private state on this device, across an interruption ----------------------------------------
+    def state_file(self, content: RecordDict) -> Path | None:
+        """Where this client checkpoints `context.state`: `<state-dir>/<run-key>/partition-<id>/` (None when the
+        server sent no run key)."""
+        key = str(content.config_records["config"].get("run-key", "")) if "config" in content else ""
+        return client_state_dir(self.state_dir, key, self.partition_id) if key else None
+
+    def restore_state(self, content: RecordDict) -> None:
+        """A resumed run starts with an empty `context.state`: load the one this client saved after its last train
+        message before this round (same run key), so its private state (FedTPA's EMA, SFT-P's e_k) continues."""
+        directory = self.state_file(content)
+        if directory is None or len(self.context.state.keys()) > 0:
+            return
+        server_round = int(content.config_records["config"].get("server-round", 1 << 30))
+        saved = load_client_state(directory, before_round=server_round)
+        if saved is not None:
+            for name, record in saved.items():
+                self.context.state[name] = record
+
+    def save_state(self, content: RecordDict) -> None:
+        """After a train message: checkpoint `context.state` (it never leaves this device)."""
+        directory = self.state_file(content)
+        if directory is not None and len(self.context.state.keys()) > 0:
+            save_client_state(directory, int(content.config_records["config"]["server-round"]), self.context.state)
 
     def train(self, content: RecordDict) -> RecordDict:
         raise NotImplementedError

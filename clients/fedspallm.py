@@ -79,12 +79,6 @@ class FedSpaLLMClient(FederatedClient):
         metrics["seconds"] = time.perf_counter() - start
         return RecordDict({"metrics": MetricRecord(metrics), "info": self.info()})
 
-    def query(self, content: RecordDict) -> RecordDict:
-        """The server's one question before round 1: this node's partition id and node-config `resources`
-        (r_i of Eq. 8; 0 = not set, the run config decides)."""
-        return RecordDict({"metrics": MetricRecord({"partition-id": self.partition_id,
-                                                    "resources": float(self.resources or 0.0)})})
-
     def calibration(self, tokenizer: Any, server_round: int) -> list[torch.Tensor]:
         return calibration_batches(self.data.train, tokenizer, int(self.cfg.calib_segments),
                                    int(self.cfg.calib_seq_len), self.seed(server_round))

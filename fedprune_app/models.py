@@ -91,7 +91,14 @@ def add_lora(model: nn.Module, cfg: RunConfig, seed: int, rank: int | None = Non
         except ValueError as err:  # peft names the missing modules; add the key that controls them
             raise ValueError(f"run-config key 'lora-target-modules': {err}") from err
     peft_model.eval()  # dropout off until a training loop switches it on
+    peft_model.fedprune_initial_adapters = get_adapter_state(peft_model)  # cached models get trained in place
     return peft_model
+
+
+def initial_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters as `add_lora` made them (A seeded, B = 0), whatever was loaded into the cached model since:
+    a run's initial state must not depend on what an earlier run in the same process left in the cache."""
+    return {k: v.clone() for k, v in model.fedprune_initial_adapters.items()}
 
 
 def get_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:

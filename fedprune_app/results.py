@@ -62,6 +62,12 @@ class RunDirectory:
         with open(self.path / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
 
+    def extend(self, rows: list[dict[str, Any]]) -> None:
+        """Start from rows an earlier run logged (a resumed run begins with the interrupted run's rounds)."""
+        self.records.extend(rows)
+        with open(self.path / "metrics.jsonl", "a") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+
     def rows(self, phase: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r.get("phase") == phase]
 
@@ -77,7 +83,7 @@ class RunDirectory:
         summary = {"status": status, "method": self.cfg.method, "started-at": self.started,
                    "seconds": round(time.time() - self.started, 1),
                    "clients": table, "server": server, "references": reference_means(self.rows("reference")),
-                   "dropped-replies": dropped, **(extra or {})}
+                   "failures": len(dropped), "dropped-replies": dropped, **(extra or {})}
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         text = render_results(self.cfg, table, server, summary["seconds"])
         text += render_references(self.cfg, server, self.rows("reference"))

@@ -3,8 +3,9 @@
 1. validate the run config (before any model or data is touched);
 2. create the run directory (config.json);
 3. build the method's strategy and its initial global state;
-4. round 0: every client scores the untouched model; rounds 1..R: Flower's train/evaluate loop, each
-   reply logged to metrics.jsonl, the server scoring the global model's perplexity after every round;
+4. round 0: every client scores the untouched model; rounds 1..R: train / evaluate (the strategy's loop), each
+   reply logged to metrics.jsonl, the server scoring the global model's perplexity after every round and
+   writing checkpoint/ (`resume-from` continues a run from it: its rows, arrays and strategy state);
 5. save the final artefacts, score the comparison models (built by the server, or by every client from its
    own data), write summary.json / results.md / plots and print the table.
 """
@@ -20,11 +21,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedprune_app import registry
+from fedprune_app.checkpoint import load_checkpoint, save_checkpoint
 from fedprune_app.config import RunConfig, split_list
 from fedprune_app.evaluation import held_out_text, perplexity
 from fedprune_app.results import RunDirectory
 from fedprune_app.runtime import quiet_libraries, seed_everything
 from strategies.base import FederatedStrategy
+from strategies.utils import numpy_state, to_record
 
 app = ServerApp()
 log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
@@ -69,14 +72,28 @@ def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirect
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
+    checkpoint = load_checkpoint(cfg) if str(cfg.resume_from) else None  # checked before anything is loaded
     quiet_libraries()
     seed_everything(int(cfg.seed))
     run = RunDirectory.create(cfg)
     log.info("[fedprune] %s: run directory %s", cfg.method, run.path)
     try:
         strategy = registry.get(str(cfg.method)).strategy(cfg, recorder=run.log)
+        strategy.run_key = checkpoint.run_key if checkpoint else run.path.name
         initial = strategy.initial_arrays()
+        first_round = 1
+        if checkpoint is not None:  # continue after the checkpointed round, with its rows, arrays and state
+            run.extend(checkpoint.rows())
+            strategy.load_state_dict(checkpoint.strategy)
+            initial, first_round = to_record(checkpoint.arrays), checkpoint.round + 1
+            log.info("[fedprune] resuming %s after round %d", checkpoint.run_dir, checkpoint.round)
         initial_ready = time.time() - run.started
+
+        def on_round_end(server_round: int, arrays: ArrayRecord) -> None:
+            every = int(cfg.checkpoint_every)
+            if every and (server_round % every == 0 or server_round == int(cfg.num_server_rounds)):
+                save_checkpoint(run.path, server_round, strategy.run_key, numpy_state(arrays), strategy.state_dict())
+
         result = strategy.start(
             grid=grid,
             initial_arrays=initial,
@@ -84,6 +101,8 @@ def main(grid: Grid, context: Context) -> None:
             train_config=ConfigRecord(),
             evaluate_config=ConfigRecord(),
             evaluate_fn=server_evaluation(cfg, strategy, run),
+            first_round=first_round,
+            on_round_end=on_round_end,
         )
         final = result.arrays if len(result.arrays) else initial  # no round produced an update: keep the start
         artefacts = strategy.save_final(final, run.path)

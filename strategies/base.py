@@ -15,9 +15,19 @@ Flower's `Strategy.start` owns the round loop (train -> aggregate -> federated e
 - `client_references()`         comparison models each client builds from its own data alone and scores itself,
                                 asked for with `evaluate.reference` messages after the last round (`standalone`).
 
-Failed replies (a ClientApp that raised, a timeout) and malformed ones are dropped and logged; if no reply
-is usable the global state is kept. A client therefore never takes the run down or corrupts the state.
-Before round 1, `start` asks every client to evaluate the initial state (round 0, the untouched baseline).
+- `state_dict()` / `load_state_dict(state)`  the server-side state a checkpoint holds beyond the global arrays
+                                (FedSpaLLM's pruned weights, FedTPA's β_i, ...); the base holds the sampling RNG.
+
+`start` owns the round loop (Flower's `Strategy.start`, extended): it asks every connected node who it is
+(`identify`: partition id, node-config `resources`), so sampling and per-client state follow partition ids, not
+the node ids Flower draws at random; then `prepare`, round 0 (every client scores the untouched model), and per
+round train -> federated evaluate -> server evaluate -> `on_round_end` (the checkpoint). A resumed run enters the
+loop at `first_round` with the checkpoint's arrays and state.
+
+Failed replies (a ClientApp that raised, a timeout) and malformed ones are dropped, logged with the node id and
+counted. A round is aggregated only when at least `min-replies` replies are usable; otherwise it is sent again
+(`round-retries`) and then the run stops with `RoundFailed`: never a silent partial aggregate, and a client never
+corrupts the global state.
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
@@ -55,6 +67,10 @@ def _tail(reason: str, n: int = 600) -> str:
     return clean if len(clean) <= n else "…" + clean[-n:]
 
 
+class RoundFailed(RuntimeError):
+    """Fewer than `min-replies` usable train replies after every retry: the run stops, the last checkpoint stays."""
+
+
 class FederatedStrategy(FedAvg):
     """FedAvg's sampling and records, plus per-node messages, reply checks and per-client logging."""
 
@@ -66,6 +82,10 @@ class FederatedStrategy(FedAvg):
         self.rng = random.Random(int(cfg.seed))
         self.sent: dict[int, ArrayRecord] = {}
         self.num_connected = 0  # nodes connected at the last sampling (= partitions in a simulation)
+        self.node_partition: dict[int, int] = {}  # node id -> partition id (from `identify` and train replies)
+        self.node_resources: dict[int, float] = {}  # node id -> node-config `resources` (0 = not set)
+        self.run_key = ""  # names the run (kept on resume); clients key their checkpointed private state by it
+        self.timeout = 3600.0
 
     # --- hooks -------------------------------------------------------------------------------------------
     def initial_arrays(self) -> ArrayRecord:
@@ -110,15 +130,52 @@ class FederatedStrategy(FedAvg):
     def prepare(self, grid: Grid, timeout: float) -> None:
         """Called once at the top of `start`, before round 0 (e.g. FedTPA's one-off feature query)."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """Server-side state a checkpoint needs beyond the global arrays (subclasses add theirs to this)."""
+        return {"rng": self.rng.getstate(), "numpy-rng": np.random.get_state(), "torch-rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.setstate(state["rng"])
+        np.random.set_state(state["numpy-rng"])
+        torch.set_rng_state(state["torch-rng"])
+
     # --- the template ------------------------------------------------------------------------------------
-    def sample(self, grid: Grid, fraction: float) -> list[int]:
-        """Wait for `min-nodes`, then draw ⌈fraction·N⌉ nodes with the run's seeded RNG."""
+    def partition_order(self, node_id: int) -> tuple[int, int]:
+        """Sort key: identified nodes by partition id, then the rest by node id."""
+        return self.node_partition.get(node_id, 1 << 30), node_id
+
+    def connected(self, grid: Grid) -> list[int]:
+        """Wait for `min-nodes`, then the connected nodes in partition order."""
         while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
             log.info("waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes)
             time.sleep(1)
         self.num_connected = len(nodes)
+        return sorted(nodes, key=self.partition_order)
+
+    def sample(self, grid: Grid, fraction: float) -> list[int]:
+        """Draw ⌈fraction·N⌉ of the connected nodes with the run's seeded RNG, over the partition order: the same
+        seed samples the same partitions whatever node ids Flower assigned."""
+        nodes = self.connected(grid)
         k = max(1, min(len(nodes), round(fraction * len(nodes))))
-        return sorted(self.rng.sample(nodes, k))
+        return sorted(self.rng.sample(nodes, k), key=self.partition_order)
+
+    def identify(self, grid: Grid) -> None:
+        """Ask every connected node for its partition id and node-config `resources` (`query` message
+        `{"query": "identity"}`, answered by `FederatedClient.identity`). A node that does not answer is logged
+        and sampled after the identified ones."""
+        nodes = self.connected(grid)
+        messages = [Message(content=RecordDict({"config": ConfigRecord({"query": "identity"})}),
+                            message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
+        for msg in grid.send_and_receive(messages, timeout=self.timeout):
+            node = msg.metadata.src_node_id
+            metrics = {} if msg.has_error() else flat_metrics(msg.content)
+            pid = metrics.get("partition-id")
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
+                reason = msg.error.reason if msg.has_error() else f"no valid partition-id in {metrics}"
+                log.warning("node %d did not say who it is: %s", node, _tail(reason, 300))
+                continue
+            self.node_partition[node] = pid
+            self.node_resources[node] = float(metrics.get("resources", 0.0))
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -131,14 +188,28 @@ class FederatedStrategy(FedAvg):
         for node_id in node_ids:
             payload = self.arrays_for(node_id, arrays)
             self.sent[node_id] = payload
-            node_cfg = ConfigRecord({**dict(config), "server-round": server_round,
+            node_cfg = ConfigRecord({**dict(config), **self.message_config(server_round),
                                      **self.node_config(server_round, node_id)})
             content = RecordDict({"arrays": payload, "config": node_cfg})
             messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id))
         return messages
 
+    def message_config(self, server_round: int) -> dict[str, Any]:
+        """What every train / evaluate message's config carries: the round and the run key."""
+        return {"server-round": server_round, **({"run-key": self.run_key} if self.run_key else {})}
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's hook: the accepted replies aggregated, or (None, None) when none is usable."""
+        accepted = self.accept_train(server_round, replies)
+        if not accepted:
+            log.warning("round %d: no usable reply, the global state is kept", server_round)
+            return None, None
+        return self.aggregate(server_round, accepted), self.mean_metrics(accepted)
+
+    def accept_train(self, server_round: int, replies: Iterable[Message]) -> list[RecordDict]:
+        """Log every train reply (accepted / rejected with its reason and node id) and return the usable ones,
+        in partition order (arrival order is a race; float sums are not associative)."""
         accepted: list[RecordDict] = []
         for msg in replies:
             node_id = msg.metadata.src_node_id
@@ -156,14 +227,11 @@ class FederatedStrategy(FedAvg):
                 log.warning("round %d: reply of node %d dropped: %s", server_round, node_id, _tail(problem, 300))
             else:
                 accepted.append(msg.content)
+                if isinstance(row["client"], int):
+                    self.node_partition.setdefault(node_id, row["client"])
             self.record(row)
-        if not accepted:
-            log.warning("round %d: no usable reply, the global state is kept", server_round)
-            return None, None
-        # arrival order is a race between clients: aggregate in partition order so a seed gives the same bits
         accepted.sort(key=lambda r: (flat_metrics(r).get("partition-id", 1 << 30),))
-        arrays = self.aggregate(server_round, accepted)
-        return arrays, self.mean_metrics(accepted)
+        return accepted
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         good: list[RecordDict] = []
@@ -194,22 +262,74 @@ class FederatedStrategy(FedAvg):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
-        """`prepare`, round 0 (every client scores the initial state), then Flower's loop."""
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              first_round: int = 1, on_round_end: Callable[[int, ArrayRecord], None] | None = None) -> Result:
+        """The run: `identify`, `prepare`, round 0 (skipped when resuming at `first_round` > 1), then per round
+        `train_round` -> federated evaluation -> server evaluation (`evaluate_fn`) -> `on_round_end`."""
+        self.timeout = timeout
+        train_config, evaluate_config = train_config or ConfigRecord(), evaluate_config or ConfigRecord()
+        result = Result()
+        self.identify(grid)
         self.prepare(grid, timeout)
-        if self.fraction_evaluate > 0:
-            cfg = ConfigRecord(dict(evaluate_config or ConfigRecord()))
-            replies = grid.send_and_receive(self.configure_evaluate(0, initial_arrays, cfg, grid), timeout=timeout)
-            self.aggregate_evaluate(0, replies)
-        return super().start(grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds, timeout=timeout,
-                             train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+        arrays = initial_arrays
+        if first_round == 1:
+            self.evaluate_round(0, grid, arrays, evaluate_config, evaluate_fn, result)
+        for server_round in range(first_round, num_rounds + 1):
+            log.info("[fedprune] round %d/%d", server_round, num_rounds)
+            new_arrays, metrics = self.train_round(server_round, grid, arrays, train_config)
+            if new_arrays is not None:
+                arrays = result.arrays = new_arrays
+            if metrics is not None:
+                result.train_metrics_clientapp[server_round] = metrics
+            self.evaluate_round(server_round, grid, arrays, evaluate_config, evaluate_fn, result)
+            if on_round_end is not None:
+                on_round_end(server_round, arrays)
+        return result
+
+    def train_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+                    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Send the train messages and aggregate once at least `min-replies` replies are usable; below that,
+        send the round again (a fresh sample) up to `round-retries` times, then raise `RoundFailed`."""
+        need, attempts = int(self.cfg.min_replies), int(self.cfg.round_retries) + 1
+        for attempt in range(1, attempts + 1):
+            messages = list(self.configure_train(server_round, arrays, config, grid))
+            if not messages:  # fraction-train = 0: nothing to train
+                return None, None
+            if len(messages) < need:
+                raise RoundFailed(f"round {server_round}: run-config key 'min-replies' = {need} but a round samples "
+                                  f"only {len(messages)} of {self.num_connected} connected nodes; lower "
+                                  "'min-replies' or raise 'fraction-train'")
+            accepted = self.accept_train(server_round, grid.send_and_receive(messages, timeout=self.timeout))
+            if len(accepted) >= need:
+                return self.aggregate(server_round, accepted), self.mean_metrics(accepted)
+            self.record({"round": server_round, "phase": "round-retry", "attempt": attempt,
+                         "usable": len(accepted), "sent": len(messages)})
+            log.warning("round %d (attempt %d/%d): %d usable replies of %d, min-replies = %d", server_round,
+                        attempt, attempts, len(accepted), len(messages), need)
+        raise RoundFailed(f"round {server_round}: fewer than min-replies = {need} usable train replies in "
+                          f"{attempts} attempt(s); the global state of round {server_round - 1} is in the last "
+                          "checkpoint (continue with run-config key 'resume-from')")
+
+    def evaluate_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord,
+                       evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, result: Result) -> None:
+        """Federated evaluation (when this round evaluates), then the server's own (`evaluate_fn`)."""
+        messages = list(self.configure_evaluate(server_round, arrays, config, grid))
+        if messages:
+            metrics = self.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=self.timeout))
+            if metrics is not None:
+                result.evaluate_metrics_clientapp[server_round] = metrics
+        if evaluate_fn is not None:
+            server_metrics = evaluate_fn(server_round, arrays)
+            if server_metrics is not None:
+                result.evaluate_metrics_serverapp[server_round] = server_metrics
 
     def score_client_references(self, grid: Grid, timeout: float = 3600) -> None:
         """After the last round: one `evaluate.reference` message per node and baseline; each reply's `ppl/<data>`
         metrics are logged as `reference` rows (one per client; results.md reports the mean over clients)."""
         for name in self.client_references():
             log.info("[fedprune] reference %s: every client builds it from its own data", name)
-            messages = [Message(content=RecordDict({"config": ConfigRecord({"reference": name})}),
+            config = ConfigRecord({"reference": name, **self.message_config(int(self.cfg.num_server_rounds) + 1)})
+            messages = [Message(content=RecordDict({"config": config}),
                                 message_type=f"{MessageType.EVALUATE}.reference", dst_node_id=node_id)
                         for node_id in self.sample(grid, 1.0)]
             for msg in grid.send_and_receive(messages, timeout=timeout):
@@ -237,7 +357,7 @@ class FederatedStrategy(FedAvg):
             return []
         log.info("[fedprune] round %d: federated evaluation%s", server_round,
                  " of the untouched model" if server_round == 0 else "")
-        node_cfg = ConfigRecord({**dict(config), "server-round": server_round})
+        node_cfg = ConfigRecord({**dict(config), **self.message_config(server_round)})
         return [Message(content=RecordDict({"arrays": arrays, "config": node_cfg}),
                         message_type=MessageType.EVALUATE, dst_node_id=node_id)
                 for node_id in self.sample(grid, self.fraction_evaluate)]

@@ -13,7 +13,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord
 
-from fedprune_app.models import get_adapter_state, peft_model_for, set_adapter_state
+from fedprune_app.models import initial_adapter_state, peft_model_for, set_adapter_state
 from strategies.base import FederatedStrategy
 
 
@@ -23,7 +23,7 @@ class FedITStrategy(FederatedStrategy):
     def initial_arrays(self) -> ArrayRecord:
         """Fresh LoRA (A seeded, B = 0): round 0 evaluates exactly the untouched model."""
         model, _ = peft_model_for(self.cfg)
-        return ArrayRecord(get_adapter_state(model))
+        return ArrayRecord(initial_adapter_state(model))
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
         model, tokenizer = peft_model_for(self.cfg)

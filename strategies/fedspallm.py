@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedprune_app.config import RunConfig, per_client, split_list
@@ -129,33 +129,29 @@ class FedSpaLLMStrategy(FederatedStrategy):
         self.layer_prefix = ""
         self.num_layers = 0
         self.node_layers: dict[int, list[int]] = {}
-        self.node_info: dict[int, tuple[int, float]] = {}  # node id -> (partition id, node-config resources or 0)
 
     def initial_arrays(self) -> ArrayRecord:
         """The server keeps the global weights itself (`global_state`); the loop carries a round counter."""
         self.global_state, self.layer_prefix, self.num_layers = prunable_weights(self.cfg)
         return to_record({"global-round": np.zeros(1, dtype=np.int64)})
 
-    def prepare(self, grid: Grid, timeout: float) -> None:
-        """Before round 1, ask every node for its partition id and its `resources` (SuperNode node config): the
-        layers are then dealt in partition order, so a seed gives the same draw whatever ids Flower assigns."""
-        messages = [Message(content=RecordDict({"config": ConfigRecord({"query": "resources"})}),
-                            message_type=MessageType.QUERY, dst_node_id=n) for n in self.sample(grid, 1.0)]
-        for msg in grid.send_and_receive(messages, timeout=timeout):
-            if msg.has_error():
-                log.warning("node %d did not say its resources: %s", msg.metadata.src_node_id, msg.error.reason[-200:])
-                continue
-            metrics = flat_metrics(msg.content)
-            self.node_info[msg.metadata.src_node_id] = (int(metrics["partition-id"]), float(metrics["resources"]))
+    def state_dict(self) -> dict[str, Any]:
+        """The current pruned weights (zeros = the current masks) beside the sampling RNG."""
+        return super().state_dict() | {"global-state": self.global_state}
 
-    def node_resources(self, node_ids: list[int]) -> list[float]:
-        """r_i per node: its node-config `resources` when it set one, else `fedspallm-resources` (one value for
-        all, or one per partition id; by position among the sampled nodes when a node did not say its id)."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.global_state = dict(state["global-state"])
+
+    def resources_of(self, node_ids: list[int]) -> list[float]:
+        """r_i per node: its node-config `resources` when it set one (learnt by `identify`), else
+        `fedspallm-resources` (one value for all, or one per partition id; by position among the sampled nodes
+        when a node did not say its id)."""
         configured = str(self.cfg.fedspallm_resources)
         n_items = len(split_list(configured))
         out = []
         for position, node in enumerate(node_ids):
-            partition, own = self.node_info.get(node, (None, 0.0))
+            partition, own = self.node_partition.get(node), self.node_resources.get(node, 0.0)
             if own > 0:
                 out.append(own)
             elif n_items == 1:
@@ -167,8 +163,8 @@ class FedSpaLLMStrategy(FederatedStrategy):
 
     def plan_round(self, server_round: int, node_ids: list[int]) -> None:
         """Eq. 8: k_i ∝ r_i layers per sampled node, every layer covered; nodes in partition order."""
-        order = sorted(node_ids, key=lambda n: (self.node_info.get(n, (1 << 30, 0.0))[0], n))
-        resources = self.node_resources(order)
+        order = sorted(node_ids, key=self.partition_order)
+        resources = self.resources_of(order)
         assignment = sample_layers(self.num_layers, layer_quota(self.num_layers, resources), self.rng)
         self.node_layers = dict(zip(order, assignment, strict=True))
 

@@ -98,7 +98,6 @@ class FedTPAStrategy(FedITStrategy):
         super().__init__(cfg, recorder)
         self.beta: dict[int, float] = {}                       # partition id -> keep-ratio for its next round
         self.losses: dict[int, tuple[float, float]] = {}       # partition id -> (train, val) loss of its last round
-        self.node_partition: dict[int, int] = {}
         self.sent_beta: dict[int, float] = {}                  # node id -> β sent this round
         self.layers: list[str] = []
         self.rank = int(cfg.lora_rank)
@@ -113,9 +112,18 @@ class FedTPAStrategy(FedITStrategy):
         return arrays
 
     # --- ITPA ---------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """β_i and the last (train, val) losses per partition (what DAPR's next step needs)."""
+        return super().state_dict() | {"beta": dict(self.beta), "losses": dict(self.losses)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.beta, self.losses = dict(state["beta"]), dict(state["losses"])
+
     def prepare(self, grid: Grid, timeout: float) -> None:
-        """Eq. 3–5: ask every connected node for its mean feature vector, set the initial β per partition."""
-        if not bool(self.cfg.fedtpa_itpa):
+        """Eq. 3–5: ask every connected node for its mean feature vector, set the initial β per partition
+        (not again in a resumed run: its β come from the checkpoint)."""
+        if not bool(self.cfg.fedtpa_itpa) or self.beta:
             return
         nodes = self.sample(grid, 1.0)
         query = [Message(content=RecordDict({"config": ConfigRecord({"server-round": 0})}),

@@ -70,7 +70,7 @@ class FlexLoRAStrategy(FedITStrategy):
         super().__init__(cfg.replace(lora_rank=max_rank(cfg)), recorder)
         self.r_max = max_rank(cfg)
         self.alpha = float(cfg.lora_alpha)
-        self.node_rank: dict[int, int] = {}
+        self.partition_rank: dict[int, int] = {}  # partition id -> the rank its last reply reported
         self.layers: list[str] = []
 
     def initial_arrays(self) -> ArrayRecord:
@@ -79,11 +79,22 @@ class FlexLoRAStrategy(FedITStrategy):
         self.layers = adapter_layers(arrays.keys())
         return arrays
 
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"partition-rank": dict(self.partition_rank)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.partition_rank = dict(state["partition-rank"])
+
+    def rank_of(self, node_id: int) -> int:
+        """The rank the node's partition reported last (r_max before its first reply)."""
+        return self.partition_rank.get(self.node_partition.get(node_id, -1), self.r_max)
+
     def node_config(self, server_round: int, node_id: int) -> dict[str, Any]:
-        return {"rank": self.node_rank.get(node_id, self.r_max)}
+        return {"rank": self.rank_of(node_id)}
 
     def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
-        rank = self.node_rank.get(node_id, self.r_max)
+        rank = self.rank_of(node_id)
         if rank == self.r_max:
             return arrays
         state = numpy_state(arrays)
@@ -113,7 +124,7 @@ class FlexLoRAStrategy(FedITStrategy):
             return "reply lacks a positive 'num-examples' metric"
         if not isinstance(pid, int) or pid < 0:
             return "reply lacks a non-negative int 'partition-id' metric"
-        self.node_rank[node_id] = rank
+        self.partition_rank[pid] = rank
         return None
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:

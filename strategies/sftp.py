@@ -32,7 +32,7 @@ from fedprune_app.mask_generator import (
     routed_model_for,
     set_generator_state,
 )
-from fedprune_app.models import get_adapter_state, set_adapter_state
+from fedprune_app.models import initial_adapter_state, set_adapter_state
 from fedprune_app.routing import MASK_NAMES, compile_model, save_compiled, set_masks
 from strategies.base import FederatedStrategy, Recorder
 from strategies.utils import flat_metrics, numpy_state, to_record, weighted_average
@@ -64,8 +64,17 @@ class SFTPStrategy(FederatedStrategy):
         model, _ = routed_model_for(self.cfg)
         state = get_generator_state(generator_for(self.cfg, model.config, seed=int(self.cfg.seed)))
         if self.cfg.sftp_adapters:
-            state |= get_adapter_state(model)
+            state |= initial_adapter_state(model)
         return ArrayRecord(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The kept-ratio history per round (Fig. 5) and the final masks received so far."""
+        return super().state_dict() | {"kept-history": list(self.kept_history),
+                                       "final-masks": dict(self.final_masks)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.kept_history, self.final_masks = list(state["kept-history"]), dict(state["final-masks"])
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         """Eq. 15 over every tensor of Θ and Φ."""

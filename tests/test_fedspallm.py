@@ -25,6 +25,7 @@ from strategies.fedspallm import (
 )
 from strategies.utils import to_record
 from tests.conftest import small_config
+from tests.local_grid import LocalGrid
 
 
 def test_l0_aggregate_matches_a_brute_force_loop() -> None:
@@ -171,30 +172,11 @@ def test_random_reference_hits_the_target_sparsity(fedspallm_cfg) -> None:
         RunConfig.from_flower({"fedspallm-references": "random,oracle"})
 
 
-class ClientGrid:
-    """A Grid whose nodes are ClientApp calls in this process (node id -> Context), with one failing node."""
-
-    def __init__(self, cfg, partitions: int, failing: int | None = None, ids: list[int] | None = None,
-                 node_configs: dict[int, dict] | None = None) -> None:
-        ids = ids or [10 + p for p in range(partitions)]
-        self.contexts = {ids[p]: Context(run_id=1, node_id=ids[p], state=RecordDict(), run_config=cfg.to_dict(),
-                                         node_config={"partition-id": p, "num-partitions": partitions,
-                                                      **(node_configs or {}).get(p, {})})
-                         for p in range(partitions)}
-        self.failing = failing
-
-    def get_node_ids(self) -> list[int]:
-        return sorted(self.contexts)
-
-    def send_and_receive(self, messages, timeout: float = 0):
-        from flwr.app import Error
-
-        for msg in messages:
-            node = msg.metadata.dst_node_id
-            if node == self.failing:
-                yield Message(Error(code=0, reason="client crashed"), reply_to=msg)
-            else:
-                yield app(msg, self.contexts[node])
+def ClientGrid(cfg, partitions: int, failing: int | None = None, ids: list[int] | None = None,  # noqa: N802
+               node_configs: dict[int, dict] | None = None) -> LocalGrid:
+    """Nodes 10, 11, ... (or `ids`) as in-process ClientApp calls, `failing` answering with errors."""
+    return LocalGrid(cfg, partitions, failing=[] if failing is None else [failing],
+                     ids=ids or [10 + p for p in range(partitions)], node_configs=node_configs)
 
 
 def test_standalone_reference_is_each_clients_own_full_pruning(fedspallm_cfg, flower_ids: None) -> None:
@@ -257,7 +239,7 @@ def test_centralized_reference_prunes_on_the_pooled_segments(fedspallm_cfg) -> N
 
 
 def test_resources_come_from_node_config_and_layers_follow_partitions(fedspallm_cfg, flower_ids: None) -> None:
-    """`prepare` asks each node for (partition id, node-config resources); a node's own r_i overrides the run
+    """`identify` asks each node for (partition id, node-config resources); a node's own r_i overrides the run
     config's per-partition list, and the same seed deals the same layers to the same partitions whatever node
     ids Flower gives."""
     cfg = fedspallm_cfg.replace(**{"fedspallm-resources": "1.0,0.5,1.0"})
@@ -266,9 +248,10 @@ def test_resources_come_from_node_config_and_layers_follow_partitions(fedspallm_
         strategy = FedSpaLLMStrategy(cfg)
         handle = strategy.initial_arrays()
         grid = ClientGrid(cfg, partitions=3, ids=ids, node_configs={2: {"resources": 0.4}})
-        strategy.prepare(grid, timeout=10)
-        assert strategy.node_info == {ids[0]: (0, 0.0), ids[1]: (1, 0.0), ids[2]: (2, 0.4)}
-        assert strategy.node_resources(ids) == [1.0, 0.5, 0.4]
+        strategy.identify(grid)
+        assert strategy.node_partition == {ids[0]: 0, ids[1]: 1, ids[2]: 2}
+        assert strategy.node_resources == {ids[0]: 0.0, ids[1]: 0.0, ids[2]: 0.4}
+        assert strategy.resources_of(ids) == [1.0, 0.5, 0.4]
         sent = list(strategy.configure_train(1, handle, ConfigRecord(), grid))
         by_partition = {ids.index(m.metadata.dst_node_id): json.loads(m.content.config_records["config"]["layers"])
                         for m in sent}

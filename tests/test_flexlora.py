@@ -148,9 +148,9 @@ def test_strategy_rejects_malformed_replies_without_changing_state(tiny_model_di
     }
     for name, msg in bad.items():
         assert strategy.aggregate_train(1, [msg]) == (None, None), name
-        assert strategy.node_rank == {}, name
+        assert strategy.partition_rank == {} and strategy.node_partition == {}, name
     assert strategy.aggregate_train(1, [_reply(sent, 2, 0, 1, initial)])[0] is not None
-    assert strategy.node_rank == {1: 2}
+    assert strategy.partition_rank == {0: 2} and strategy.rank_of(1) == 2
 
 
 def test_ranks_key_is_validated(tiny_model_dir: Path) -> None:
@@ -183,4 +183,4 @@ def test_client_trains_at_its_own_rank_and_keeps_state_private(tiny_model_dir: P
     strategy = FlexLoRAStrategy(cfg)
     strategy.initial_arrays()
     strategy.sent = {8: initial}
-    assert strategy.reply_problem(8, out0) is None and strategy.node_rank == {8: 2}
+    assert strategy.reply_problem(8, out0) is None and strategy.partition_rank == {0: 2}

@@ -1,0 +1,76 @@
+"""A Flower Grid whose nodes are ClientApp calls in this process: whole runs (`server_app.main`) without Ray.
+
+Nodes get random ids (as Flower's simulation draws them) unless `ids` is given; a node in `failing` answers every
+message with an error reply (a crashed ClientApp); `interrupt_round` raises KeyboardInterrupt when a train message of
+that round is sent (the server process killed mid-round); every message and reply is kept for inspection.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Error, Message, MessageType, RecordDict
+
+from fedprune_app.client_app import app
+from fedprune_app.config import RunConfig
+
+
+class LocalGrid:
+    def __init__(self, cfg: RunConfig, partitions: int, failing: Iterable[int] = (), ids: list[int] | None = None,
+                 node_configs: dict[int, dict[str, Any]] | None = None, seed: int | None = None,
+                 interrupt_round: int | None = None) -> None:
+        ids = ids or random.Random(seed).sample(range(1, 1 << 40), partitions)
+        self.contexts = {ids[p]: Context(run_id=1, node_id=ids[p], state=RecordDict(), run_config=cfg.to_dict(),
+                                         node_config={"partition-id": p, "num-partitions": partitions,
+                                                      **(node_configs or {}).get(p, {})})
+                         for p in range(partitions)}
+        self.failing = set(failing)
+        self.interrupt_round = interrupt_round
+        self.exchanges: list[tuple[Message, Message]] = []  # (message, reply) in the order they happened
+
+    def get_node_ids(self) -> list[int]:
+        return sorted(self.contexts)
+
+    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> Iterator[Message]:
+        replies = []
+        for msg in messages:
+            config = msg.content.config_records.get("config")
+            if (msg.metadata.message_type == MessageType.TRAIN and config is not None
+                    and config.get("server-round") == self.interrupt_round):
+                raise KeyboardInterrupt(f"interrupted in round {self.interrupt_round}")
+            node = msg.metadata.dst_node_id
+            if node in self.failing:
+                reply = Message(Error(code=0, reason=f"node {node} crashed"), reply_to=msg)
+            else:
+                try:
+                    reply = app(msg, self.contexts[node])
+                except Exception as err:  # Flower turns a raising ClientApp into an error reply
+                    reply = Message(Error(code=0, reason=repr(err)), reply_to=msg)
+            self.exchanges.append((msg, reply))
+            replies.append(reply)
+        return iter(replies)
+
+
+def run_server(cfg: RunConfig, grid: LocalGrid) -> tuple[Path, BaseException | None]:
+    """`server_app.main` on this grid: the run directory it created and what it raised (None if nothing)."""
+    from fedprune_app.results import resolve_output_dir
+    from fedprune_app.server_app import main
+
+    root = resolve_output_dir(str(cfg.output_dir))
+    before = set(root.iterdir()) if root.exists() else set()
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg.to_dict())
+    raised: BaseException | None = None
+    try:
+        main(grid, context)
+    except BaseException as err:  # noqa: BLE001 - the test inspects it (KeyboardInterrupt included)
+        raised = err
+    created = sorted(set(root.iterdir()) - before)
+    assert len(created) == 1, created
+    return created[0], raised
+
+
+def content_of(msg: Message) -> RecordDict | None:
+    return None if msg.has_error() else msg.content
