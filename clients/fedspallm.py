@@ -45,8 +45,8 @@ class FedSpaLLMClient(FederatedClient):
         params = dict(model.named_parameters())
         reply = {}
         for name, kept in masks.items():
-            reply[name] = params[name].detach().float().numpy().copy()
-            reply[name + MASK_SUFFIX] = kept.numpy()
+            reply[name] = params[name].detach().to("cpu", torch.float32).numpy().copy()
+            reply[name + MASK_SUFFIX] = kept.cpu().numpy()
         self.private["rounds-pruned"] = int(self.private.get("rounds-pruned", 0)) + 1
         metrics = MetricRecord({
             "num-examples": int(sum(b.shape[0] for b in batches)), "partition-id": self.partition_id,

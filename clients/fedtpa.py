@@ -25,7 +25,7 @@ from clients.fedit import FedITClient
 from clients.rank_pruning import ContributionTracker, layer_contributions, lora_modules, prune_log, pruned_adapters
 from fedprune_app.data import Example, collate, encode
 from fedprune_app.evaluation import mean_loss
-from fedprune_app.models import get_adapter_state, peft_model_for
+from fedprune_app.models import get_adapter_state, model_device, peft_model_for
 from fedprune_app.records import to_record
 from fedprune_app.training import train_steps
 from strategies.lora_utils import LORA_A, LORA_B
@@ -37,18 +37,19 @@ EMA_RECORD = "fedtpa-ema"
 def mean_feature(model: Any, tokenizer: Any, examples: list[Example], seq_len: int, batch_size: int = 8) -> np.ndarray:
     """Eq. 3: the mean over `examples` of each sample's token-averaged final hidden state of the backbone."""
     backbone = model.get_base_model().base_model if hasattr(model, "get_base_model") else model.base_model
-    total, count = None, 0
+    total, count, device = None, 0, model_device(model)
     ctx = model.disable_adapter() if hasattr(model, "disable_adapter") else torch.no_grad()
     with ctx:
         for i in range(0, len(examples), batch_size):
             batch = collate([encode(tokenizer, e, seq_len) for e in examples[i:i + batch_size]],
                             tokenizer.pad_token_id)
+            batch = {k: v.to(device) for k, v in batch.items()}
             hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             per_sample = (hidden.float() * mask).sum(dim=1) / mask.sum(dim=1)
             total = per_sample.sum(dim=0) if total is None else total + per_sample.sum(dim=0)
             count += per_sample.shape[0]
-    return (total / count).numpy().astype(np.float32)
+    return (total / count).cpu().numpy().astype(np.float32)
 
 
 class FedTPAClient(FedITClient):
@@ -82,9 +83,9 @@ class FedTPAClient(FedITClient):
         tracker = ContributionTracker(modules, float(self.cfg.fedtpa_ema_decay), self.ema_state())
         with tracker:
             warm = train_steps(model, tokenizer, self.data.train, self.cfg, seed=seed, steps=warmup)
-        self.context.state[EMA_RECORD] = to_record({k: v.numpy() for k, v in tracker.ema.items()})
-        # pruning: global top-⌊β·N·r_g⌋ dimensions, the log, the per-layer scores (Eq. 7)
-        scores = tracker.scores()
+        self.context.state[EMA_RECORD] = to_record({k: v.cpu().numpy() for k, v in tracker.ema.items()})
+        # pruning: global top-⌊β·N·r_g⌋ dimensions, the log, the per-layer scores (Eq. 7); on the CPU (N×r_g)
+        scores = tracker.scores().cpu()
         keep = prune_log(scores, beta)
         layer_scores = layer_contributions(scores, keep)
         # fine-tuning the reconfigured adapters for the remaining steps

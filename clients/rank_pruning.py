@@ -77,7 +77,8 @@ class ContributionTracker:
 
     The hooks see the raw gradient of the step's loss (before clipping and before the optimizer step), with w the
     weight that produced it. `ema` maps '<layer>.lora_A' / '<layer>.lora_B' to tensors of the weights' shapes;
-    it starts from `initial` (the client's EMA of the previous round, kept in context.state) or zeros.
+    it starts from `initial` (the client's EMA of the previous round, kept in context.state) or zeros, on the
+    weight's device.
     """
 
     def __init__(self, modules: dict[str, nn.Module], decay: float,
@@ -89,7 +90,8 @@ class ContributionTracker:
                 w = getattr(m, part)[ADAPTER].weight
                 prev = (initial or {}).get(f"{name}.{part}")
                 ok = prev is not None and tuple(prev.shape) == tuple(w.shape)
-                self.ema[f"{name}.{part}"] = prev.clone().float() if ok else torch.zeros(w.shape)
+                self.ema[f"{name}.{part}"] = (prev.to(w.device, torch.float32, copy=True) if ok
+                                              else torch.zeros(w.shape, device=w.device))
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> ContributionTracker:
@@ -135,6 +137,7 @@ def pruned_adapters(modules: Sequence[nn.Module], log: torch.Tensor) -> Iterator
     saved = []
     for module, keep in zip(modules, log, strict=True):
         old_a, old_b = module.lora_A[ADAPTER], module.lora_B[ADAPTER]
+        keep = keep.to(old_a.weight.device)  # the log may live on the CPU, the adapters on a GPU
         new_a, new_b = slice_adapter(old_a.weight, old_b.weight, keep)
         module.lora_A[ADAPTER], module.lora_B[ADAPTER] = _linear(new_a), _linear(new_b)
         saved.append((module, old_a, old_b, keep))

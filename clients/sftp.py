@@ -37,10 +37,10 @@ from fedprune_app.mask_generator import (
     set_generator_state,
     stacked_masks,
 )
-from fedprune_app.models import get_adapter_state, set_adapter_state
+from fedprune_app.models import get_adapter_state, model_device, set_adapter_state
 from fedprune_app.records import to_record
 from fedprune_app.routing import kept_parameters, prunable_parameters, set_masks
-from fedprune_app.training import optimizer_step
+from fedprune_app.training import optimizer_step, to_device
 
 EMBEDDING_RECORD = "sftp-embedding"
 
@@ -79,7 +79,8 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     params = [p for g in groups for p in g["params"]]
     config, target = model.config, keep_ratio * prunable_parameters(model.config)
     tau, bias, lam = float(cfg.sftp_gate_tau), float(cfg.sftp_gate_bias), float(cfg.sftp_lambda)
-    gate_rng = torch.Generator().manual_seed(seed)
+    gate_rng = torch.Generator().manual_seed(seed)  # CPU: the same gates for a seed on any device
+    device = model_device(model)
     report, start = LocalReport(), time.perf_counter()
     model.train()
     generator.train()
@@ -90,7 +91,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
                 groups[-1]["lr"] = cosine_lr(float(cfg.sftp_lora_lr), (server_round - 1) * steps + t, total_steps)
             masks = layer_masks(reinmax_binary(generator(embedding), tau, bias, gate_rng))
             set_masks(model, masks)
-            clm = model(**batch).loss
+            clm = model(**to_device(batch, device)).loss
             penalty = budget_penalty(kept_parameters(config, masks), target)
             loss = clm + lam * penalty
             optimizer_step(loss, params, opt, float(cfg.max_grad_norm), "sftp-generator-lr")
@@ -126,29 +127,29 @@ class SFTPClient(FederatedClient):
         model, tokenizer = routed_model_for(self.cfg)
         model.eval()  # dropout off outside local_training, whatever an earlier use left
         arrays = content.array_records["arrays"].to_torch_state_dict()
-        generator = generator_for(self.cfg, model.config)
+        generator = generator_for(self.cfg, model.config, device=model_device(model))
         set_generator_state(generator, arrays)
         if self.cfg.sftp_adapters:
             set_adapter_state(model, {k: v for k, v in arrays.items() if not k.startswith(GENERATOR_PREFIX)})
         return model, tokenizer, generator
 
-    def embedding(self) -> tuple[nn.Parameter | None, dict[str, Tensor]]:
-        """(e_k, its AdamW state) from `context.state`; e_k ~ N(0, I) seeded by (seed, partition) at first use.
-        None under NOC (no private conditioning)."""
+    def embedding(self, device: torch.device | str = "cpu") -> tuple[nn.Parameter | None, dict[str, Tensor]]:
+        """(e_k, its AdamW state) from `context.state`, on `device` (the model's); e_k ~ N(0, I) seeded by
+        (seed, partition) at first use. None under NOC (no private conditioning)."""
         if not self.cfg.sftp_conditioning:
             return None, {}
         if EMBEDDING_RECORD not in self.context.state.array_records:
             init = torch.randn(int(self.cfg.sftp_embed_dim), generator=torch.Generator().manual_seed(self.seed(0)))
             self.context.state[EMBEDDING_RECORD] = ArrayRecord({"embedding": init})
         stored = self.context.state.array_records[EMBEDDING_RECORD].to_torch_state_dict()
-        state = {k: v for k, v in stored.items() if k != "embedding"}
+        state = {k: v.to(device) for k, v in stored.items() if k != "embedding"}
         if state:
-            state["step"] = torch.tensor(float(self.private["embedding-step"]))
-        return nn.Parameter(stored["embedding"].clone()), state
+            state["step"] = torch.tensor(float(self.private["embedding-step"]))  # AdamW keeps it on the CPU
+        return nn.Parameter(stored["embedding"].to(device, copy=True)), state
 
     def store_embedding(self, embedding: nn.Parameter, state: dict[str, Tensor]) -> None:
-        arrays = {"embedding": embedding.detach().clone(), "exp_avg": state["exp_avg"],
-                  "exp_avg_sq": state["exp_avg_sq"]}
+        arrays = {"embedding": embedding.detach().to("cpu", copy=True), "exp_avg": state["exp_avg"].cpu(),
+                  "exp_avg_sq": state["exp_avg_sq"].cpu()}
         self.context.state[EMBEDDING_RECORD] = ArrayRecord(arrays)
         self.private["embedding-step"] = float(state["step"])
 
@@ -161,7 +162,7 @@ class SFTPClient(FederatedClient):
         start = time.perf_counter()
         server_round = int(content.config_records["config"]["server-round"])
         model, tokenizer, generator = self.load(content)
-        embedding, state = self.embedding()
+        embedding, state = self.embedding(model_device(model))
         report = local_training(model, tokenizer, generator, embedding, state, self.data.train, self.cfg,
                                 self.keep_ratio, self.seed(server_round), server_round)
         if embedding is not None:
@@ -196,7 +197,7 @@ class SFTPClient(FederatedClient):
         model, tokenizer, generator = self.load(content)
         masks = None
         if server_round > 0:
-            embedding, _ = self.embedding()
+            embedding, _ = self.embedding(model_device(model))
             with torch.no_grad():
                 masks = layer_masks(deterministic_mask(generator(embedding), float(self.cfg.sftp_gate_bias)))
         set_masks(model, masks)
@@ -210,5 +211,5 @@ class SFTPClient(FederatedClient):
                                 "seconds": time.perf_counter() - start})
         reply = RecordDict({"metrics": metrics, "info": self.info()})
         if masks is not None and server_round == int(self.cfg.num_server_rounds):
-            reply["masks"] = to_record({k: v.bool().numpy() for k, v in stacked_masks(masks).items()})
+            reply["masks"] = to_record({k: v.bool().cpu().numpy() for k, v in stacked_masks(masks).items()})
         return reply

@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from fedprune_app.config import ConfigError, RunConfig
+from fedprune_app.results import resolve_output_dir
 
 STATE_FILE = "state.pkl"
 # keys a resumed run may change; every other key must equal the interrupted run's
-RESUME_FREE_KEYS = ("resume-from", "run-tag", "output-dir", "num-server-rounds")
+RESUME_FREE_KEYS = ("resume-from", "run-tag", "output-dir", "num-server-rounds", "device")
 CLIENT_STATES_KEPT = 3
 
 
@@ -67,7 +68,7 @@ def save_checkpoint(run_dir: Path, server_round: int, run_key: str, arrays: dict
 def load_checkpoint(cfg: RunConfig) -> Checkpoint:
     """The checkpoint `resume-from` names, after checking (before any model is loaded) that it exists, that the
     run config matches the interrupted run's (keys other than RESUME_FREE_KEYS) and that rounds remain."""
-    given = Path(str(cfg.resume_from)).expanduser()
+    given = resolve_output_dir(str(cfg.resume_from))  # a relative path resolves as `output-dir` does
     run_dir = given.parent if given.name == "checkpoint" else given
     path = run_dir / "checkpoint" / STATE_FILE
     if not path.is_file():

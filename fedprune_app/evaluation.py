@@ -19,6 +19,7 @@ from torch import nn
 
 from fedprune_app.config import RunConfig, per_client
 from fedprune_app.data import ClientData, Example, collate, encode, text_of
+from fedprune_app.models import model_device
 
 
 @torch.no_grad()
@@ -37,7 +38,7 @@ def perplexity(model: nn.Module, tokenizer: Any, text: str, window: int = 256, s
     if len(ids) < 2:
         raise ValueError("perplexity needs at least 2 tokens of text")
     step = max(1, min(stride, window - 1))
-    device = next(model.parameters()).device
+    device = model_device(model)
     nll, count, first = 0.0, 0, 1
     while first < len(ids):
         last = min(first + step, len(ids))  # score tokens [first, last)
@@ -59,9 +60,10 @@ def mean_loss(model: nn.Module, tokenizer: Any, examples: Sequence[Example], seq
     exp() of it is the "answer perplexity" a client reports for question/instruction data: the quantity
     that instruction tuning minimises (loss on the response tokens only, as in training).
     """
-    total, count = 0.0, 0
+    total, count, device = 0.0, 0, model_device(model)
     for i in range(0, len(examples), batch_size):
         batch = collate([encode(tokenizer, e, seq_len) for e in examples[i:i + batch_size]], tokenizer.pad_token_id)
+        batch = {k: v.to(device) for k, v in batch.items()}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
         labels = batch["labels"][:, 1:]
         mask = labels != -100
@@ -107,7 +109,7 @@ def lm_eval_accuracy(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dic
     manager = TaskManager(include_path=include_path or None, include_defaults=include_defaults)
     was_training = model.training
     model.eval()
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(next(model.parameters()).device))
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model_device(model)))
     res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, num_fewshot=0, limit=limit,
                                   log_samples=False, bootstrap_iters=0, verbosity="WARNING")
     model.train(was_training)
@@ -145,9 +147,10 @@ def generate(model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_t
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     outs: list[str] = []
+    device = model_device(model)
     try:
         for i in range(0, len(prompts), batch_size):
-            enc = tokenizer(list(prompts[i:i + batch_size]), return_tensors="pt", padding=True)
+            enc = tokenizer(list(prompts[i:i + batch_size]), return_tensors="pt", padding=True).to(device)
             gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id)
             outs += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)

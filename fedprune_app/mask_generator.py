@@ -28,7 +28,10 @@ class _ReinMaxBinary(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, a: Tensor, tau: float, generator: torch.Generator | None) -> Tensor:
-        b = torch.bernoulli(torch.sigmoid(a), generator=generator)
+        # drawn on the generator's device (a seeded CPU generator gives the same gates on any model device)
+        probs = torch.sigmoid(a)
+        b = torch.bernoulli(probs if generator is None else probs.to(generator.device),
+                            generator=generator).to(a.device)
         ctx.save_for_backward(a, b)
         ctx.tau = tau
         return b
@@ -71,7 +74,7 @@ def deterministic_mask(s: Tensor, c: float) -> Tensor:
 
 def budget_penalty(kept: Tensor, target: float | Tensor) -> Tensor:
     """Eq. 14: R(T, pT_total) = log(max(T, pT) / min(T, pT)), differentiable in T."""
-    target = torch.as_tensor(target, dtype=kept.dtype)
+    target = torch.as_tensor(target, dtype=kept.dtype, device=kept.device)
     return torch.log(torch.maximum(kept, target) / torch.minimum(kept, target))
 
 
@@ -123,13 +126,17 @@ class MaskGenerator(nn.Module):
                 "hidden": self.fc1.out_features, "conditioning": self.conditioning}
 
 
-def generator_for(cfg: RunConfig, model_config: Any, seed: int | None = None) -> MaskGenerator:
-    """The generator for a model config and the `sftp-*` keys (initialised from `seed` if given)."""
+def generator_for(cfg: RunConfig, model_config: Any, seed: int | None = None,
+                  device: torch.device | str = "cpu") -> MaskGenerator:
+    """The generator for a model config and the `sftp-*` keys (initialised on the CPU from `seed` if given, so
+    the same seed gives the same Θ on any device), then moved to `device` (the routed model's)."""
     with torch.random.fork_rng():
         if seed is not None:
             torch.manual_seed(seed)
-        return MaskGenerator(int(model_config.num_hidden_layers), int(model_config.hidden_size),
-                             int(cfg.sftp_embed_dim), int(cfg.sftp_generator_hidden), bool(cfg.sftp_conditioning))
+        generator = MaskGenerator(int(model_config.num_hidden_layers), int(model_config.hidden_size),
+                                  int(cfg.sftp_embed_dim), int(cfg.sftp_generator_hidden),
+                                  bool(cfg.sftp_conditioning))
+    return generator.to(device)
 
 
 def get_generator_state(generator: MaskGenerator) -> dict[str, Tensor]:
@@ -165,11 +172,12 @@ def stacked_masks(masks: list[LayerMasks]) -> dict[str, Tensor]:
 # --- routed models (client training/evaluation, server evaluation) --------------------------------------
 
 @lru_cache(maxsize=2)
-def _cached_routed_model(model_name: str, dtype: str, quantization: str, lora_key: str) -> tuple[nn.Module, Any]:
+def _cached_routed_model(model_name: str, dtype: str, quantization: str, lora_key: str,
+                         device: str = "auto") -> tuple[nn.Module, Any]:
     from fedprune_app.models import add_lora, load_base_model, load_tokenizer
     from fedprune_app.routing import install_routing
 
-    model = load_base_model(model_name, dtype, quantization)
+    model = load_base_model(model_name, dtype, quantization, device)
     for p in model.parameters():
         p.requires_grad_(False)
     if lora_key:
@@ -183,7 +191,8 @@ def routed_model_for(cfg: RunConfig) -> tuple[nn.Module, Any]:
     and the adapter state before every use. The backbone is frozen."""
     keys = ("lora-rank", "lora-alpha", "lora-dropout", "lora-target-modules", "seed")
     lora_key = json.dumps({k: cfg[k] for k in keys}, sort_keys=True) if cfg.sftp_adapters else ""
-    return _cached_routed_model(str(cfg.model_name), str(cfg.model_dtype), str(cfg.model_quantization), lora_key)
+    return _cached_routed_model(str(cfg.model_name), str(cfg.model_dtype), str(cfg.model_quantization), lora_key,
+                                str(cfg.device))
 
 
 def backbone_parameters(model: nn.Module) -> int:

@@ -1,6 +1,8 @@
-"""Model loading (embedded default, Hugging Face name, local path; dtype; bitsandbytes) and LoRA over peft.
+"""Model loading (embedded default, Hugging Face name, local path; dtype; device; bitsandbytes) and LoRA over peft.
 
-State moves through two functions, as in peft: `get_adapter_state` / `set_adapter_state`.
+State moves through two functions, as in peft: `get_adapter_state` / `set_adapter_state`. Placement: the
+`device` key is resolved where a model is loaded (`resolve_device`); everything that feeds a model moves its
+tensors to `model_device(model)`.
 """
 
 from __future__ import annotations
@@ -12,9 +14,42 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedprune_app.config import RunConfig, split_list
+from fedprune_app.config import DEVICE_PATTERN, KEY_BY_NAME, ConfigError, RunConfig, split_list
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(cfg: RunConfig | str) -> torch.device:
+    """The torch.device of the `device` key (a RunConfig or the value itself) in this process: 'auto' = cuda
+    when torch.cuda.is_available() else cpu. Asking for CUDA where none is visible raises ConfigError."""
+    value = str(cfg.device if isinstance(cfg, RunConfig) else cfg)
+    if not DEVICE_PATTERN.fullmatch(value):
+        raise ConfigError(f"run-config key 'device' must be {KEY_BY_NAME['device'].allowed()}, got {value!r}")
+    if value == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if value == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"run-config key 'device' is {value!r} but this process sees no CUDA device "
+                          f"(torch {torch.__version__}: torch.cuda.is_available() is False); use 'auto' (cuda "
+                          "where available, else cpu) or 'cpu', or give the process a GPU (a simulation's "
+                          "client-resources-num-gpus)")
+    device = torch.device(value)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"run-config key 'device' is {value!r} but this process sees "
+                          f"{torch.cuda.device_count()} CUDA device(s) (indices start at 0)")
+    return device
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where a model's inputs go: the device of its input embeddings (the first layer, also under a
+    bitsandbytes device map), else of its first parameter."""
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    weight = getattr(emb, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight.device
+    return next(model.parameters()).device
 
 
 def resolve_model_path(model_name: str) -> str:
@@ -49,16 +84,21 @@ def load_tokenizer(model_name: str):  # -> PreTrainedTokenizerBase
     return tok
 
 
-def load_base_model(model_name: str, dtype: str = "float32", quantization: str = "none") -> nn.Module:
-    """A causal LM in eval mode on the CPU (or the device map bitsandbytes picks)."""
+def load_base_model(model_name: str, dtype: str = "float32", quantization: str = "none",
+                    device: str = "auto") -> nn.Module:
+    """A causal LM in eval mode on `device` (the run-config value, see `resolve_device`). Quantized: the
+    device map bitsandbytes picks ('auto' over the visible GPUs for 'auto'/'cuda', else the one device)."""
     from transformers import AutoModelForCausalLM
 
     torch_dtype = DTYPES[dtype]
+    target = resolve_device(device)
     kwargs: dict = {"dtype": torch_dtype}
     qconfig = quantization_config(quantization, torch_dtype)
     if qconfig is not None:
         kwargs["quantization_config"] = qconfig
-        kwargs["device_map"] = "auto" if torch.cuda.is_available() else {"": "cpu"}
+        kwargs["device_map"] = "auto" if target.type == "cuda" and target.index is None else {"": str(target)}
+    elif target.type != "cpu":
+        kwargs["device_map"] = {"": str(target)}  # weights load straight onto the GPU, not via CPU RAM
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_name), **kwargs)
     model.eval()
     return model
@@ -123,7 +163,8 @@ def set_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 @lru_cache(maxsize=2)
-def cached_peft_model(model_name: str, dtype: str, quantization: str, lora_key: str) -> tuple[nn.Module, object]:
+def cached_peft_model(model_name: str, dtype: str, quantization: str, lora_key: str,
+                      device: str = "auto") -> tuple[nn.Module, object]:
     """One (LoRA-wrapped model, tokenizer) per process and configuration: Ray workers reuse it across rounds.
 
     `lora_key` is a JSON dump of the LoRA-relevant config; callers always load fresh adapter state before use.
@@ -131,7 +172,7 @@ def cached_peft_model(model_name: str, dtype: str, quantization: str, lora_key: 
     from fedprune_app.config import RunConfig
 
     cfg = RunConfig.from_flower(json.loads(lora_key))
-    model = add_lora(load_base_model(model_name, dtype, quantization), cfg, seed=int(cfg.seed))
+    model = add_lora(load_base_model(model_name, dtype, quantization, device), cfg, seed=int(cfg.seed))
     return model, load_tokenizer(model_name)
 
 
@@ -139,19 +180,21 @@ def peft_model_for(cfg: RunConfig) -> tuple[nn.Module, object]:
     """The cached LoRA model + tokenizer for this run config."""
     lora_keys = ("lora-rank", "lora-alpha", "lora-dropout", "lora-target-modules", "seed")
     key = json.dumps({k: cfg[k] for k in lora_keys}, sort_keys=True)
-    return cached_peft_model(str(cfg.model_name), str(cfg.model_dtype), str(cfg.model_quantization), key)
+    return cached_peft_model(str(cfg.model_name), str(cfg.model_dtype), str(cfg.model_quantization), key,
+                             str(cfg.device))
 
 
-def load_run(run_dir: str | Path) -> tuple[nn.Module, object]:
+def load_run(run_dir: str | Path, device: str | None = None) -> tuple[nn.Module, object]:
     """Load a finished run's final model: base model + its saved adapter, ready to evaluate or generate.
 
-    `model, tokenizer = fedprune_app.models.load_run("outputs/<run>")`.
+    `model, tokenizer = fedprune_app.models.load_run("outputs/<run>")`; `device` overrides the run's `device`.
     """
     from peft import PeftModel
 
     run_dir = Path(run_dir)
     cfg = json.loads((run_dir / "config.json").read_text())
-    base = load_base_model(cfg["model-name"], cfg["model-dtype"], cfg["model-quantization"])
+    base = load_base_model(cfg["model-name"], cfg["model-dtype"], cfg["model-quantization"],
+                           device or cfg.get("device", "auto"))
     model = PeftModel.from_pretrained(base, run_dir / "adapter")
     model.eval()
     return model, load_tokenizer(cfg["model-name"])

@@ -55,16 +55,17 @@ def prunable_names(model: nn.Module) -> list[str]:
 
 
 @lru_cache(maxsize=2)
-def _cached_model(model_name: str, dtype: str) -> tuple[nn.Module, Any, dict[str, torch.Tensor]]:
-    model = load_base_model(model_name, dtype)
+def _cached_model(model_name: str, dtype: str, device: str = "auto") -> tuple[nn.Module, Any, dict[str, torch.Tensor]]:
+    """The base model on `device`; its dense prunable weights are kept on the CPU (no second copy on a GPU)."""
+    model = load_base_model(model_name, dtype, device=device)
     params = dict(model.named_parameters())
-    dense = {n: params[n].detach().clone() for n in prunable_names(model)}
+    dense = {n: params[n].detach().to("cpu", copy=True) for n in prunable_names(model)}
     return model, load_tokenizer(model_name), dense
 
 
 def dense_model(cfg: RunConfig) -> tuple[nn.Module, Any]:
     """The process's cached base model with its dense prunable weights restored (pruning mutates it)."""
-    model, tokenizer, dense = _cached_model(str(cfg.model_name), str(cfg.model_dtype))
+    model, tokenizer, dense = _cached_model(str(cfg.model_name), str(cfg.model_dtype), str(cfg.device))
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, weight in dense.items():
@@ -76,7 +77,7 @@ def prunable_weights(cfg: RunConfig) -> tuple[dict[str, np.ndarray], str, int]:
     """(dense prunable weights as float32 arrays, decoder-layer name prefix, number of decoder layers)."""
     model, _ = dense_model(cfg)
     params = dict(model.named_parameters())
-    weights = {n: params[n].detach().float().numpy().copy() for n in prunable_names(model)}
+    weights = {n: params[n].detach().to("cpu", torch.float32).numpy().copy() for n in prunable_names(model)}
     return weights, layer_prefix(model), len(decoder_layers(model))
 
 

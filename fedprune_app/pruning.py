@@ -4,6 +4,8 @@ Pure functions over tensors. The FedSpaLLM client runs them on its own calibrati
 them only for the simulation-only `centralized` reference (pooled data), which is why they live in the
 shared machinery rather than under clients/. Conventions: a weight
 matrix W is (out_features, in_features) as in `nn.Linear`; a mask is bool with True = weight kept.
+Devices: the calibration ids go to the model's device, statistics and pruning run there in float32 (the
+Hessians included), and the masks the layer loop returns are on the CPU.
 `n:m` sparsity (`prunen`, `prunem` > 0) prunes n of every m consecutive input weights of each row.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedprune_app.models import model_device
 from fedprune_app.pruned_models import decoder_layers, linear_modules
 
 PRUNERS = ("sparsegpt", "wanda", "magnitude")
@@ -77,7 +80,7 @@ def sparsegpt_prune(weight: torch.Tensor, hessian: torch.Tensor, sparsity: float
     W[:, dead] = 0
     H.diagonal().add_(percdamp * torch.mean(torch.diag(H)))
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
-    pruned = torch.zeros((rows, cols), dtype=torch.bool)
+    pruned = torch.zeros((rows, cols), dtype=torch.bool, device=W.device)
     for i1 in range(0, cols, blocksize):
         i2 = min(i1 + blocksize, cols)
         W1, U1 = W[:, i1:i2].clone(), U[i1:i2, i1:i2]
@@ -132,10 +135,11 @@ def capture_layer0_inputs(model: nn.Module, batches: Sequence[torch.Tensor]) -> 
         raise _Captured
 
     handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    device = model_device(model)
     try:
         for ids in batches:
             try:
-                model(input_ids=ids, use_cache=False)
+                model(input_ids=ids.to(device), use_cache=False)
             except _Captured:
                 pass
     finally:
@@ -151,11 +155,12 @@ PruneFn = Callable[[str, nn.Linear, torch.Tensor, torch.Tensor], tuple[torch.Ten
 
 
 class InputStats:
-    """Running H = 2XXᵀ/n (if `hessian`) and Σx²/n of one linear layer's inputs (all calibration tokens, fp32)."""
+    """Running H = 2XXᵀ/n (if `hessian`) and Σx²/n of one linear layer's inputs (all calibration tokens, fp32),
+    on `device` (the inputs' device)."""
 
-    def __init__(self, features: int, hessian: bool = True) -> None:
-        self.hessian = torch.zeros(features, features) if hessian else torch.zeros(0, 0)
-        self.sq_norms = torch.zeros(features)
+    def __init__(self, features: int, hessian: bool = True, device: torch.device | str = "cpu") -> None:
+        self.hessian = torch.zeros(features, features, device=device) if hessian else torch.zeros(0, 0, device=device)
+        self.sq_norms = torch.zeros(features, device=device)
         self.count = 0
 
     def add(self, x: torch.Tensor) -> None:
@@ -182,7 +187,7 @@ def collect_input_stats(layer: nn.Module, linears: dict[str, nn.Linear], hidden:
         def hook(_module: nn.Module, args: tuple, _output: Any) -> None:
             x = args[0]
             if name not in stats:
-                stats[name] = added_with(x) or InputStats(x.shape[-1], needs == "hessian")
+                stats[name] = added_with(x) or InputStats(x.shape[-1], needs == "hessian", x.device)
             if added_with(x) is not stats[name]:
                 stats[name].add(x)
                 this_batch.append((x, stats[name]))
@@ -206,7 +211,7 @@ def prune_sequentially(model: nn.Module, batches: Sequence[torch.Tensor], layer_
     """The SparseGPT layer loop: feed the calibration activations through the decoder layers in order; at
     each layer in `layer_ids`, collect every linear's `InputStats` (forward hooks), call
     `prune(name, linear, H, sq_norms) -> (new weight, kept mask)`, write the weight, and re-run the layer so
-    the next layer sees the pruned layer's outputs. Returns {full parameter name: kept mask}.
+    the next layer sees the pruned layer's outputs. Returns {full parameter name: kept mask (CPU)}.
     Layers after the last sampled one are not run at all. A `prune` function may carry `needs`:
     "hessian" (default), "norms" (Σx² only, Wanda) or "nothing" (magnitude: no statistics pass).
     """
@@ -224,11 +229,11 @@ def prune_sequentially(model: nn.Module, batches: Sequence[torch.Tensor], layer_
             start = time.perf_counter()
             linears = linear_modules(layer)
             stats = collect_input_stats(layer, linears, hidden, kwargs, needs) if needs != "nothing" else {
-                name: InputStats(m.in_features, False) for name, m in linears.items()}
+                name: InputStats(m.in_features, False, m.weight.device) for name, m in linears.items()}
             for name, linear in linears.items():
                 new_weight, kept = prune(name, linear, stats[name].hessian, stats[name].sq_norms)
                 linear.weight.data.copy_(new_weight.to(linear.weight.dtype))
-                masks[f"{names[id(layer)]}.{name}.weight"] = kept
+                masks[f"{names[id(layer)]}.{name}.weight"] = kept.cpu()
             if on_layer is not None:
                 on_layer(j, time.perf_counter() - start)
         hidden = [_layer_output(layer(h, **kw)) for h, kw in zip(hidden, kwargs, strict=True)]

@@ -42,6 +42,7 @@ def route(x: Tensor, g: Tensor, norm: nn.Module) -> Tensor:
     """Eq. 1 + 3 on the d-wide bus: Norm(x ⊙ g) with the RMS over the sum(g) active coordinates, times the norm
     weight (zeros off the lane). Computed in (at least) float32 like HF's RMSNorm; an empty lane gives zeros."""
     eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    g = g.to(x.device)  # masks from a generator elsewhere (e.g. on the CPU) follow the hidden states
     routed = (x * g.to(x.dtype)).to(torch.promote_types(x.dtype, torch.float32))
     active = g.to(routed.dtype).sum().clamp_min(1.0)
     variance = routed.pow(2).sum(-1, keepdim=True) / active
@@ -50,7 +51,7 @@ def route(x: Tensor, g: Tensor, norm: nn.Module) -> Tensor:
 
 def merge(x: Tensor, update: Tensor, g: Tensor) -> Tensor:
     """Eq. 2 + 5 on the d-wide bus: x + update ⊙ g (write-back on the active coordinates only)."""
-    return x + update * g.to(update.dtype)
+    return x + update * g.to(update.device, update.dtype)
 
 
 def _has_bias(module: nn.Module) -> bool:
@@ -145,7 +146,7 @@ def kept_parameters(config: Any, masks: Sequence[LayerMasks]) -> Tensor:
     |in| = g.sum(). A submodule with an empty lane counts 0 (the compiled model drops it; the indicator is a
     constant). Norm weights and biases are not counted (O(d) each; `prunable_parameters` likewise)."""
     _, attn_in, attn_out, ffn_in, ffn_out = _dims(config)
-    total = torch.zeros(())
+    total = torch.zeros((), device=masks[0]["attn-in"].device if masks else "cpu")
     for g in masks:
         for m, per_in, per_out in (("attn", attn_in, attn_out), ("ffn", ffn_in, ffn_out)):
             n_in, n_out = g[f"{m}-in"].float().sum(), g[f"{m}-out"].float().sum()
@@ -282,7 +283,7 @@ class CompiledDecoderLayer(nn.Module):
         attn, mlp = layer.self_attn, layer.mlp
         bias = {"attn": [attn.q_proj.bias is not None, attn.o_proj.bias is not None],
                 "ffn": [mlp.gate_proj.bias is not None, mlp.down_proj.bias is not None]}
-        out = cls(config, layer_idx, routing, bias)
+        out = cls(config, layer_idx, routing, bias).to(layer.input_layernorm.weight.device)
         with torch.no_grad():
             if (a := out.self_attn) is not None:
                 _fill(a, a.qkv_proj, a.o_proj, layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj],

@@ -98,6 +98,7 @@ def main(grid: Grid, context: Context) -> None:
             grid=grid,
             initial_arrays=initial,
             num_rounds=int(cfg.num_server_rounds),
+            timeout=float(cfg.round_timeout),
             train_config=ConfigRecord(),
             evaluate_config=ConfigRecord(),
             evaluate_fn=server_evaluation(cfg, strategy, run),

@@ -13,6 +13,7 @@ from torch import nn
 
 from fedprune_app.config import RunConfig
 from fedprune_app.data import Example, training_batches
+from fedprune_app.models import model_device
 
 
 @dataclass
@@ -25,6 +26,11 @@ class TrainReport:
     @property
     def mean_loss(self) -> float:
         return sum(self.losses) / len(self.losses) if self.losses else math.nan
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A collated batch with every tensor on `device` (a no-op for tensors already there)."""
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def optimizer_step(loss: torch.Tensor, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer,
@@ -44,7 +50,8 @@ def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], c
                 steps: int | None = None) -> TrainReport:
     """`steps` (default `local-steps`) AdamW steps on the parameters that require grad.
 
-    A fresh optimizer each call, as FedIT does each round (the optimizer state is not federated).
+    A fresh optimizer each call, as FedIT does each round (the optimizer state is not federated). Batches go
+    to the model's device.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -52,11 +59,12 @@ def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], c
     opt = torch.optim.AdamW(params, lr=float(cfg.learning_rate), weight_decay=float(cfg.weight_decay))
     report = TrainReport()
     start = time.perf_counter()
+    device = model_device(model)
     model.train()
     torch.manual_seed(seed)
     for batch in training_batches(examples, tokenizer, int(cfg.batch_size), int(steps or cfg.local_steps),
                                   int(cfg.seq_len), seed):
-        loss = model(**batch).loss
+        loss = model(**to_device(batch, device)).loss
         optimizer_step(loss, params, opt, float(cfg.max_grad_norm), "learning-rate")
         report.losses.append(loss.item())
     model.eval()

@@ -299,7 +299,9 @@ class FederatedStrategy(FedAvg):
                 raise RoundFailed(f"round {server_round}: run-config key 'min-replies' = {need} but a round samples "
                                   f"only {len(messages)} of {self.num_connected} connected nodes; lower "
                                   "'min-replies' or raise 'fraction-train'")
-            accepted = self.accept_train(server_round, grid.send_and_receive(messages, timeout=self.timeout))
+            replies = list(grid.send_and_receive(messages, timeout=self.timeout))
+            self.record_silent(server_round, "train", messages, replies)
+            accepted = self.accept_train(server_round, replies)
             if len(accepted) >= need:
                 return self.aggregate(server_round, accepted), self.mean_metrics(accepted)
             self.record({"round": server_round, "phase": "round-retry", "attempt": attempt,
@@ -310,12 +312,24 @@ class FederatedStrategy(FedAvg):
                           f"{attempts} attempt(s); the global state of round {server_round - 1} is in the last "
                           "checkpoint (continue with run-config key 'resume-from')")
 
+    def record_silent(self, server_round: int, phase: str, messages: list[Message], replies: list[Message]) -> None:
+        """Log a failure for every node that sent nothing back before `round-timeout` (disconnected, too slow)."""
+        answered = {r.metadata.src_node_id for r in replies}
+        for node in (m.metadata.dst_node_id for m in messages):
+            if node not in answered:
+                problem = f"no reply within round-timeout = {self.timeout:g} s (disconnected or too slow)"
+                self.record({"round": server_round, "phase": phase, "node": node,
+                             "client": self.node_partition.get(node), "status": "failed", "problem": problem})
+                log.warning("round %d: node %d: %s", server_round, node, problem)
+
     def evaluate_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord,
                        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, result: Result) -> None:
         """Federated evaluation (when this round evaluates), then the server's own (`evaluate_fn`)."""
         messages = list(self.configure_evaluate(server_round, arrays, config, grid))
         if messages:
-            metrics = self.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=self.timeout))
+            replies = list(grid.send_and_receive(messages, timeout=self.timeout))
+            self.record_silent(server_round, "evaluate", messages, replies)
+            metrics = self.aggregate_evaluate(server_round, replies)
             if metrics is not None:
                 result.evaluate_metrics_clientapp[server_round] = metrics
         if evaluate_fn is not None:

@@ -32,7 +32,7 @@ from fedprune_app.mask_generator import (
     routed_model_for,
     set_generator_state,
 )
-from fedprune_app.models import initial_adapter_state, set_adapter_state
+from fedprune_app.models import initial_adapter_state, model_device, set_adapter_state
 from fedprune_app.routing import MASK_NAMES, compile_model, save_compiled, set_masks
 from strategies.base import FederatedStrategy, Recorder
 from strategies.utils import flat_metrics, numpy_state, to_record, weighted_average
@@ -100,7 +100,7 @@ class SFTPStrategy(FederatedStrategy):
         model, tokenizer = routed_model_for(self.cfg)
         model.eval()
         state = arrays.to_torch_state_dict()
-        generator = generator_for(self.cfg, model.config)
+        generator = generator_for(self.cfg, model.config, device=model_device(model))
         set_generator_state(generator, state)
         if self.cfg.sftp_adapters:
             set_adapter_state(model, {k: v for k, v in state.items() if not k.startswith(GENERATOR_PREFIX)})

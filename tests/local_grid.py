@@ -2,7 +2,8 @@
 
 Nodes get random ids (as Flower's simulation draws them) unless `ids` is given; a node in `failing` answers every
 message with an error reply (a crashed ClientApp); `interrupt_round` raises KeyboardInterrupt when a train message of
-that round is sent (the server process killed mid-round); every message and reply is kept for inspection.
+that round is sent (the server process killed mid-round); a node in `silent` never answers (disconnected: no
+reply before the timeout); every message and reply is kept for inspection.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from flwr.app import Context, Error, Message, MessageType, RecordDict
 
 from fedprune_app.client_app import app
 from fedprune_app.config import RunConfig
+from tests.conftest import small_config
 
 
 class LocalGrid:
@@ -28,6 +30,7 @@ class LocalGrid:
                                                       **(node_configs or {}).get(p, {})})
                          for p in range(partitions)}
         self.failing = set(failing)
+        self.silent: set[int] = set()
         self.interrupt_round = interrupt_round
         self.exchanges: list[tuple[Message, Message]] = []  # (message, reply) in the order they happened
 
@@ -42,6 +45,8 @@ class LocalGrid:
                     and config.get("server-round") == self.interrupt_round):
                 raise KeyboardInterrupt(f"interrupted in round {self.interrupt_round}")
             node = msg.metadata.dst_node_id
+            if node in self.silent:
+                continue
             if node in self.failing:
                 reply = Message(Error(code=0, reason=f"node {node} crashed"), reply_to=msg)
             else:
@@ -72,5 +77,22 @@ def run_server(cfg: RunConfig, grid: LocalGrid) -> tuple[Path, BaseException | N
     return created[0], raised
 
 
-def content_of(msg: Message) -> RecordDict | None:
-    return None if msg.has_error() else msg.content
+# small per-method settings for runs on the tiny model (4 partitions)
+METHOD_CONFIGS: dict[str, dict[str, Any]] = {
+    "fedit": {},
+    "fedtpa": {"local-steps": 3, "fedtpa-warmup-steps": 1, "fedtpa-feature-examples": 4},
+    "flexlora": {"flexlora-ranks": "2,4,3,4"},
+    "sftp": {"sftp-keep-ratios": "0.5", "local-steps": 2},
+    "fedspallm": {"client-data": "squad_shifts:nyt,squad_shifts:reddit,squad_shifts:amazon_reviews,"
+                                 "squad_shifts:squaddev", "calib-segments": 2, "calib-seq-len": 32,
+                  "fedspallm-resources": "0.5"},
+}
+
+
+def method_config(tiny_model_dir: Path, tmp_path: Path, method: str, **extra: Any) -> RunConfig:
+    """A 3-round run of `method` on the tiny model that a test can afford: half the clients train per round, half
+    are evaluated (on 4 examples: lm-eval's forward through the 49k-token vocabulary is most of a run's time)."""
+    settings = {"method": method, "output-dir": str(tmp_path / "runs"), "num-server-rounds": 3,
+                "fraction-train": 0.5, "fraction-evaluate": 0.5, "test-examples": 4,
+                **METHOD_CONFIGS[method], **{k.replace("_", "-"): v for k, v in extra.items()}}
+    return small_config(tiny_model_dir, **settings)
