@@ -48,6 +48,9 @@ class FedSpaLLMClient(FederatedClient):
             reply[name] = params[name].detach().to("cpu", torch.float32).numpy().copy()
             reply[name + MASK_SUFFIX] = kept.cpu().numpy()
         self.private["rounds-pruned"] = int(self.private.get("rounds-pruned", 0)) + 1
+        if server_round == 1 and len(layers) == len(decoder_layers(model)) and self.wants_standalone():
+            # every layer pruned from the dense model with the round-1 segments: this IS the standalone model
+            self.private.update({f"standalone/{k}": v for k, v in self.scores(model, tokenizer).items()})
         metrics = MetricRecord({
             "num-examples": int(sum(b.shape[0] for b in batches)), "partition-id": self.partition_id,
             "layers": len(layers), "sparsity": sum(sparsity_of(m) for m in masks.values()) / max(1, len(masks)),
@@ -58,24 +61,36 @@ class FedSpaLLMClient(FederatedClient):
     def evaluate(self, content: RecordDict) -> RecordDict:
         raise NotImplementedError("FedSpaLLM evaluates the global model on the server (server-eval-data)")
 
+    def wants_standalone(self) -> bool:
+        return "standalone" in split_list(str(self.cfg.fedspallm_references))
+
+    def scores(self, model: Any, tokenizer: Any) -> dict[str, float]:
+        """`ppl/<source>` of `model` on the public held-out texts the server scores (`server-eval-data`)."""
+        return {f"ppl/{source}": perplexity(model, tokenizer, held_out_text(source, self.cfg), int(self.cfg.ppl_window),
+                                            int(self.cfg.ppl_stride), int(self.cfg.eval_ppl_tokens))
+                for source in split_list(str(self.cfg.server_eval_data))}
+
     def reference(self, content: RecordDict) -> RecordDict:
         """`standalone` (the paper's baseline): this client prunes every layer of the dense model with only its
         own calibration data (the same segments as its round-1 call) and scores the result's perplexity on the
         public held-out texts the server uses (`server-eval-data`), so the server can report the client models'
-        mean. Nothing but the perplexities is sent."""
+        mean. Nothing but the perplexities is sent. When this client's round-1 train message already pruned every
+        layer (r_i = 1), that model was the standalone one: its scores, kept in `context.state`, are sent
+        (`reused-round-1` = 1) instead of pruning the same model again."""
         name = str(content.config_records["config"]["reference"])
         if name != "standalone":
             return super().reference(content)
         start = time.perf_counter()
         model, tokenizer = dense_model(self.cfg)
         batches = self.calibration(tokenizer, server_round=1)
-        prune_sequentially(model, batches, range(len(decoder_layers(model))), self.pruner())
         metrics: dict[str, float | int] = {"num-examples": int(sum(b.shape[0] for b in batches)),
                                            "partition-id": self.partition_id}
-        for source in split_list(str(self.cfg.server_eval_data)):
-            metrics[f"ppl/{source}"] = perplexity(model, tokenizer, held_out_text(source, self.cfg),
-                                                  int(self.cfg.ppl_window), int(self.cfg.ppl_stride),
-                                                  int(self.cfg.eval_ppl_tokens))
+        stored = {k[len("standalone/"):]: float(v) for k, v in self.private.items() if k.startswith("standalone/")}
+        if stored:
+            metrics.update(stored, **{"reused-round-1": 1})
+        else:
+            prune_sequentially(model, batches, range(len(decoder_layers(model))), self.pruner())
+            metrics.update(self.scores(model, tokenizer))
         metrics["seconds"] = time.perf_counter() - start
         return RecordDict({"metrics": MetricRecord(metrics), "info": self.info()})
 

@@ -207,6 +207,36 @@ def test_standalone_reference_is_each_clients_own_full_pruning(fedspallm_cfg, fl
     assert expected != pytest.approx(dense_ppl, rel=1e-3)
 
 
+def test_standalone_reuses_a_round_1_prune_of_every_layer(fedspallm_cfg, flower_ids: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """With r_i = 1 the round-1 train message prunes every layer from the dense model with the round-1 segments:
+    the standalone model. Its scores are kept and sent, equal to pruning again, and nothing is pruned again."""
+    import clients.fedspallm as client_module
+
+    cfg = fedspallm_cfg.replace(**{"fedspallm-references": "standalone", "partitioner": "iid"})
+    fresh = ClientGrid(cfg, partitions=2)
+    recomputed = {m: dict(r.content.metric_records["metrics"]) for m, r in
+                  zip([10, 11], fresh.send_and_receive(_reference_messages([10, 11])), strict=True)}
+    grid = ClientGrid(cfg, partitions=2)
+    strategy = FedSpaLLMStrategy(cfg)
+    handle = strategy.initial_arrays()
+    strategy.identify(grid)
+    replies = list(grid.send_and_receive(list(strategy.configure_train(1, handle, ConfigRecord(), grid))))
+    assert all(not r.has_error() and r.content["metrics"]["layers"] == 2 for r in replies)
+    calls: list[int] = []
+    monkeypatch.setattr(client_module, "prune_sequentially", lambda *a, **k: calls.append(1))
+    for node, reply in zip([10, 11], grid.send_and_receive(_reference_messages([10, 11])), strict=True):
+        got = dict(reply.content.metric_records["metrics"])
+        assert got.pop("reused-round-1") == 1 and not calls
+        for key in [k for k in got if k.startswith("ppl/")]:
+            assert got[key] == pytest.approx(recomputed[node][key], rel=1e-6), key
+
+
+def _reference_messages(nodes: list[int]) -> list[Message]:
+    return [Message(content=RecordDict({"config": ConfigRecord({"reference": "standalone"})}),
+                    message_type="evaluate.reference", dst_node_id=n) for n in nodes]
+
+
 def test_standalone_reply_holds_metrics_only(fedspallm_cfg, flower_ids: None) -> None:
     grid = ClientGrid(fedspallm_cfg, partitions=1)
     msg = Message(content=RecordDict({"config": ConfigRecord({"reference": "standalone"})}),
