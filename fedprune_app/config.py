@@ -69,7 +69,8 @@ KEYS: tuple[Key, ...] = (
     Key("seed", 0, "Seed for data splits, partitioning, LoRA init and sampling.", minimum=0),
     Key("fraction-train", 1.0, "Fraction of connected nodes sampled for training each round.",
         minimum=0.0, maximum=1.0),
-    Key("fraction-evaluate", 1.0, "Fraction of connected nodes sampled for evaluation.", minimum=0.0, maximum=1.0),
+    Key("fraction-evaluate", 1.0, "Fraction of connected nodes that evaluate: one seeded panel for the whole run "
+        "(the same clients every evaluated round; training sampling unaffected).", minimum=0.0, maximum=1.0),
     Key("min-nodes", 1, "Wait for at least this many connected nodes before a round starts.", minimum=1),
     Key("output-dir", "outputs", "Where run directories go (a relative path resolves against FEDPRUNE_OUTPUT_DIR "
         "or the ServerApp's working directory)."),
@@ -157,6 +158,8 @@ KEYS: tuple[Key, ...] = (
         minimum=0.0),
     Key("sftp-aggregation", "equal", "SFT-P FedAvg weights of Theta and Phi (Eq. 15): equal per client (Table 4) "
         "or by the clients' num-examples.", choices=("equal", "num-examples")),
+    Key("fedflap-batches", 8, "fedflap (federated FLAP-style baseline): training batches (batch-size x seq-len) "
+        "each client runs through the dense model in round 1 to score the bus coordinates.", minimum=1),
     # --- fedtpa / flexlora ----------------------------------------------------------------------------
     Key("local-val-fraction", 0.0, "Share of each client's own training partition held out (seeded) as its "
         "validation set (FedTPA §IV-A4: 0.2 = 8:2); 0 = the source's val split. With a share, val-examples caps "

@@ -15,7 +15,8 @@ Sources (the `client-data` key, comma-separated):
 - `jsonl:<path>` or a path ending in `.jsonl`: records with `text`, or `question|input|prompt` + `choices` +
   `label|answer`, or `instruction|input|prompt` + `output|response|target|completion`;
 - `hf:<name>[:<config>]`: `datasets.load_dataset(name, config)` (a hub name or a local dataset directory),
-  records as for JSONL.
+  records as for JSONL; Dolly-15k's records (`hf:databricks/databricks-dolly-15k`) keep their context and
+  category (`dolly_example`).
 """
 
 from __future__ import annotations
@@ -137,8 +138,21 @@ def _natural_instructions(source: str, subtask: str) -> list[Example]:
     return out
 
 
+DOLLY_FIELDS = frozenset({"instruction", "context", "response", "category"})
+
+
+def dolly_example(source: str, rec: dict[str, Any]) -> Example:
+    """A Dolly-15k record (instruction, context, response, category) in natural_instructions' schema: the
+    instruction, a blank line and the context when there is one -> the response; `category` (e.g. open_qa,
+    summarization) is the Dirichlet partitioner's label."""
+    context = str(rec.get("context") or "").strip()
+    prompt = f"{str(rec['instruction']).strip()}\n\n{context}" if context else str(rec["instruction"])
+    return {**instruction_example(source, prompt, str(rec["response"])), "category": str(rec["category"])}
+
+
 def _records(source: str, records: Sequence[dict[str, Any]]) -> list[Example]:
-    return [normalize_record(source, dict(r)) for r in records]
+    return [dolly_example(source, dict(r)) if DOLLY_FIELDS <= set(r) else normalize_record(source, dict(r))
+            for r in records]
 
 
 def load_source(source: str) -> list[Example]:
@@ -156,10 +170,8 @@ def load_source(source: str) -> list[Example]:
             raise ConfigError(f"run-config key 'client-data': JSONL file {path} does not exist")
         return _records(source, [json.loads(line) for line in path.read_text().splitlines() if line.strip()])
     if kind == "hf" and arg:
-        import datasets
-
         name, _, config_name = arg.partition(":")
-        ds = datasets.load_dataset(name, config_name or None)
+        ds = load_dataset(name, config_name or None)
         split = "train" if "train" in ds else next(iter(ds))
         return _records(source, ds[split])
     raise ConfigError(

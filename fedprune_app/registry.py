@@ -8,12 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clients.base import FederatedClient
+from clients.fedflap import FedFLAPClient
 from clients.fedit import FedITClient
 from clients.fedspallm import FedSpaLLMClient
 from clients.fedtpa import FedTPAClient
 from clients.flexlora import FlexLoRAClient
 from clients.sftp import SFTPClient
 from strategies.base import FederatedStrategy
+from strategies.fedflap import FedFLAPStrategy
 from strategies.fedit import FedITStrategy
 from strategies.fedspallm import FedSpaLLMStrategy
 from strategies.fedtpa import FedTPAStrategy
@@ -33,6 +35,7 @@ METHODS: dict[str, Method] = {
     "fedtpa": Method(FedTPAStrategy, FedTPAClient),
     "flexlora": Method(FlexLoRAStrategy, FlexLoRAClient),
     "sftp": Method(SFTPStrategy, SFTPClient),
+    "fedflap": Method(FedFLAPStrategy, FedFLAPClient),  # SFT-P's federated structural baseline
 }
 
 

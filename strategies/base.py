@@ -106,7 +106,11 @@ class FederatedStrategy(FedAvg):
         metrics = flat_metrics(reply)
         if not isinstance(metrics.get("num-examples"), int | float) or metrics["num-examples"] <= 0:
             return "reply lacks a positive 'num-examples' metric"
-        return check_arrays(reply.array_records["arrays"], spec_of(self.sent[node_id]))
+        return check_arrays(reply.array_records["arrays"], self.expected_reply(node_id))
+
+    def expected_reply(self, node_id: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{key: (shape, dtype)} a node's train reply must hold: by default what was sent to it."""
+        return spec_of(self.sent[node_id])
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         states = [numpy_state(r.array_records["arrays"]) for r in replies]
@@ -158,6 +162,14 @@ class FederatedStrategy(FedAvg):
         nodes = self.connected(grid)
         k = max(1, min(len(nodes), round(fraction * len(nodes))))
         return sorted(self.rng.sample(nodes, k), key=self.partition_order)
+
+    def evaluation_panel(self, grid: Grid) -> list[int]:
+        """The ⌈fraction-evaluate·N⌉ nodes that evaluate: drawn from the partition order by an RNG seeded afresh
+        from `seed` at every call, so the same clients evaluate every round (per-client tables compare like with
+        like across rounds) and evaluation never advances the training sampler's RNG."""
+        nodes = self.connected(grid)
+        k = max(1, min(len(nodes), round(self.fraction_evaluate * len(nodes))))
+        return sorted(random.Random(f"{int(self.cfg.seed)}:evaluate").sample(nodes, k), key=self.partition_order)
 
     def identify(self, grid: Grid) -> None:
         """Ask every connected node for its partition id and node-config `resources` (`query` message
@@ -374,4 +386,4 @@ class FederatedStrategy(FedAvg):
         node_cfg = ConfigRecord({**dict(config), **self.message_config(server_round)})
         return [Message(content=RecordDict({"arrays": arrays, "config": node_cfg}),
                         message_type=MessageType.EVALUATE, dst_node_id=node_id)
-                for node_id in self.sample(grid, self.fraction_evaluate)]
+                for node_id in self.evaluation_panel(grid)]

@@ -80,6 +80,7 @@ def run_server(cfg: RunConfig, grid: LocalGrid) -> tuple[Path, BaseException | N
 # small per-method settings for runs on the tiny model (4 partitions)
 METHOD_CONFIGS: dict[str, dict[str, Any]] = {
     "fedit": {},
+    "fedflap": {"sftp-keep-ratios": "0.5", "fedflap-batches": 2},
     "fedtpa": {"local-steps": 3, "fedtpa-warmup-steps": 1, "fedtpa-feature-examples": 4},
     "flexlora": {"flexlora-ranks": "2,4,3,4"},
     "sftp": {"sftp-keep-ratios": "0.5", "local-steps": 2},

@@ -174,3 +174,41 @@ def test_paper_perplexity_sets_load_through_datasets(monkeypatch) -> None:
     assert set(PERPLEXITY_SET_NAMES) == set(data.PERPLEXITY_SETS)
     with pytest.raises(ConfigError, match="'server-eval-data'.*ppl:wikitext2, ppl:ptb, ppl:c4"):
         RunConfig.from_flower({"server-eval-data": "ppl:wikitext103"})
+
+
+def test_dolly_by_name_maps_to_the_instruction_schema(monkeypatch, tmp_path: Path) -> None:
+    """`hf:databricks/databricks-dolly-15k` goes through the `data.load_dataset` seam (a local Dataset stands in for
+    the Hub): instruction + context -> prompt, response -> response, category = the Dirichlet partitioner's label."""
+    import datasets
+
+    from fedprune_app import data
+
+    cats = ["open_qa", "summarization", "classification", "creative_writing"]
+    rows = {"instruction": [f"Question {i}?" for i in range(80)],
+            "context": ["" if i % 2 else f"Passage {i}." for i in range(80)],
+            "response": [f"Answer {i}." for i in range(80)], "category": [cats[i % 4] for i in range(80)]}
+    calls = []
+
+    def fake_load(name, config_name=None, **kwargs):
+        calls.append((name, config_name))
+        return datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)})
+
+    monkeypatch.setattr(data, "load_dataset", fake_load)
+    monkeypatch.setenv("FEDPRUNE_CACHE", str(tmp_path))
+    source = "hf:databricks/databricks-dolly-15k"
+    examples = load_source(source)
+    assert calls == [("databricks/databricks-dolly-15k", None)] and len(examples) == 80
+    assert examples[0]["prompt"] == "Question 0?\n\nPassage 0.\nOutput:" and examples[0]["response"] == "Answer 0."
+    assert examples[1]["prompt"] == "Question 1?\nOutput:" and examples[1]["choices"] == []
+    assert [e["category"] for e in examples[:4]] == cats
+    data.source_splits.cache_clear()
+    try:
+        cfg = RunConfig.from_flower({"client-data": source, "partitioner": "dirichlet", "dirichlet-alpha": 0.05,
+                                     "test-examples": 8, "val-examples": 4, "max-train-examples": 0})
+        clients = [client_data(cfg, p, 2) for p in range(2)]
+    finally:
+        data.source_splits.cache_clear()
+    assert clients[0].test == clients[1].test and len(clients[0].test) == 8  # the global test split
+    held = [Counter(e["category"] for e in c.train) for c in clients]
+    majority = [max(h[cat] for h in held) / sum(h[cat] for h in held) for cat in cats]
+    assert min(majority) > 0.8  # Dirichlet(0.05) over the categories: each category sits (mostly) on one client

@@ -24,6 +24,7 @@ COMMON = {MessageType.QUERY: {"metrics"}, MessageType.TRAIN: {"arrays", "metrics
           MessageType.EVALUATE: {"metrics", "info"}, f"{MessageType.EVALUATE}.reference": {"metrics", "info"}}
 SEEN: dict[str, dict[str, set[str]]] = {
     "fedit": COMMON,
+    "fedflap": COMMON,
     "flexlora": COMMON,
     "fedspallm": COMMON,
     "fedtpa": {**COMMON, MessageType.QUERY: {"metrics", "features"},

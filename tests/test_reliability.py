@@ -46,6 +46,28 @@ def test_same_seed_same_summary_whatever_the_node_ids(tiny_model_dir: Path, tmp_
     assert trained[0] == trained[1] and len(trained[0]) == 6  # 2 of 4 partitions per round
 
 
+def test_the_same_clients_evaluate_every_round_and_evaluation_leaves_training_sampling_alone(
+        tiny_model_dir: Path, tmp_path: Path, flower_ids: None) -> None:
+    """fraction-evaluate 0.5 of 4: one panel of 2 partitions in every evaluated round (a per-client table
+    compares the same clients); the partitions that train are those of a run without federated evaluation."""
+    cfg = method_config(tiny_model_dir, tmp_path, "fedit")
+    grid = LocalGrid(cfg, 4, seed=1)
+    run, err = run_server(cfg, grid)
+    assert err is None, err
+    panels: dict[int, set[int]] = {}
+    for msg, _reply in grid.exchanges:
+        if msg.metadata.message_type == "evaluate":
+            rnd = int(msg.content.config_records["config"]["server-round"])
+            panels.setdefault(rnd, set()).add(grid.contexts[msg.metadata.dst_node_id].node_config["partition-id"])
+    assert {0, 3} <= set(panels) and len({frozenset(p) for p in panels.values()}) == 1
+    assert len(panels[0]) == 2
+    quiet_cfg = cfg.replace(fraction_evaluate=0.0, output_dir=str(tmp_path / "quiet"))
+    quiet, err = run_server(quiet_cfg, LocalGrid(quiet_cfg, 4, seed=1))
+    assert err is None, err
+    trained = [[r["client"] for r in rows(d) if r["phase"] == "train"] for d in (run, quiet)]
+    assert trained[0] == trained[1]
+
+
 @pytest.mark.parametrize("method", sorted(METHOD_CONFIGS))
 def test_interrupted_and_resumed_run_gives_the_uninterrupted_summary(method: str, tiny_model_dir: Path,
                                                                      tmp_path: Path, flower_ids: None) -> None:

@@ -4,14 +4,19 @@ with each claim marked held / not held, from the runs' own files (summary.json, 
     python -m fedprune_app.grids fedspallm                    # run what is missing, write <out>/tables.md
     python -m fedprune_app.grids fedspallm --only table1,comm # a subset of the cells
     python -m fedprune_app.grids fedspallm --render-only      # re-render from the finished runs
+    python -m fedprune_app.grids fedspallm --render-only --out docs/runs/fedspallm  # ... from the archived records
 
 A grid is a list of `Cell`s (presets + overrides + the number of SuperNodes) and a `render` function. Cells whose
 run directory already holds a completed summary.json are not run again, so an interrupted grid resumes.
+Every finished run's small records (`ARCHIVED`: config, summary, metrics, sparsity report, results.md) are copied
+to `docs/runs/<grid>/<run>/` (`--archive`), so the tables can be re-rendered, checked and resumed from a clone
+without the runs' model files.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +73,24 @@ def run_cells(grid: Grid, cells: Sequence[Cell], out_dir: Path, quiet: bool = Fa
 
 def collect_runs(grid: Grid, cells: Sequence[Cell], out_dir: Path) -> dict[str, Path]:
     return {c.tag: run for c in cells if (run := finished_run(out_dir, grid.method, c.tag)) is not None}
+
+
+ARCHIVED = ("config.json", "summary.json", "metrics.jsonl", "sparsity.json", "results.md")
+
+
+def archive_runs(runs: dict[str, Path], dest: Path) -> list[Path]:
+    """Copy each run's `ARCHIVED` files to dest/<run directory name>/ (what the tables are rendered from);
+    returns the archived directories. A run already under dest is left as it is."""
+    out = []
+    for run in runs.values():
+        target = dest / run.name
+        if run.resolve() != target.resolve():
+            target.mkdir(parents=True, exist_ok=True)
+            for name in ARCHIVED:
+                if (run / name).is_file():
+                    shutil.copy2(run / name, target / name)
+        out.append(target)
+    return out
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:

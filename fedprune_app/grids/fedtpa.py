@@ -1,0 +1,224 @@
+"""FedTPA's Tables II–IV, its claims and the communication per client and round, on this app.
+
+Every cell is one run of `conf/fedtpa.toml`, `conf/flexlora.toml` or `conf/fedit-instructions.toml` (the
+presets differ only in their method keys) with 5 SuperNodes and the partition set: α = 0.5 or 1 (Dirichlet over
+the task categories) or inf (`partitioner = "iid"`). Table II: α × {FedIT, FlexLoRA, FedTPA}. Table III: LCWA (the
+Table II FedTPA cell, not run twice) vs FedAvg (`fedtpa-lcwa = false`) at each α. Table IV at α = 0.5: full,
+−ITPA, −DAPR, −LCWA (the Table III FedAvg cell). Communication: the `bytes-up` / `bytes-down` of the Table II
+cells' accepted train rows (no extra runs). Rouge-L: the run's federated evaluation of the global adapter on the
+global test split in its last round (metrics.jsonl `evaluate` rows), ×100 as in the paper. Figures 4–5:
+fedtpa_figures.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedprune_app.grids import Cell, Grid, mark, read_metrics
+
+PRESETS = {"fedit": "conf/fedit-instructions.toml", "flexlora": "conf/flexlora.toml", "fedtpa": "conf/fedtpa.toml"}
+LABELS = {"fedit": "FedIT", "flexlora": "FlexLoRA", "fedtpa": "FedTPA"}
+VARIANTS = {"": "", "fedavg": "fedtpa-lcwa=false", "no-itpa": "fedtpa-itpa=false", "no-dapr": "fedtpa-dapr=false"}
+ABLATIONS = (("", "ITPA + DAPR + LCWA (full)"), ("no-itpa", "DAPR + LCWA (−ITPA)"),
+             ("no-dapr", "ITPA + LCWA (−DAPR)"), ("fedavg", "ITPA + DAPR (−LCWA, FedAvg)"))
+GROUPS = ("table2", "table3", "table4", "comm")
+CLIENTS = 5
+TABLE4_ALPHA = 0.5
+NON_IID = (0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class FigureGrid(Grid):
+    """A grid that also draws figures next to tables.md: figures(cells, runs, out_dir) -> Markdown section."""
+
+    figures: Callable[[list[Cell], dict[str, Path], Path], str] | None = None
+
+
+def alpha_name(alpha: float) -> str:
+    return "inf" if math.isinf(alpha) else f"{alpha:g}"
+
+
+def tag_of(method: str, alpha: float, variant: str = "") -> str:
+    return f"a{alpha_name(alpha)}-{method}" + (f"-{variant}" if variant else "")
+
+
+def overrides(alpha: float, variant: str) -> str:
+    part = 'partitioner="iid"' if math.isinf(alpha) else f'partitioner="dirichlet" dirichlet-alpha={alpha}'
+    return " ".join(x for x in (part, f"min-nodes={CLIENTS}", VARIANTS[variant]) if x)
+
+
+def cells(args: Any) -> list[Cell]:
+    """The cells the selected groups need (`--only`, `--alphas`); a cell several groups read is run once."""
+    alphas = [float(a) for a in str(getattr(args, "alphas", "0.5,1,inf")).split(",") if a.strip()]
+    only = [g for g in str(args.only).split(",") if g] or list(GROUPS)
+    unknown = sorted(set(only) - set(GROUPS))
+    if unknown:
+        raise SystemExit(f"--only: unknown group(s) {unknown}; FedTPA's are {', '.join(GROUPS)}")
+    plan: dict[str, tuple[str, float, str, set[str]]] = {}
+
+    def need(group: str, method: str, alpha: float, variant: str = "") -> None:
+        if group in only:
+            plan.setdefault(tag_of(method, alpha, variant), (method, alpha, variant, set()))[3].add(group)
+
+    for a in alphas:
+        for m in PRESETS:
+            need("table2", m, a)
+            need("comm", m, a)
+    for a in alphas:
+        need("table3", "fedtpa", a)
+        need("table3", "fedtpa", a, "fedavg")
+    for variant, _ in ABLATIONS:
+        need("table4", "fedtpa", TABLE4_ALPHA, variant)
+    return [Cell(sorted(groups, key=GROUPS.index)[0], tag, (PRESETS[m], overrides(a, v)), CLIENTS,
+                 {"method": m, "alpha": a, "variant": v, "groups": tuple(sorted(groups, key=GROUPS.index))})
+            for tag, (m, a, v, groups) in plan.items()]
+
+
+# --- reading the runs -----------------------------------------------------------------------------------------
+
+def final_rouge(run_dir: Path, round_: int | None = None) -> float | None:
+    """Mean Rouge-L of the `evaluate` rows of the run's last round (or `round_`), None when that round has none.
+    The presets let one client evaluate (every client would score the same global test split)."""
+    if round_ is None:
+        round_ = int(json.loads((run_dir / "config.json").read_text())["num-server-rounds"])
+    vals = [float(r["rouge-l"]) for r in read_metrics(run_dir)
+            if r.get("phase") == "evaluate" and r.get("status") == "ok" and r.get("round") == round_
+            and isinstance(r.get("rouge-l"), int | float)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def train_rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(run_dir) if r.get("phase") == "train" and r.get("status") == "accepted"]
+
+
+def rouge_table(grid_cells: list[Cell], runs: dict[str, Path]) -> dict[str, float | None]:
+    """{tag: final-round Rouge-L ×100} for every cell (None: not run, or no final evaluation)."""
+    out: dict[str, float | None] = {}
+    for c in grid_cells:
+        value = final_rouge(runs[c.tag]) if c.tag in runs else None
+        out[c.tag] = None if value is None else 100 * value
+    return out
+
+
+def fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+# --- tables and claims ----------------------------------------------------------------------------------------
+
+def judge(pairs: list[tuple[str, float | None, float | None, Callable[[float, float], bool]]]) -> tuple[
+        bool | None, str]:
+    """(held?, evidence) of comparisons (label, a, b, ok(a, b)): not held as soon as one measured pair fails,
+    not checked while a needed cell is missing, else held."""
+    measured = [(label, a, b, ok(a, b)) for label, a, b, ok in pairs if a is not None and b is not None]
+    missing = [label for label, a, b, _ in pairs if a is None or b is None]
+    held = False if any(not good for *_, good in measured) else (None if missing or not pairs else True)
+    text = "; ".join(f"{label}: {a:.2f} vs {b:.2f}" + ("" if good else " ✗") for label, a, b, good in measured)
+    if missing:
+        text += ("; " if text else "") + "missing: " + ", ".join(missing)
+    return held, text
+
+
+def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
+    groups = {g for c in grid_cells for g in c.settings["groups"]}
+    alphas = list(dict.fromkeys(c.settings["alpha"] for c in grid_cells if "table2" in c.settings["groups"]
+                                or "table3" in c.settings["groups"]))
+    rouge = rouge_table(grid_cells, runs)
+
+    def r(method: str, alpha: float, variant: str = "") -> float | None:
+        return rouge.get(tag_of(method, alpha, variant))
+
+    ge, le = (lambda a, b: a >= b), (lambda a, b: a < b)
+    lines = ["# FedTPA on this app: the paper's Tables II–IV, claims and communication", "",
+             "Rouge-L F1 ×100 (the paper's scale) of greedy answers on the global test split, after the last round, "
+             "read from each run's metrics.jsonl (`evaluate` rows; one client evaluates: every client would score "
+             "the same split). α: Dirichlet concentration over the task categories; inf = IID. 5 clients each. "
+             "Run directories at the end.", ""]
+    if "table2" in groups:
+        lines += ["## Table II: FedIT, FlexLoRA, FedTPA", "", "| α | FedIT | FlexLoRA | FedTPA | untouched (round 0) |",
+                  "|---|---|---|---|---|"]
+        for a in alphas:
+            run = runs.get(tag_of("fedtpa", a))
+            untouched = final_rouge(run, 0) if run is not None else None
+            lines.append(f"| {alpha_name(a)} | " + " | ".join(fmt(r(m, a)) for m in PRESETS)
+                         + f" | {fmt(None if untouched is None else 100 * untouched)} |")
+        lines.append("")
+    if "table3" in groups:
+        lines += ["## Table III: LCWA vs FedAvg aggregation (FedTPA)", "", "| α | LCWA | FedAvg (Δ) |", "|---|---|---|"]
+        for a in alphas:
+            lcwa, avg = r("fedtpa", a), r("fedtpa", a, "fedavg")
+            delta = f" ({avg - lcwa:+.2f})" if lcwa is not None and avg is not None else ""
+            lines.append(f"| {alpha_name(a)} | {fmt(lcwa)} | {fmt(avg)}{delta} |")
+        lines.append("")
+    if "table4" in groups:
+        full = r("fedtpa", TABLE4_ALPHA)
+        lines += [f"## Table IV: component ablations (α = {alpha_name(TABLE4_ALPHA)})", "",
+                  "| combination | Rouge-L (Δ vs full) |", "|---|---|"]
+        for variant, label in ABLATIONS:
+            v = r("fedtpa", TABLE4_ALPHA, variant)
+            delta = f" ({v - full:+.2f})" if variant and v is not None and full is not None else ""
+            lines.append(f"| {label} | {fmt(v)}{delta} |")
+        lines.append("")
+    lines += ["## Claims", ""]
+    if "table2" in groups:
+        pairs = [(f"α={alpha_name(a)} FedTPA vs {LABELS[m]}", r("fedtpa", a), r(m, a), ge)
+                 for a in NON_IID for m in ("fedit", "flexlora")]
+        held, text = judge(pairs)
+        lines.append(f"- FedTPA ≥ FedIT and ≥ FlexLoRA under non-IID α (0.5 and 1): {mark(held)} ({text}).")
+    if "table3" in groups:
+        held, text = judge([(f"α={alpha_name(a)} FedAvg vs LCWA", r("fedtpa", a, "fedavg"), r("fedtpa", a), le)
+                            for a in alphas])
+        lines.append(f"- FedAvg aggregation scores below LCWA at every α (Table III): {mark(held)} ({text}).")
+    if "table4" in groups:
+        full = r("fedtpa", TABLE4_ALPHA)
+        held, text = judge([(label.split(" (")[1].rstrip(")") + " vs full", r("fedtpa", TABLE4_ALPHA, v), full, le)
+                            for v, label in ABLATIONS if v])
+        lines.append(f"- Each component removed costs Rouge-L (−ITPA, −DAPR, −LCWA each < full): {mark(held)} "
+                     f"({text}).")
+    if "comm" in groups:
+        lines += ["", *communication(grid_cells, runs)]
+    lines += ["", "## Runs", ""]
+    lines += [f"- `{c.tag}`: `{runs[c.tag]}`" if c.tag in runs else f"- `{c.tag}`: not run" for c in grid_cells]
+    return "\n".join(lines) + "\n"
+
+
+def communication(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
+    """Bytes per client and round (accepted train replies) of the Table II cells: mean, and each client's mean."""
+    lines = ["## Communication per client and round", "",
+             "| method | α | up, mean (KB) | up per client 0…4 (KB) | down, mean (KB) |", "|---|---|---|---|---|"]
+    for c in grid_cells:
+        if "comm" not in c.settings["groups"]:
+            continue
+        label = f"| {LABELS[c.settings['method']]} | {alpha_name(c.settings['alpha'])} |"
+        rows = train_rows(runs[c.tag]) if c.tag in runs else []
+        if not rows:
+            lines.append(f"{label} *not run* | | |")
+            continue
+        per_client: dict[Any, list[float]] = defaultdict(list)
+        for row in rows:
+            per_client[row.get("client")].append(float(row["bytes-up"]))
+        up = sum(float(x["bytes-up"]) for x in rows) / len(rows)
+        down = sum(float(x["bytes-down"]) for x in rows) / len(rows)
+        order = sorted(per_client, key=lambda k: (not isinstance(k, int), k if isinstance(k, int) else 0))
+        each = " · ".join(f"{sum(per_client[k]) / len(per_client[k]) / 1e3:.1f}" for k in order)
+        lines.append(f"{label} {up / 1e3:.1f} | {each} | {down / 1e3:.1f} |")
+    lines += ["", "Up: the adapter tensors a client returns (fp32) and its metrics; FlexLoRA at the client's own rank "
+              "(8–64), FedTPA only the kept dimensions plus its N×r_g pruning log and N layer scores (FedTPA's "
+              "one-off feature vector before round 1 is not a train reply). Down: the global adapter sent "
+              "(FedIT and FedTPA at r_g = 16, FlexLoRA at the client's rank once known)."]
+    return lines
+
+
+def _figures(grid_cells: list[Cell], runs: dict[str, Path], out_dir: Path) -> str:
+    from fedprune_app.grids.fedtpa_figures import figures
+
+    return figures(grid_cells, runs, out_dir)
+
+
+GRID = FigureGrid("fedtpa", "fedtpa", cells, render, _figures)

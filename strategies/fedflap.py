@@ -1,0 +1,235 @@
+"""fedflap: a federated FLAP-style structural baseline on SFT-P's protocol (issue 4; FLAP, An et al. 2024).
+
+Round 1: every sampled client scores the residual-bus coordinates of SFT-P's four masks per layer on its own data
+(`clients.fedflap.importance_scores`); the server averages the scores weighted by num-examples, standardises them
+per (layer, mask) and cuts ONE global mask at the budget p (`sftp-keep-ratios`, a single value: SFT-P's budget
+key), `cut_masks`. Rounds 2..R: FedAvg LoRA recovery (FedIT) on the routed model with those masks, which travel
+as bool arrays `fedflap-mask.<name>` (layers × d) in the global arrays and never change.
+
+References in one run: round 0 = dense, round 1 = "post hoc" (the cut masks, zero LoRA, no training), the last
+round = fedflap. `save_final` writes `compiled/` (LoRA merged, sliced: `fedprune_app.routing.load_compiled`),
+`adapter/`, `masks.npz`, `masks.json`, `importance.npz` and `fedflap.json` (per client: dense / post hoc / fedflap).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+from clients.fedflap import IMPORTANCE_PREFIX, MASK_PREFIX, fedflap_model_for, masks_from_arrays
+from fedprune_app.config import ConfigError, RunConfig, split_list
+from fedprune_app.models import initial_adapter_state, model_device, set_adapter_state
+from fedprune_app.routing import MASK_NAMES, _dims, compile_model, prunable_parameters, save_compiled, set_masks
+from strategies.base import FederatedStrategy, Recorder
+from strategies.sftp import mask_statistics
+from strategies.utils import flat_metrics, numpy_state, spec_of, to_record, weighted_average
+
+# --- pure server-side functions (tests call them without Flower or a model) ---------------------------------
+
+def average_importance(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
+    """Σ_k n_k S_k / Σ_k n_k per array (float64): FedAvg of the clients' importance scores."""
+    return {k: v.astype(np.float64) for k, v in
+            weighted_average([{k: v.astype(np.float64) for k, v in s.items()} for s in states], weights).items()}
+
+
+def standardise(scores: np.ndarray) -> np.ndarray:
+    """Per row (one row = one layer of one mask): (S − mean) / std, FLAP's per-layer standardisation that makes
+    scores of different layers and structures comparable in one global ranking; a constant row gives zeros."""
+    scores = np.asarray(scores, dtype=np.float64)
+    std = scores.std(axis=-1, keepdims=True)
+    return np.divide(scores - scores.mean(axis=-1, keepdims=True), std, out=np.zeros_like(scores), where=std > 0)
+
+
+def coordinate_costs(config: Any) -> dict[str, int]:
+    """Parameters one kept bus coordinate of each mask adds to `routing.kept_parameters` (all lanes non-empty)."""
+    _, attn_in, attn_out, ffn_in, ffn_out = _dims(config)
+    return {"attn-in": attn_in, "attn-out": attn_out, "ffn-in": ffn_in, "ffn-out": ffn_out}
+
+
+def cut_masks(scores: Mapping[str, np.ndarray], costs: Mapping[str, int], target: float) -> dict[str, np.ndarray]:
+    """One global mask {name: bool (layers, d)} at a parameter budget `target` (= p · prunable_parameters).
+
+    Every (layer, mask) first keeps its best coordinate (no empty lane: the submodule stays in the model); then
+    all remaining coordinates of all layers and masks, in descending score order (stable: ties by mask, layer,
+    index), are kept while the running cost stays ≤ target; the first that does not fit ends the cut. So the
+    kept set is the top of the global ranking and the cost is within one coordinate's cost below the target
+    (above it only when the 4·layers forced coordinates alone exceed it).
+    """
+    names = [n for n in MASK_NAMES if n in scores]
+    layers, d = scores[names[0]].shape
+    flat = np.concatenate([np.asarray(scores[n], np.float64).reshape(-1) for n in names])
+    cost = np.concatenate([np.full(layers * d, costs[n], np.int64) for n in names])
+    keep = np.zeros(flat.size, dtype=bool)
+    rows = flat.reshape(len(names) * layers, d)
+    best = np.argmax(rows, axis=1) + np.arange(len(names) * layers) * d  # first maximum per row
+    keep[best] = True
+    spent = int(cost[keep].sum())
+    for i in np.argsort(-flat, kind="stable"):
+        if keep[i]:
+            continue
+        if spent + cost[i] > target:
+            break
+        keep[i] = True
+        spent += int(cost[i])
+    parts = keep.reshape(len(names), layers, d)
+    return {n: parts[j].copy() for j, n in enumerate(names)}
+
+
+def kept_cost(masks: Mapping[str, np.ndarray], costs: Mapping[str, int]) -> int:
+    """`routing.kept_parameters` of stacked masks (every lane non-empty, as `cut_masks` guarantees)."""
+    return int(sum(int(masks[n].sum()) * costs[n] for n in masks))
+
+
+def single_keep_ratio(cfg: RunConfig) -> float:
+    """The one budget p of `sftp-keep-ratios` (several equal values are accepted); ConfigError otherwise."""
+    values = {float(v) for v in split_list(str(cfg.sftp_keep_ratios))}
+    if len(values) != 1:
+        raise ConfigError("method 'fedflap' cuts one global mask: run-config key 'sftp-keep-ratios' must hold a "
+                          f"single keep ratio, got {cfg.sftp_keep_ratios!r}")
+    return values.pop()
+
+
+def render_reference_table(table: Mapping[str, Any]) -> str:
+    """fedflap.json as Markdown: a row per model (dense / post hoc / fedflap), acc per client and the mean."""
+    labels = [k for k in ("dense", "post-hoc", "fedflap") if k in table]
+    clients = sorted({c for k in labels for c in table[k]["clients"]}, key=lambda c: (len(c), c))
+    lines = [f"fedflap at keep ratio {table['keep-ratio']:g} (acc on each client's own test split; post hoc = "
+             "the cut masks with no training)", "",
+             "| model (round) | " + " | ".join(f"client {c}" for c in clients) + " | mean | kept (prunable) |",
+             "|---|" + "---|" * (len(clients) + 2)]
+    for k in labels:
+        row, mean = table[k]["clients"], table[k]["mean"]
+        cells = [f"{row[c]['acc']:.3f}" if "acc" in row.get(c, {}) else "–" for c in clients]
+        cells += [f"{mean['acc']:.3f}" if "acc" in mean else "–", f"{mean.get('kept-ratio-prunable', 1.0):.3f}"]
+        lines.append(f"| {k} ({table['rounds'][k]}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# --- the strategy ----------------------------------------------------------------------------------------
+
+class FedFLAPStrategy(FederatedStrategy):
+    """Round 1: importance → global mask; rounds 2..R: FedAvg over LoRA with the masks fixed."""
+
+    def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
+        super().__init__(cfg, recorder)
+        self.keep_ratio = single_keep_ratio(cfg)
+        self.round = 0
+        self.masks: dict[str, np.ndarray] | None = None
+        self.importance: dict[str, np.ndarray] | None = None
+        self.scores: dict[str, dict[str, dict[str, float]]] = {}  # round -> client -> metrics (for fedflap.json)
+
+    def initial_arrays(self) -> ArrayRecord:
+        """Φ^(0) (A seeded, B = 0) and no masks: round 0 evaluates the dense model."""
+        model, _ = fedflap_model_for(self.cfg)
+        return ArrayRecord(initial_adapter_state(model))
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"masks": self.masks, "importance": self.importance,
+                                       "scores": json.loads(json.dumps(self.scores))}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.masks, self.importance, self.scores = state["masks"], state["importance"], dict(state["scores"])
+
+    def plan_round(self, server_round: int, node_ids: list[int]) -> None:
+        self.round = server_round
+
+    def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
+        """Round 1 sends nothing (the clients score the dense model); later rounds the global LoRA + masks."""
+        return ArrayRecord() if self.round == 1 else arrays
+
+    def expected_reply(self, node_id: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Round 1: float32 (layers, d) per mask name; later: the LoRA tensors that were sent (masks excluded)."""
+        sent = spec_of(self.sent[node_id])
+        if not sent:
+            model, _ = fedflap_model_for(self.cfg)
+            shape = (int(model.config.num_hidden_layers), int(model.config.hidden_size))
+            return {IMPORTANCE_PREFIX + n: (shape, "float32") for n in MASK_NAMES}
+        return {k: v for k, v in sent.items() if not k.startswith(MASK_PREFIX)}
+
+    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
+        """The base checks against `expected_reply`, then importance scores must be ≥ 0."""
+        problem = super().reply_problem(node_id, reply)
+        if problem is not None:
+            return problem
+        negative = [k for k, v in reply.array_records["arrays"].items()
+                    if k.startswith(IMPORTANCE_PREFIX) and (v.numpy() < 0).any()]
+        return f"importance scores must be >= 0 (variances times squared norms): {negative[0]}" if negative else None
+
+    def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
+        states = [numpy_state(r.array_records["arrays"]) for r in replies]
+        weights = [float(flat_metrics(r)["num-examples"]) for r in replies]
+        if server_round == 1:
+            mean = average_importance([{k[len(IMPORTANCE_PREFIX):]: v for k, v in s.items()} for s in states],
+                                      weights)
+            model, _ = fedflap_model_for(self.cfg)
+            target = self.keep_ratio * prunable_parameters(model.config)
+            normalised = {n: standardise(v) for n, v in mean.items()}
+            self.importance = {n: v.astype(np.float32) for n, v in mean.items()}
+            self.masks = cut_masks(normalised, coordinate_costs(model.config), target)
+            lora = {k: v.numpy() for k, v in initial_adapter_state(model).items()}
+        else:
+            lora = weighted_average(states, weights)
+        if self.masks is None:
+            raise RuntimeError("fedflap has no global masks: round 1 (importance) did not complete")
+        return to_record(lora | {MASK_PREFIX + n: m for n, m in self.masks.items()})
+
+    def evaluates(self, server_round: int) -> bool:
+        """Round 1 too: the masked model before any LoRA training is the 'post hoc' reference."""
+        return server_round == 1 or super().evaluates(server_round)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        replies = list(replies)
+        for msg in replies:
+            if not msg.has_error():
+                m = flat_metrics(msg.content)
+                self.scores.setdefault(str(server_round), {})[str(m.get("partition-id"))] = {
+                    k: float(v) for k, v in m.items() if k in ("acc", "acc_norm", "ppl", "kept-ratio-prunable")}
+        return super().aggregate_evaluate(server_round, replies)
+
+    def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
+        """The routed model with the global LoRA and the global masks set (none before round 1: dense)."""
+        model, tokenizer = fedflap_model_for(self.cfg)
+        model.eval()
+        state = arrays.to_torch_state_dict()
+        set_adapter_state(model, {k: v for k, v in state.items() if not k.startswith(MASK_PREFIX)})
+        set_masks(model, masks_from_arrays(state, model_device(model)))
+        return model, tokenizer
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        model, tokenizer = self.global_model(arrays)
+        set_masks(model, None)
+        model.save_pretrained(out_dir / "adapter")
+        artefacts = {"adapter": "adapter"}
+        table = self.reference_table()
+        (out_dir / "fedflap.json").write_text(json.dumps(table, indent=1) + "\n")
+        (out_dir / "fedflap.md").write_text(render_reference_table(table))
+        artefacts["references"] = "fedflap.md"
+        if self.masks is None:
+            return artefacts
+        per_layer = [{n: torch.from_numpy(self.masks[n][layer]) for n in MASK_NAMES}
+                     for layer in range(self.masks[MASK_NAMES[0]].shape[0])]
+        save_compiled(compile_model(model, per_layer), out_dir / "compiled", tokenizer)
+        np.savez_compressed(out_dir / "masks.npz", **self.masks)
+        np.savez_compressed(out_dir / "importance.npz", **(self.importance or {}))
+        (out_dir / "masks.json").write_text(json.dumps(mask_statistics({0: self.masks})) + "\n")
+        return artefacts | {"compiled": "compiled", "masks": "masks.npz", "importance": "importance.npz"}
+
+    def reference_table(self) -> dict[str, Any]:
+        """Per client and mean: dense (round 0), post hoc (round 1: masks, no training), fedflap (last round)."""
+        evaluated = sorted(map(int, self.scores))
+        rows = {"dense": "0", "post-hoc": "1"}
+        if evaluated and evaluated[-1] > 1:
+            rows["fedflap"] = str(evaluated[-1])
+        table: dict[str, Any] = {"keep-ratio": self.keep_ratio, "rounds": rows}
+        for label, r in rows.items():
+            per = self.scores.get(r, {})
+            table[label] = {"clients": per, "mean": {k: float(np.mean([c[k] for c in per.values() if k in c]))
+                                                     for k in sorted({k for c in per.values() for k in c})}}
+        return table
