@@ -67,17 +67,17 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
         if not group_cells:
             continue
         lines += [f"## {group.replace('table', 'Table ')}: {n} clients", ""]
-        header_done = False
+        present = [c for c in group_cells if c.tag in runs]
+        if present:  # the header from the first finished cell, so a missing cell's row sits inside the table
+            sources = model_rows(runs[present[0].tag])[0]
+            lines += ["| sparsity | model | " + " | ".join(f"`{x}`" for x in sources) + " |",
+                      "|---|---|" + "---|" * len(sources)]
         for cell in group_cells:
             s = cell.settings["sparsity"]
             if cell.tag not in runs:
                 lines.append(f"| {round(s * 100)}% | *not run* |")
                 continue
             sources, rows = model_rows(runs[cell.tag])
-            if not header_done:
-                lines += ["| sparsity | model | " + " | ".join(f"`{x}`" for x in sources) + " |",
-                          "|---|---|" + "---|" * len(sources)]
-                header_done = True
             for name in ROWS:
                 if name in rows:
                     label = f"{name} (mean of {int(rows[name]['clients'])})" if "clients" in rows[name] else name
