@@ -75,7 +75,16 @@ def collect_runs(grid: Grid, cells: Sequence[Cell], out_dir: Path) -> dict[str, 
     return {c.tag: run for c in cells if (run := finished_run(out_dir, grid.method, c.tag)) is not None}
 
 
-ARCHIVED = ("config.json", "summary.json", "metrics.jsonl", "sparsity.json", "results.md")
+def selected_groups(args: Any, groups: Sequence[str], grid_name: str) -> list[str]:
+    """The groups `--only` names (all when empty); SystemExit naming the grid's groups for an unknown one."""
+    only = [g for g in str(getattr(args, "only", "")).split(",") if g] or list(groups)
+    unknown = sorted(set(only) - set(groups))
+    if unknown:
+        raise SystemExit(f"--only: unknown group(s) {unknown}; {grid_name}'s are {', '.join(groups)}")
+    return only
+
+
+ARCHIVED = ("config.json", "summary.json", "metrics.jsonl", "sparsity.json", "results.md", "masks.json", "masks.npz")
 
 
 def archive_runs(runs: dict[str, Path], dest: Path) -> list[Path]:

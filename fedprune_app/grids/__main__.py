@@ -12,8 +12,9 @@ from pathlib import Path
 from fedprune_app.grids import Cell, Grid, archive_runs, collect_runs, run_cells
 from fedprune_app.grids.fedspallm import GRID as FEDSPALLM
 from fedprune_app.grids.fedtpa import GRID as FEDTPA
+from fedprune_app.grids.sftp import GRID as SFTP
 
-GRIDS = {g.name: g for g in (FEDSPALLM, FEDTPA)}
+GRIDS = {g.name: g for g in (FEDSPALLM, FEDTPA, SFTP)}
 
 
 def select(cells: list[Cell], tags: str, extra: str) -> list[Cell]:
@@ -41,7 +42,8 @@ def runs_of(grid: Grid, cells: list[Cell], out_dir: Path, render_only: bool, qui
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("grid", choices=sorted(GRIDS))
-    parser.add_argument("--only", default="", help="comma-separated cell groups (e.g. table1,comm); default all")
+    parser.add_argument("--only", default="", help="comma-separated cell groups (e.g. table1,comm; SFT-P: "
+                        "table1,table2,figs,comm); default all")
     parser.add_argument("--sparsity", default="0.5,0.6,0.7,0.8", help="FedSpaLLM: target sparsities")
     parser.add_argument("--alphas", default="0.5,1,inf", help="FedTPA: Dirichlet alphas (inf = IID)")
     parser.add_argument("--tags", default="", help="comma-separated cell tags to run; default every selected cell")

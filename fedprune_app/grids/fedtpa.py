@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedprune_app.grids import Cell, Grid, mark, read_metrics
+from fedprune_app.grids import Cell, Grid, mark, read_metrics, selected_groups
 
 PRESETS = {"fedit": "conf/fedit-instructions.toml", "flexlora": "conf/flexlora.toml", "fedtpa": "conf/fedtpa.toml"}
 LABELS = {"fedit": "FedIT", "flexlora": "FlexLoRA", "fedtpa": "FedTPA"}
@@ -56,10 +56,7 @@ def overrides(alpha: float, variant: str) -> str:
 def cells(args: Any) -> list[Cell]:
     """The cells the selected groups need (`--only`, `--alphas`); a cell several groups read is run once."""
     alphas = [float(a) for a in str(getattr(args, "alphas", "0.5,1,inf")).split(",") if a.strip()]
-    only = [g for g in str(args.only).split(",") if g] or list(GROUPS)
-    unknown = sorted(set(only) - set(GROUPS))
-    if unknown:
-        raise SystemExit(f"--only: unknown group(s) {unknown}; FedTPA's are {', '.join(GROUPS)}")
+    only = selected_groups(args, GROUPS, "FedTPA")
     plan: dict[str, tuple[str, float, str, set[str]]] = {}
 
     def need(group: str, method: str, alpha: float, variant: str = "") -> None:
