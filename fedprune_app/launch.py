@@ -190,7 +190,8 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
     finally:
         stop_superlink(http_port)
         shutil.rmtree(flwr_home, ignore_errors=True)
-    new_dirs = sorted(set(out_root.iterdir()) - before) if out_root.is_dir() else []
+    # the run's directory: new since the start and a directory (a grid writes tables.md into the same root)
+    new_dirs = sorted(p for p in set(out_root.iterdir()) - before if p.is_dir()) if out_root.is_dir() else []
     run_dir = new_dirs[-1] if new_dirs else None
     summary_ok = run_dir is not None and (run_dir / "summary.json").is_file() and json.loads(
         (run_dir / "summary.json").read_text()).get("status") == "completed"

@@ -93,3 +93,19 @@ def test_missing_cells_are_reported_not_invented(tmp_path: Path, missing: str) -
     text = GRID.render(cells, runs)
     assert "| 60% | *not run* |" in text and f"- `{missing}`: not run" in text
     assert "| layer sampling (r_i = 0.5) | 4.0 | 5.0 | 0.0 | 0.0 |" in text
+
+
+def test_archive_keeps_the_small_records_and_renders_the_same_tables(tmp_path: Path) -> None:
+    """archive_runs copies what the tables read (not model files, not a record above the size cap); the archive
+    alone renders the same tables."""
+    from fedprune_app.grids import ARCHIVE_MAX_BYTES, archive_runs
+
+    cells = GRID.cells(args(sparsity="0.5"))
+    run = fake_run(tmp_path / "runs", "table1-s50", 0.5, fed=30.0, standalone=35.0, random=1e6)
+    (run / "masks.npz").write_bytes(b"0" * (ARCHIVE_MAX_BYTES + 1))
+    (done,) = archive_runs({"table1-s50": run}, tmp_path / "archive")
+    assert sorted(p.name for p in done.iterdir()) == ["metrics.jsonl", "sparsity.json", "summary.json"]
+    assert done.name == run.name
+    from_run = GRID.render(cells, {"table1-s50": run})
+    from_archive = GRID.render(cells, {"table1-s50": finished_run(tmp_path / "archive", "fedspallm", "table1-s50")})
+    assert from_archive.replace(str(done), str(run)) == from_run

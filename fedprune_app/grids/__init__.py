@@ -87,16 +87,19 @@ def selected_groups(args: Any, groups: Sequence[str], grid_name: str) -> list[st
 ARCHIVED = ("config.json", "summary.json", "metrics.jsonl", "sparsity.json", "results.md", "masks.json", "masks.npz")
 
 
+ARCHIVE_MAX_BYTES = 1 << 20  # FedSpaLLM's masks.npz (~15 MB) stays with the run; SFT-P's (~50 kB) is archived
+
+
 def archive_runs(runs: dict[str, Path], dest: Path) -> list[Path]:
-    """Copy each run's `ARCHIVED` files to dest/<run directory name>/ (what the tables are rendered from);
-    returns the archived directories. A run already under dest is left as it is."""
+    """Copy each run's `ARCHIVED` files of at most `ARCHIVE_MAX_BYTES` to dest/<run directory name>/ (what the
+    tables are rendered from); returns the archived directories. A run already under dest is left as it is."""
     out = []
     for run in runs.values():
         target = dest / run.name
         if run.resolve() != target.resolve():
             target.mkdir(parents=True, exist_ok=True)
             for name in ARCHIVED:
-                if (run / name).is_file():
+                if (run / name).is_file() and (run / name).stat().st_size <= ARCHIVE_MAX_BYTES:
                     shutil.copy2(run / name, target / name)
         out.append(target)
     return out
