@@ -158,6 +158,9 @@ KEYS: tuple[Key, ...] = (
         minimum=0.0),
     Key("sftp-aggregation", "equal", "SFT-P FedAvg weights of Theta and Phi (Eq. 15): equal per client (Table 4) "
         "or by the clients' num-examples.", choices=("equal", "num-examples")),
+    Key("sftp-speed-prefill", 512, "SFT-P: after the run, time each client's compiled model against the dense "
+        "one (prefill of this many tokens, batch 1, and 32 greedy tokens; medians of 3) for results.md's "
+        "'Compiled models' table; 0 = sizes only.", minimum=0),
     Key("fedflap-batches", 8, "fedflap (federated FLAP-style baseline): training batches (batch-size x seq-len) "
         "each client runs through the dense model in round 1 to score the bus coordinates.", minimum=1),
     # --- fedtpa / flexlora ----------------------------------------------------------------------------

@@ -87,6 +87,7 @@ class RunDirectory:
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         text = render_results(self.cfg, table, server, summary["seconds"])
         text += render_references(self.cfg, server, self.rows("reference"))
+        text += render_compiled(self.rows("compiled"))
         if dropped:
             text += (f"\n{len(dropped)} client replies failed or were rejected and left out "
                      "(details in summary.json and metrics.jsonl).\n")
@@ -174,6 +175,25 @@ def reference_means(refs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         if any(r.get("client") is not None for r in refs if r.get("model") == name):
             out[name]["clients"] = max(len(v) for v in by_data.values())
     return out
+
+
+def render_compiled(rows: list[dict[str, Any]]) -> str:
+    """SFT-P's compiled client models against the dense one: size and, when timed, prefill and generation."""
+    if not rows:
+        return ""
+    timed = "prefill-ms" in rows[0]
+    lines = ["", "Compiled models (each client's deployable model: LoRA merged, sliced by its mask)"
+             + (f"; prefill of {rows[0]['prefill-tokens']} tokens, batch 1, and 32 greedy tokens, medians of 3, "
+                "timed round-robin in one process" if timed else "") + ":", "",
+             "| model | params | params ratio | MB |"
+             + (" prefill ms | speed-up | generation tok/s |" if timed else ""),
+             "|---|---|---|---|" + ("---|---|---|" if timed else "")]
+    for r in rows:
+        line = f"| {r['model']} | {r['params'] / 1e6:.1f} M | {r['params-ratio']:.3f} | {r['MB']:.1f} |"
+        if timed:
+            line += f" {r['prefill-ms']:.0f} | {r['prefill-speedup']:.2f}× | {r['generate-tok-s']:.1f} |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def render_references(cfg: RunConfig, server: Mapping[str, Mapping[str, float]],

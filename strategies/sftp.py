@@ -130,11 +130,15 @@ class SFTPStrategy(FederatedStrategy):
         if self.cfg.sftp_adapters:
             model.save_pretrained(out_dir / "adapter")
             artefacts["adapter"] = "adapter"
+        compiled: dict[str, torch.nn.Module] = {}
         for client, masks in sorted(self.final_masks.items()):
             per_layer = [{n: torch.from_numpy(masks[n][layer]) for n in MASK_NAMES}
                          for layer in range(masks[MASK_NAMES[0]].shape[0])]
-            save_compiled(compile_model(model, per_layer), out_dir / "compiled" / f"client-{client}", tokenizer)
+            compiled[f"client {client}"] = compile_model(model, per_layer)
+            save_compiled(compiled[f"client {client}"], out_dir / "compiled" / f"client-{client}", tokenizer)
             artefacts[f"compiled-client-{client}"] = f"compiled/client-{client}"
+        if compiled:
+            self.record_compiled(compiled)
         if self.final_masks:
             np.savez_compressed(out_dir / "masks.npz", **{f"client-{k}/{n}": m[n] for k, m in
                                                           self.final_masks.items() for n in MASK_NAMES})
@@ -143,6 +147,25 @@ class SFTPStrategy(FederatedStrategy):
         (out_dir / "kept_ratio.json").write_text(json.dumps(self.kept_history, indent=1) + "\n")
         self.plot_kept_ratio(out_dir / "plots" / "kept-ratio.png")
         return artefacts
+
+    def record_compiled(self, compiled: Mapping[str, torch.nn.Module]) -> None:
+        """One `compiled` row per client model: parameters, MB, kept ratios and (`sftp-speed-prefill` > 0) its
+        prefill latency and generation speed against the dense base model, timed round-robin in this process
+        (`fedprune_app.speed.speed_table`); results.md tables them."""
+        from fedprune_app.models import load_base_model
+        from fedprune_app.speed import speed_table, weights
+
+        dense = load_base_model(str(self.cfg.model_name), str(self.cfg.model_dtype), "none", str(self.cfg.device))
+        models = {"dense": dense, **compiled}
+        prefill = int(self.cfg.sftp_speed_prefill)
+        if prefill > 0:
+            table = speed_table(models, int(dense.config.vocab_size), dense.config.eos_token_id, prefill=prefill)
+        else:
+            table = {name: dict(zip(("params", "MB"), map(float, weights(m)), strict=True))
+                     for name, m in models.items()}
+        for name, row in table.items():
+            self.record({"phase": "compiled", "model": name, "prefill-tokens": prefill, **row,
+                         "params-ratio": row["params"] / table["dense"]["params"]})
 
     def plot_kept_ratio(self, path: Path) -> None:
         """Fig. 4b: the deterministic mask's kept ratio of the prunable projections per client and round."""

@@ -20,6 +20,7 @@ from fedprune_app.mask_generator import (
     layer_masks,
     routed_model_for,
 )
+from fedprune_app.results import render_compiled
 from fedprune_app.routing import MASK_NAMES, kept_parameters, load_compiled, prunable_parameters, set_masks
 from strategies.sftp import SFTPStrategy, mask_statistics
 from strategies.utils import to_record
@@ -185,8 +186,11 @@ def test_fedavg_over_theta_and_phi_matches_brute_force(setup) -> None:
         assert [r["client"] for r in strategy.kept_history] == [0, 1, 2]
 
 
-def test_final_masks_become_compiled_models(setup, tmp_path: Path) -> None:
-    cfg, strategy, initial = setup
+def test_final_masks_become_compiled_models(tiny_model_dir: Path, flower_ids: None, tmp_path: Path) -> None:
+    cfg = sftp_config(tiny_model_dir, sftp_speed_prefill=16)
+    rows: list[dict] = []
+    strategy = SFTPStrategy(cfg, rows.append)
+    initial = strategy.initial_arrays()
     model, _ = routed_model_for(cfg)
     layers, d = model.config.num_hidden_layers, model.config.hidden_size
     rng = np.random.default_rng(1)
@@ -213,6 +217,14 @@ def test_final_masks_become_compiled_models(setup, tmp_path: Path) -> None:
         torch.testing.assert_close(compiled(input_ids=ids).logits, routed, rtol=1e-4, atol=1e-4)
     assert sum(p.numel() for p in compiled.parameters()) < sum(
         p.numel() for n, p in model.named_parameters() if "lora_" not in n)
+    # results.md's 'Compiled models' rows: the dense base model first, then each client's, sizes counted
+    timed = {r["model"]: r for r in rows if r["phase"] == "compiled"}
+    assert list(timed) == ["dense", "client 0", "client 1"]
+    assert timed["client 1"]["params"] == sum(p.numel() for p in compiled.parameters())
+    assert timed["dense"]["params-ratio"] == 1.0 and timed["client 1"]["params-ratio"] < 1.0
+    assert timed["dense"]["prefill-speedup"] == 1.0 and timed["client 0"]["prefill-ms"] > 0
+    table = render_compiled(list(timed.values()))
+    assert "| client 1 |" in table and "prefill of 16 tokens" in table
 
 
 def test_mask_statistics_against_a_loop() -> None:
