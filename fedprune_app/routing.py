@@ -169,21 +169,66 @@ def _rms_norm(h: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
 
 
-class _Lane(nn.Module):
-    """Shared part of a compiled submodule: lane indices π_in, π_out (buffers) and the sliced norm weight."""
+def _in_place() -> bool:
+    """In-place kernels only when autograd is off (the deployed model runs under no_grad / inference_mode)."""
+    return not torch.is_grad_enabled()
 
-    def __init__(self, pi_in: Sequence[int], pi_out: Sequence[int], eps: float) -> None:
+
+def _rotary(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """HF's `apply_rotary_pos_emb` (x·cos + rotate_half(x)·sin) on the (batch, seq, heads, head_dim) q and k heads
+    at once: x·cos, then ∓ the swapped halves times sin added in place (no negated copy and concatenation as in
+    rotate_half). Returns a new contiguous tensor."""
+    half = qk.shape[-1] // 2
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    x1, x2 = qk[..., :half], qk[..., half:]
+    if not _in_place():
+        return torch.cat([x1 * cos[..., :half] - x2 * sin[..., :half], x2 * cos[..., half:] + x1 * sin[..., half:]],
+                         dim=-1)
+    out = qk * cos
+    out[..., :half].addcmul_(x2, sin[..., :half], value=-1)
+    out[..., half:].addcmul_(x1, sin[..., half:])
+    return out
+
+
+class _Lane(nn.Module):
+    """Shared part of a compiled submodule: lane indices π_in, π_out (buffers), the sliced norm weight, the gather
+    with the lane norm (Eq. 1 + 3) and the write-back (Eq. 2 + 5). A lane keeping all d coordinates skips the
+    index ops; the residual is (n, d), the batch and sequence axes flattened."""
+
+    def __init__(self, pi_in: Sequence[int], pi_out: Sequence[int], eps: float, d: int) -> None:
         super().__init__()
         self.register_buffer("pi_in", torch.tensor(list(pi_in), dtype=torch.long), persistent=False)
         self.register_buffer("pi_out", torch.tensor(list(pi_out), dtype=torch.long), persistent=False)
         self.norm_weight = nn.Parameter(torch.ones(len(pi_in)))
         self.eps = eps
+        self.full_in, self.full_out = list(pi_in) == list(range(d)), list(pi_out) == list(range(d))
+        # MKL's sgemm is ~12% slower when the output width is not a multiple of 16 (1 thread, 512 tokens: |π_out| =
+        # 461 costs nearly as much as d = 576): such lanes compute the transposed product W_out · hᵀ instead, whose
+        # output width is the token count (same values; the scatter of the transposed result costs ~0.2 ms more).
+        self.transposed_out = len(pi_out) % 16 != 0
 
     def lane_input(self, x: Tensor) -> Tensor:
-        """Eq. 1 + 3: Norm(route(x; π_in)) on the k_in-wide lane (index_select on the 2-D view: on CPU it is
-        several times faster than along the last axis of the 3-D tensor)."""
-        lane = x.reshape(-1, x.shape[-1]).index_select(1, self.pi_in).view(*x.shape[:-1], -1)
-        return _rms_norm(lane, self.norm_weight, self.eps)
+        """Eq. 1 + 3: Norm(route(x; π_in)) on the k_in-wide lane, RMS over the lane only (index_select on the 2-D
+        view: on CPU several times faster than along the last axis of a 3-D tensor)."""
+        h = x if self.full_in else x.index_select(1, self.pi_in)
+        if not _in_place() or h.dtype not in (torch.float32, torch.float64):  # else: HF's upcast to float32
+            return _rms_norm(h, self.norm_weight, self.eps)
+        r = h.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()  # as HF's RMSNorm, in place on the lane
+        h = h * r if self.full_in else h.mul_(r)
+        return h.mul_(self.norm_weight)
+
+    def write_back(self, x: Tensor, h: Tensor, proj: nn.Linear, owned: bool) -> Tensor:
+        """Eq. 2 + 5 with Eq. 17–18: x + W_out h scattered to the π_out coordinates (`index_add`), in place when
+        this layer owns x (it created it) and autograd is off."""
+        if self.transposed_out:
+            w = proj.weight
+            update = (torch.mm(w, h.t()) if proj.bias is None else torch.addmm(proj.bias.unsqueeze(1), w, h.t())).t()
+        else:
+            update = proj(h)
+        owned = owned and _in_place()
+        if self.full_out:
+            return x.add_(update) if owned else x + update
+        return x.index_add_(1, self.pi_out, update) if owned else x.index_add(1, self.pi_out, update)
 
 
 class CompiledAttention(_Lane):
@@ -192,8 +237,8 @@ class CompiledAttention(_Lane):
 
     def __init__(self, config: Any, layer_idx: int, pi_in: Sequence[int], pi_out: Sequence[int],
                  qkv_bias: bool, o_bias: bool) -> None:
-        super().__init__(pi_in, pi_out, float(config.rms_norm_eps))
         d = int(config.hidden_size)
+        super().__init__(pi_in, pi_out, float(config.rms_norm_eps), d)
         self.config, self.layer_idx, self.is_causal = config, layer_idx, True
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
@@ -205,21 +250,24 @@ class CompiledAttention(_Lane):
         self.qkv_proj = nn.Linear(len(pi_in), sum(self.split), bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, len(pi_out), bias=o_bias)
 
-    def forward(self, x: Tensor, position_embeddings: tuple[Tensor, Tensor], attention_mask: Tensor | None,
-                past_key_values: Any, **kwargs: Any) -> Tensor:
+    def forward(self, x: Tensor, shape: tuple[int, int], position_embeddings: tuple[Tensor, Tensor],
+                attention_mask: Tensor | None, past_key_values: Any, owned: bool, **kwargs: Any) -> Tensor:
+        """x: the (batch·seq, d) residual; returns it with the attention update written back."""
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
+        from transformers.models.llama.modeling_llama import eager_attention_forward
 
-        batch, seq, _ = x.shape
-        q, k, v = self.qkv_proj(self.lane_input(x)).split(self.split, dim=-1)
-        q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+        batch, seq = shape
+        qkv = self.qkv_proj(self.lane_input(x)).view(batch, seq, -1)
+        qk = _rotary(qkv[..., :self.split[0] + self.split[1]].view(batch, seq, -1, self.head_dim),
+                     *position_embeddings).transpose(1, 2)
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        v = qkv[..., -self.split[2]:].view(batch, seq, -1, self.head_dim).transpose(1, 2)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         out, _ = attend(self, q, k, v, attention_mask, dropout=self.attention_dropout if self.training else 0.0,
                         scaling=self.scaling, **kwargs)
-        return self.o_proj(out.reshape(batch, seq, -1))
+        return self.write_back(x, out.reshape(batch * seq, -1), self.o_proj, owned)
 
 
 class CompiledMLP(_Lane):
@@ -229,15 +277,17 @@ class CompiledMLP(_Lane):
                  down_bias: bool) -> None:
         from transformers.activations import ACT2FN
 
-        super().__init__(pi_in, pi_out, float(config.rms_norm_eps))
+        super().__init__(pi_in, pi_out, float(config.rms_norm_eps), int(config.hidden_size))
         inter = int(config.intermediate_size)
         self.gate_up_proj = nn.Linear(len(pi_in), 2 * inter, bias=gate_up_bias)
         self.down_proj = nn.Linear(inter, len(pi_out), bias=down_bias)
         self.act_fn = ACT2FN[config.hidden_act]
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, owned: bool) -> Tensor:
+        """x: the (batch·seq, d) residual; returns it with the MLP update written back."""
         gate, up = self.gate_up_proj(self.lane_input(x)).chunk(2, dim=-1)
-        return self.down_proj(self.act_fn(gate) * up)
+        h = self.act_fn(gate)
+        return self.write_back(x, h.mul_(up) if _in_place() else h * up, self.down_proj, owned)
 
 
 class CompiledDecoderLayer(nn.Module):
@@ -261,18 +311,18 @@ class CompiledDecoderLayer(nn.Module):
     def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: Any = None, use_cache: bool | None = False,
                 position_embeddings: tuple[Tensor, Tensor] | None = None, **kwargs: Any) -> Tensor:
-        x, owned = hidden_states, False  # index_add_ in place only on a tensor this layer created
+        batch, seq, d = hidden_states.shape
+        x, owned = hidden_states.reshape(batch * seq, d), False  # write in place only on a tensor made here
         if self.self_attn is not None:
-            update = self.self_attn(x, position_embeddings, attention_mask, past_key_values,
-                                    position_ids=position_ids, **kwargs)
-            x, owned = x.index_add(-1, self.self_attn.pi_out, update), True
+            x = self.self_attn(x, (batch, seq), position_embeddings, attention_mask, past_key_values, owned,
+                               position_ids=position_ids, **kwargs)
+            owned = True
         elif past_key_values is not None:  # keep this layer's cache length in step with the others
-            zeros = x.new_zeros(x.shape[0], self.num_kv_heads, x.shape[1], self.head_dim)
+            zeros = x.new_zeros(batch, self.num_kv_heads, seq, self.head_dim)
             past_key_values.update(zeros, zeros, self.layer_idx)
         if self.mlp is not None:
-            update = self.mlp(x)
-            x = x.index_add_(-1, self.mlp.pi_out, update) if owned else x.index_add(-1, self.mlp.pi_out, update)
-        return x
+            x = self.mlp(x, owned)
+        return x.view(batch, seq, d)
 
     @classmethod
     def from_layer(cls, layer: nn.Module, g: LayerMasks | None, layer_idx: int, config: Any) -> CompiledDecoderLayer:

@@ -27,17 +27,22 @@ def weights(model: nn.Module) -> tuple[int, float]:
     return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params) / 2**20
 
 
-def _seconds(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+def _seconds(fn: Callable[[], object], clock: Callable[[], float]) -> float:
+    start = clock()
     fn()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def speed_table(models: Mapping[str, nn.Module], vocab_size: int, eos_token_id: Any, prefill: int = 512,
-                new_tokens: int = 32, repeats: int = 3, full_logits: bool = False, seed: int = 0
-                ) -> dict[str, dict[str, float]]:
+                new_tokens: int = 32, repeats: int = 3, full_logits: bool = False, seed: int = 0,
+                clock: str = "wall") -> dict[str, dict[str, float]]:
     """{model: {params, MB, prefill-ms, [full-logits-ms], generate-tok-s}} plus `*-speedup` against the first
-    model (the reference, e.g. "dense"); medians of `repeats` round-robin runs after one warm-up."""
+    model (the reference, e.g. "dense"); medians of `repeats` round-robin runs after one warm-up. `clock`:
+    "wall" (elapsed) or "thread" (CPU time of the calling thread: meaningful with one torch thread only, and
+    close to idle figures on a loaded machine, where wall time with 2 threads mostly measures waiting)."""
     prompt = torch.randint(0, int(vocab_size), (1, prefill), generator=torch.Generator().manual_seed(seed))
     short = prompt[:, :32]
     tasks: dict[str, Callable[[nn.Module], object]] = {
@@ -52,7 +57,7 @@ def speed_table(models: Mapping[str, nn.Module], vocab_size: int, eos_token_id: 
         for rep in range(repeats + 1):
             for task, fn in tasks.items():
                 for name, model in models.items():
-                    seconds = _seconds(lambda fn=fn, model=model: fn(model))
+                    seconds = _seconds(lambda fn=fn, model=model: fn(model), CLOCKS[clock])
                     if rep:  # rep 0 is the warm-up
                         times[(task, name)].append(seconds)
     med = {key: statistics.median(v) for key, v in times.items()}

@@ -8,18 +8,19 @@ change in machine load hits all of them alike:
   generate  — greedy decoding of `--new-tokens` tokens with the KV cache after a 32-token prompt (tokens/s);
   medians of `--repeats` runs after one warm-up; parameters (whole model, prunable projections) and weight MB.
 A check line compares the compiled model's logits with the masked (training-form) model on a short input.
+On a loaded machine wall-clock times with 2 threads mostly measure waiting for a core (each parallel region waits
+for its slowest thread); `--threads 1 --clock thread` times the CPU time of the one thread instead, which stays
+close to the idle figures.
 
     .venv/bin/python scripts/bench_compiled.py            # --keeps 0.5,0.8 --prefill 512 --threads 2
+    .venv/bin/python scripts/bench_compiled.py --threads 1 --clock thread   # loaded machine
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ from fedprune_app.routing import (  # noqa: E402
     prunable_parameters,
     set_masks,
 )
+from fedprune_app.speed import CLOCKS, speed_table  # noqa: E402
 
 
 def random_masks(layers: int, d: int, keep: float, seed: int) -> list[LayerMasks]:
@@ -55,18 +57,6 @@ def random_masks(layers: int, d: int, keep: float, seed: int) -> list[LayerMasks
     return out
 
 
-def weights(model: nn.Module) -> tuple[int, float]:
-    """(parameters, MB) — tied embeddings counted once."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params) / 2**20
-
-
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="embedded")
@@ -76,9 +66,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="wall: elapsed time; thread: CPU time of the calling thread (needs --threads 1)")
     args = parser.parse_args()
+    if args.clock == "thread" and args.threads != 1:
+        parser.error("--clock thread counts one thread's CPU time: use it with --threads 1")
     torch.set_num_threads(args.threads)
-    print(f"command: {' '.join(sys.argv)}   torch threads {args.threads}   load average {os.getloadavg()}")
+    print(f"command: {' '.join(sys.argv)}   torch threads {args.threads}   clock {args.clock}   "
+          f"load average {os.getloadavg()}")
 
     dense = load_base_model(args.model)
     config, d = dense.config, int(dense.config.hidden_size)
@@ -100,35 +95,18 @@ def main() -> None:
         print(f"check {name}: max |compiled - masked| logits = {diff:.2e} (|logits| max {masked.abs().max():.1f})")
     set_masks(dense, None)
 
-    tasks: dict[str, Callable[[nn.Module], object]] = {
-        "prefill": lambda m: m(prompt, use_cache=True, logits_to_keep=1),
-        "full-logits": lambda m: m(prompt, use_cache=False),
-        "generate": lambda m: m.generate(short, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                         do_sample=False, pad_token_id=config.eos_token_id),
-    }
-    times: dict[tuple[str, str], list[float]] = {(t, n): [] for t in tasks for n in models}
-    with torch.inference_mode():
-        for rep in range(args.repeats + 1):
-            for task, fn in tasks.items():
-                for name, model in models.items():
-                    seconds = timed(lambda fn=fn, model=model: fn(model))
-                    if rep:  # rep 0 is the warm-up
-                        times[(task, name)].append(seconds)
-
-    total_dense, mb_dense = weights(dense)
+    table = speed_table(models, int(config.vocab_size), config.eos_token_id, prefill=args.prefill,
+                        new_tokens=args.new_tokens, repeats=args.repeats, full_logits=True, seed=args.seed,
+                        clock=args.clock)
     prunable = prunable_parameters(config)
     print(f"\n{'model':<10} {'params':>11} {'ratio':>6} {'prunable':>11} {'ratio':>6} {'MB':>7} "
           f"{'prefill ms':>10} {'speed-up':>8} {'full ms':>8} {'speed-up':>8} {'gen tok/s':>9} {'speed-up':>8}")
-    med = {key: statistics.median(v) for key, v in times.items()}
-    for name, model in models.items():
-        total, mb = weights(model)
+    for name, row in table.items():
         kept = prunable if name == "dense" else int(kept_parameters(config, masks_of[name]))
-        tok_s = args.new_tokens / med[("generate", name)]
-        print(f"{name:<10} {total:>11,} {total / total_dense:>6.3f} {kept:>11,} {kept / prunable:>6.3f} {mb:>7.1f} "
-              f"{1000 * med[('prefill', name)]:>10.0f} {med[('prefill', 'dense')] / med[('prefill', name)]:>7.2f}x "
-              f"{1000 * med[('full-logits', name)]:>8.0f} "
-              f"{med[('full-logits', 'dense')] / med[('full-logits', name)]:>7.2f}x "
-              f"{tok_s:>9.1f} {med[('generate', 'dense')] / med[('generate', name)]:>7.2f}x")
+        print(f"{name:<10} {int(row['params']):>11,} {row['params'] / table['dense']['params']:>6.3f} {kept:>11,} "
+              f"{kept / prunable:>6.3f} {row['MB']:>7.1f} {row['prefill-ms']:>10.0f} {row['prefill-speedup']:>7.2f}x "
+              f"{row['full-logits-ms']:>8.0f} {row['full-logits-speedup']:>7.2f}x "
+              f"{row['generate-tok-s']:>9.1f} {row['generate-speedup']:>7.2f}x")
     print(f"\nprefill = {args.prefill} tokens, batch 1; generate = {args.new_tokens} new tokens after 32; "
           f"medians of {args.repeats} after a warm-up; load average at the end {os.getloadavg()}")
 

@@ -108,6 +108,8 @@ CASES = {
     "attn dense-ish, ffn sparse": {"attn-in": 0.9, "attn-out": 0.7, "ffn-in": 0.25, "ffn-out": 0.2},
     "nearly empty": {"attn-in": 1 / D, "attn-out": 0.5, "ffn-in": 0.6, "ffn-out": 2 / D},
     "empty lanes": {"attn-in": 0.0, "attn-out": 0.5, "ffn-in": 0.5, "ffn-out": 0.0},
+    "full lanes in": {"attn-in": 1.0, "attn-out": 0.5, "ffn-in": 1.0, "ffn-out": 0.4},  # no index_select
+    "full lanes out": {"attn-in": 0.6, "attn-out": 1.0, "ffn-in": 0.3, "ffn-out": 1.0},  # no index_add
 }
 
 
@@ -129,6 +131,19 @@ def test_masked_equals_compiled(model: nn.Module, case: str, attn: str) -> None:
     assert torch.equal(_logits(model, ids, padding), masked)  # the input model is untouched
     bool_masks = [{k: v.bool() for k, v in g.items()} for g in masks]
     torch.testing.assert_close(_logits(compile_model(model, bool_masks), ids, padding), masked, atol=1e-4, rtol=1e-5)
+
+
+def test_compiled_autograd_path_equals_the_inference_path(model: nn.Module) -> None:
+    """With autograd on, the compiled layers skip their in-place kernels: same logits, and gradients flow."""
+    masks = random_masks(2, CASES["full lanes out"], seed=6)
+    masks[1] = random_masks(1, uniform(0.8), seed=8)[0]  # |π| = 51: the transposed output product
+    compiled = compile_model(model, masks)
+    ids = _ids(seq=12)
+    logits = compiled(input_ids=ids).logits
+    torch.testing.assert_close(logits, _logits(compiled, ids), atol=1e-5, rtol=1e-5)
+    logits.logsumexp(-1).mean().backward()
+    grads = [p.grad for n, p in compiled.named_parameters() if n.endswith(("norm_weight", "o_proj.weight"))]
+    assert len(grads) == 6 and all(g is not None and g.abs().sum() > 0 for g in grads)
 
 
 def test_kept_parameters_counts_the_compiled_projections(model: nn.Module) -> None:
