@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 RAY_USAGE_STATS_ENABLED=0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 
-RUN_CONFIG ?= conf/fedit.toml
+RUN_CONFIG ?= conf/sftp.toml
 FEDERATION ?= num-supernodes=4 client-resources-num-cpus=1
 
 .PHONY: setup run test test-slow lint bench-overhead bench-scale
