@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,17 @@ def selected_groups(args: Any, groups: Sequence[str], grid_name: str) -> list[st
 
 
 ARCHIVED = ("config.json", "summary.json", "metrics.jsonl", "sparsity.json", "results.md", "masks.json", "masks.npz")
+
+
+def plan(only: Sequence[str], groups: Sequence[str], needs: Iterable[tuple[str, tuple[Any, ...]]]
+         ) -> dict[tuple[Any, ...], tuple[str, ...]]:
+    """{cell key: the selected groups that read it, in `groups` order}, keys in first-needed order: a cell that
+    several groups read is planned (and run) once. `needs`: (group, cell key) pairs."""
+    wanted: dict[tuple[Any, ...], set[str]] = {}
+    for group, key in needs:
+        if group in only:
+            wanted.setdefault(key, set()).add(group)
+    return {key: tuple(sorted(g, key=list(groups).index)) for key, g in wanted.items()}
 
 
 ARCHIVE_MAX_BYTES = 1 << 20  # FedSpaLLM's masks.npz (~15 MB) stays with the run; SFT-P's (~50 kB) is archived

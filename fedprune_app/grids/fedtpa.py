@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedprune_app.grids import Cell, Grid, mark, read_metrics, selected_groups
+from fedprune_app.grids import Cell, Grid, mark, plan, read_metrics, selected_groups
 
 PRESETS = {"fedit": "conf/fedit-instructions.toml", "flexlora": "conf/flexlora.toml", "fedtpa": "conf/fedtpa.toml"}
 LABELS = {"fedit": "FedIT", "flexlora": "FlexLoRA", "fedtpa": "FedTPA"}
@@ -57,24 +57,12 @@ def cells(args: Any) -> list[Cell]:
     """The cells the selected groups need (`--only`, `--alphas`); a cell several groups read is run once."""
     alphas = [float(a) for a in str(getattr(args, "alphas", "0.5,1,inf")).split(",") if a.strip()]
     only = selected_groups(args, GROUPS, "FedTPA")
-    plan: dict[str, tuple[str, float, str, set[str]]] = {}
-
-    def need(group: str, method: str, alpha: float, variant: str = "") -> None:
-        if group in only:
-            plan.setdefault(tag_of(method, alpha, variant), (method, alpha, variant, set()))[3].add(group)
-
-    for a in alphas:
-        for m in PRESETS:
-            need("table2", m, a)
-            need("comm", m, a)
-    for a in alphas:
-        need("table3", "fedtpa", a)
-        need("table3", "fedtpa", a, "fedavg")
-    for variant, _ in ABLATIONS:
-        need("table4", "fedtpa", TABLE4_ALPHA, variant)
-    return [Cell(sorted(groups, key=GROUPS.index)[0], tag, (PRESETS[m], overrides(a, v)), CLIENTS,
-                 {"method": m, "alpha": a, "variant": v, "groups": tuple(sorted(groups, key=GROUPS.index))})
-            for tag, (m, a, v, groups) in plan.items()]
+    needs = [(g, (m, a, "")) for a in alphas for m in PRESETS for g in ("table2", "comm")]
+    needs += [("table3", ("fedtpa", a, v)) for a in alphas for v in ("", "fedavg")]
+    needs += [("table4", ("fedtpa", TABLE4_ALPHA, v)) for v, _ in ABLATIONS]
+    return [Cell(groups[0], tag_of(m, a, v), (PRESETS[m], overrides(a, v)), CLIENTS,
+                 {"method": m, "alpha": a, "variant": v, "groups": groups})
+            for (m, a, v), groups in plan(only, GROUPS, needs).items()]
 
 
 # --- reading the runs -----------------------------------------------------------------------------------------

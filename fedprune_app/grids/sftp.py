@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprune_app.config import per_client
-from fedprune_app.grids import Cell, read_metrics, selected_groups
+from fedprune_app.grids import Cell, plan, read_metrics, selected_groups
 from fedprune_app.grids import mark as _mark
 from fedprune_app.grids.fedtpa import FigureGrid, judge
 
@@ -66,28 +66,13 @@ def overrides(method: str, budget: Budget, variant: str) -> str:
 def cells(args: Any) -> list[Cell]:
     """The cells the selected groups (`--only`) need; a cell several groups read is run once."""
     only = selected_groups(args, GROUPS, "SFT-P")
-    plan: dict[str, tuple[str, Budget, str, set[str]]] = {}
-
-    def need(group: str, method: str, budget: Budget, variant: str = "") -> None:
-        if group in only:
-            plan.setdefault(tag_of(method, budget, variant), (method, budget, variant, set()))[3].add(group)
-
-    for b in BUDGETS:
-        for v in VARIANTS:
-            need("table1", "sftp", b, v)
-        need("table1", "fedflap", b)
-    for b in (*BUDGETS, "mixed"):
-        need("table2", "sftp", b, "c-a")
-        need("figs", "sftp", b, "c-a")  # Fig. 4b: every +C/+A run; Figs. 3 and 5: the 50% one
-    for v in VARIANTS:
-        need("comm", "sftp", 0.5, v)
-    need("comm", "fedflap", 0.5)
-    out = []
-    for tag, (method, budget, variant, groups) in plan.items():
-        ordered = tuple(sorted(groups, key=GROUPS.index))
-        out.append(Cell(ordered[0], tag, (PRESETS[method], overrides(method, budget, variant)), CLIENTS,
-                        {"method": method, "budget": budget, "variant": variant, "groups": ordered}))
-    return out
+    needs = [n for b in BUDGETS
+             for n in [*(("table1", ("sftp", b, v)) for v in VARIANTS), ("table1", ("fedflap", b, ""))]]
+    needs += [(g, ("sftp", b, "c-a")) for b in (*BUDGETS, "mixed") for g in ("table2", "figs")]  # figs: 4b every
+    needs += [("comm", ("sftp", 0.5, v)) for v in VARIANTS] + [("comm", ("fedflap", 0.5, ""))]  # +C/+A; 3, 5: 50%
+    return [Cell(groups[0], tag_of(m, b, v), (PRESETS[m], overrides(m, b, v)), CLIENTS,
+                 {"method": m, "budget": b, "variant": v, "groups": groups})
+            for (m, b, v), groups in plan(only, GROUPS, needs).items()]
 
 
 # --- reading the runs -----------------------------------------------------------------------------------------
