@@ -72,19 +72,23 @@ def _integer_axis(axis: Any) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
+def _per_layer_panel(ax: Any, series: dict[str, list[float]], ylabel: str) -> None:
+    """One line per mask over the layers, y in [0, 1]: Fig. 3's agreement and Fig. 5's density."""
+    for name in MASKS:
+        ax.plot(range(len(series[name])), series[name], marker="o", ms=3, label=name)
+    ax.set_xlabel("layer")
+    _integer_axis(ax.xaxis)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7)
+
+
 def fig3(stats: dict[str, Any], masks: dict[int, dict[str, np.ndarray]] | None, path: Path) -> tuple[Path, int]:
     """Agreement per layer (a line per mask) and, with masks.npz, one layer's mask heatmap; (path, layer shown)."""
     plt = _plt()
     fig, axes = plt.subplots(1, 2 if masks else 1, figsize=(10 if masks else 5, 3.4), squeeze=False)
-    ax = axes[0][0]
-    for name in MASKS:
-        ax.plot(range(len(stats["agreement"][name])), stats["agreement"][name], marker="o", ms=3, label=name)
-    ax.set_xlabel("layer")
-    _integer_axis(ax.xaxis)
-    ax.set_ylabel("share of coordinates all clients agree on")
-    ax.set_ylim(0, 1.02)
-    ax.set_title(f"mean agreement {stats['mean-agreement']:.3f}")
-    ax.legend(fontsize=7)
+    _per_layer_panel(axes[0][0], stats["agreement"], "share of coordinates all clients agree on")
+    axes[0][0].set_title(f"mean agreement {stats['mean-agreement']:.3f}")
     layer = 0
     if masks:
         clients = sorted(masks)
@@ -138,16 +142,9 @@ def fig5(stats: dict[str, Any], client: int, masks: dict[int, dict[str, np.ndarr
         _integer_axis(axes[0][0].yaxis)
         axes[0][0].set_title(f"client {client} {HEATMAP_MASK} mask")
     ax = axes[0][-1]
-    for name in MASKS:
-        density = stats["density"][str(client)][name]
-        ax.plot(range(len(density)), density, marker="o", ms=3, label=name)
+    _per_layer_panel(ax, stats["density"][str(client)], "mask density (kept share)")
     ax.axhline(0.5, color="grey", linestyle="--", linewidth=0.8)
-    ax.set_xlabel("layer")
-    _integer_axis(ax.xaxis)
-    ax.set_ylabel("mask density (kept share)")
-    ax.set_ylim(0, 1.02)
     ax.set_title(f"client {client}")
-    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
