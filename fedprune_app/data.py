@@ -190,11 +190,15 @@ class Splits:
     test_path: Path | None = None  # the test split as JSONL (what the lm-eval task reads)
 
 
-def split_source(examples: list[Example], seed: int, n_test: int, n_val: int, max_train: int) -> Splits:
-    """Seeded shuffle, then test | val | train; refuses a source too small to leave any training data."""
+def seeded_shuffle(examples: Sequence[Example], seed: int) -> list[Example]:
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
-    shuffled = [examples[i] for i in order]
+    return [examples[i] for i in order]
+
+
+def split_source(examples: list[Example], seed: int, n_test: int, n_val: int, max_train: int) -> Splits:
+    """Seeded shuffle, then test | val | train; refuses a source too small to leave any training data."""
+    shuffled = seeded_shuffle(examples, seed)
     if len(shuffled) <= n_test + n_val:
         src = examples[0]["source"] if examples else "?"
         raise ConfigError(f"data source '{src}' has {len(shuffled)} examples, fewer than test-examples + "
@@ -202,6 +206,21 @@ def split_source(examples: list[Example], seed: int, n_test: int, n_val: int, ma
     train = shuffled[n_test + n_val:]
     return Splits(train=train[:max_train] if max_train else train, val=shuffled[n_test:n_test + n_val],
                   test=shuffled[:n_test])
+
+
+def unused_examples(cfg: RunConfig, n: int) -> list[Example]:
+    """`n` examples of each `client-data` source that no split of a run with `cfg` reads: the tail of the seeded
+    shuffle after test | val | train (split_source's order). Unseen by every client and from the same
+    distribution as the test split, so a finished run can be re-scored on more examples than it evaluated."""
+    out: list[Example] = []
+    for source in split_list(str(cfg.client_data)):
+        examples = load_source(source)
+        used = int(cfg.test_examples) + int(cfg.val_examples) + int(cfg.max_train_examples)
+        if not int(cfg.max_train_examples) or len(examples) < used + n:
+            raise ConfigError(f"data source '{source}' has {len(examples)} examples; re-scoring on {n} unused ones "
+                              f"needs max-train-examples > 0 and at least test + val + train + {n} = {used + n}")
+        out += seeded_shuffle(examples, int(cfg.seed))[used:used + n]
+    return out
 
 
 def _slug(text: str) -> str:

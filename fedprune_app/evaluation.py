@@ -131,12 +131,32 @@ def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
     return prev[-1]
 
 
-def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> float:
-    """Mean Rouge-L F1 (rouge-score's tokenizer and stemmer, as in the papers' instruction-tuning tables)."""
+def rouge_l_scores(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """Rouge-L F1 per example (rouge-score's tokenizer and stemmer, as in the papers' instruction-tuning tables)."""
     from rouge_score import rouge_scorer
 
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    scores = [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references, strict=True)]
+    return [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references, strict=True)]
+
+
+def bootstrap_ci(values: Sequence[float], paired_with: Sequence[float] | None = None, iters: int = 2000,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """(mean, 2.5th, 97.5th percentile) of the mean of `values` — or of the per-example differences
+    values − paired_with (a paired bootstrap: both resampled on the same example indices)."""
+    x = torch.tensor(list(values), dtype=torch.float64)
+    if paired_with is not None:
+        x = x - torch.tensor(list(paired_with), dtype=torch.float64)
+    if x.numel() == 0:
+        raise ValueError("bootstrap_ci needs at least one value")
+    gen = torch.Generator().manual_seed(seed)
+    means = x[torch.randint(0, x.numel(), (iters, x.numel()), generator=gen)].mean(dim=1)
+    lo, hi = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return float(x.mean()), lo, hi
+
+
+def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> float:
+    """Mean Rouge-L F1 over the examples."""
+    scores = rouge_l_scores(predictions, references)
     return sum(scores) / max(len(scores), 1)
 
 

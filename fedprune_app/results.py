@@ -5,7 +5,8 @@
 - `summary.json`: `"status"`, wall time, the final per-client table and server metrics;
 - `results.md`: the paper-style table, every number read from `metrics.jsonl`;
 - `plots/*.png`: loss and metrics per round;
-- the final artefacts (written by the strategy, e.g. `adapter/`).
+- the final artefacts (written by the strategy, e.g. `adapter/`);
+- later, `rescore.json` (scripts/rescore_rouge.py): per-example Rouge-L of the final model on unused examples.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from fedprune_app.config import RunConfig
+
+RESCORE_FILE = "rescore.json"  # written by scripts/rescore_rouge.py
 
 
 def resolve_output_dir(output_dir: str) -> Path:

@@ -19,6 +19,7 @@ from fedprune_app.data import (
     split_source,
     text_example,
     training_batches,
+    unused_examples,
 )
 from fedprune_app.models import load_tokenizer
 
@@ -99,6 +100,21 @@ def test_by_source_clients_from_local_jsonl(tmp_path: Path) -> None:
     assert len(shares[0].train) == len(shares[2].train) == 15
     assert not {e["question"] for e in shares[0].train} & {e["question"] for e in shares[2].train}
     assert shares[0].test == shares[2].test
+
+
+def test_unused_examples_are_outside_every_split_and_the_same_for_every_run(tmp_path: Path) -> None:
+    src = _jsonl(tmp_path / "i.jsonl", [{"prompt": f"p{i}", "response": f"r{i}"} for i in range(100)])
+    cfg = RunConfig.from_flower({"client-data": src, "test-examples": 5, "val-examples": 5, "max-train-examples": 60,
+                                 "partitioner": "iid"})
+    extra = unused_examples(cfg, 20)
+    used = {e["prompt"] for c in range(3) for part in (client_data(cfg, c, 3),) for e in part.train + part.val
+            + part.test}
+    assert len(extra) == 20 and len({e["prompt"] for e in extra}) == 20 and not used & {e["prompt"] for e in extra}
+    assert len(used) == 70 and extra == unused_examples(cfg, 20)  # 5 + 5 + 60 used; the rest is the same tail
+    with pytest.raises(ConfigError, match="needs max-train-examples > 0 and at least .* = 101"):
+        unused_examples(cfg, 31)
+    with pytest.raises(ConfigError, match="max-train-examples > 0"):
+        unused_examples(cfg.replace(max_train_examples=0), 1)
 
 
 def test_hf_source_reads_a_local_dataset_directory(tmp_path: Path) -> None:

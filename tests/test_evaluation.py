@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from fedprune_app.data import normalize_record
-from fedprune_app.evaluation import lcs_length, lm_eval_accuracy, local_mc_task, perplexity, rouge_l
+from fedprune_app.evaluation import (
+    bootstrap_ci,
+    lcs_length,
+    lm_eval_accuracy,
+    local_mc_task,
+    perplexity,
+    rouge_l,
+    rouge_l_scores,
+)
 from fedprune_app.models import load_base_model, load_tokenizer
 
 TEXT = ("The quick brown fox jumps over the lazy dog. It was a sunny day in the park, and the children were "
@@ -133,3 +141,25 @@ def test_answer_nll_matches_per_example_computation_and_ignores_padding(tiny) ->
                 count += 1
     assert mean_loss(model, tok, rows, 64, batch_size=1) == pytest.approx(total / count, rel=1e-5)
     assert mean_loss(model, tok, rows, 64, batch_size=3) == pytest.approx(total / count, rel=1e-4)
+
+
+def test_rouge_l_scores_are_per_example_and_average_to_rouge_l() -> None:
+    preds, refs = ["the cat sat", "nothing", "a b c d"], ["the cat sat down", "shared", "a c d"]
+    scores = rouge_l_scores(preds, refs)
+    assert scores[1] == 0.0 and scores[0] == pytest.approx(2 * 1 * 0.75 / 1.75)
+    assert rouge_l(preds, refs) == pytest.approx(sum(scores) / 3)
+
+
+def test_bootstrap_ci_matches_the_normal_interval_and_pairs_on_the_same_examples() -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.randn(400, generator=gen) * 2 + 5).tolist()
+    mean, lo, hi = bootstrap_ci(x, iters=4000)
+    sd = torch.tensor(x).std().item()
+    assert mean == pytest.approx(sum(x) / 400) and lo < mean < hi
+    assert hi - lo == pytest.approx(2 * 1.96 * sd / 20, rel=0.15)  # the normal approximation's width
+    assert bootstrap_ci([0.3] * 7) == pytest.approx((0.3, 0.3, 0.3))
+    # paired: a constant shift has a zero-width interval; unpaired, the same samples' interval is wide
+    shifted = [v + 0.5 for v in x]
+    assert bootstrap_ci(shifted, x) == pytest.approx((0.5, 0.5, 0.5))
+    with pytest.raises(ValueError):
+        bootstrap_ci([])

@@ -132,6 +132,30 @@ def test_missing_cells_are_not_checked_never_invented(tmp_path: Path) -> None:
     assert "99.00" not in text
 
 
+def test_rescored_runs_get_their_own_tables_intervals_and_claims(tmp_path: Path) -> None:
+    """rescore.json (scripts/rescore_rouge.py) adds re-scored tables: means of the per-example scores, bootstrap
+    intervals, paired Δ intervals, and claims judged on those means (here FedIT wins at α = 1 only re-scored)."""
+    cells = GRID.cells(args())
+    runs = runs_for(tmp_path, cells, GOOD)
+    text = GRID.render(cells, runs)
+    assert "Re-scored" not in text and len(claims_of(text)) == 3
+    for c in cells:
+        base = score(c, GOOD) + (0.1 if c.tag == "a1-fedit" else 0.0)
+        scores = [base + 0.05 * ((i % 5) - 2) for i in range(40)]  # mean = base
+        (runs[c.tag] / "rescore.json").write_text(json.dumps({"scores": scores, "examples": 40}))
+    text = GRID.render(cells, runs)
+    assert "# Re-scored on 40 unused examples" in text
+    rescored = text.split("# Re-scored")[1]
+    assert "| 1 | 35.00 [" in rescored  # FedIT at α = 1: 0.25 + 0.1, with its interval
+    # a paired Δ of a constant shift has a zero-width interval: FedAvg − LCWA = −0.02 on every example
+    assert "| 0.5 | 30.00 | 28.00 (-2.00 [-2.00, -2.00]) |" in rescored
+    first, second = claims_of(text), [line for line in rescored.split("## Claims (re-scored)")[1].splitlines()
+                                       if line.startswith("- ")]
+    assert first[0].count("**held**") == 1 and "**not held**" in second[0]
+    assert "α=1 FedTPA vs FedIT (Δ 95% CI [-5.00, -5.00]): 30.00 vs 35.00 ✗" in second[0]
+    assert "**held**" in second[1] and "**held**" in second[2]
+
+
 def test_figures_are_drawn_next_to_the_tables(tmp_path: Path) -> None:
     cells = GRID.cells(args())
     runs = runs_for(tmp_path / "runs", cells, GOOD)

@@ -84,7 +84,8 @@ def selected_groups(args: Any, groups: Sequence[str], grid_name: str) -> list[st
     return only
 
 
-ARCHIVED = ("config.json", "summary.json", "metrics.jsonl", "sparsity.json", "results.md", "masks.json", "masks.npz")
+ARCHIVED = ("config.json", "summary.json", "metrics.jsonl", "sparsity.json", "results.md", "masks.json", "masks.npz",
+            "rescore.json")
 
 
 def plan(only: Sequence[str], groups: Sequence[str], needs: Iterable[tuple[str, tuple[Any, ...]]]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprune_app.grids import Cell, Grid, mark, plan, read_metrics, selected_groups
+from fedprune_app.results import RESCORE_FILE
 
 PRESETS = {"fedit": "conf/fedit-instructions.toml", "flexlora": "conf/flexlora.toml", "fedtpa": "conf/fedtpa.toml"}
 LABELS = {"fedit": "FedIT", "flexlora": "FlexLoRA", "fedtpa": "FedTPA"}
@@ -110,62 +111,122 @@ def judge(pairs: list[tuple[str, float | None, float | None, Callable[[float, fl
     return held, text
 
 
+Interval = Callable[[str, str | None], str]  # (tag, paired-with tag or None) -> " [lo, hi]" or ""
+
+
+def rescored_table(grid_cells: list[Cell], runs: dict[str, Path]) -> dict[str, list[float]]:
+    """{tag: per-example Rouge-L} of the cells whose run has a rescore.json (scripts/rescore_rouge.py)."""
+    out = {}
+    for c in grid_cells:
+        path = runs[c.tag] / RESCORE_FILE if c.tag in runs else None
+        if path is not None and path.is_file():
+            out[c.tag] = [float(x) for x in json.loads(path.read_text())["scores"]]
+    return out
+
+
+def bootstrap_interval(scores: dict[str, list[float]]) -> Interval:
+    """A cell's bootstrap 95% interval (×100), or the paired one of its difference to another cell."""
+    from fedprune_app.evaluation import bootstrap_ci
+
+    def interval(tag: str, other: str | None) -> str:
+        if tag not in scores or (other is not None and (other not in scores
+                                                         or len(scores[other]) != len(scores[tag]))):
+            return ""
+        _, lo, hi = bootstrap_ci(scores[tag], None if other is None else scores[other])
+        return f" [{100 * lo:.2f}, {100 * hi:.2f}]"
+
+    return interval
+
+
+def score_sections(groups: set[str], alphas: list[float], score: dict[str, float | None], interval: Interval,
+                   runs: dict[str, Path] | None = None, heading: str = "") -> list[str]:
+    """Tables II–IV and the claims for one set of Rouge-L scores ({tag: ×100}); `interval` adds bootstrap
+    intervals (nothing for the in-run scores); `runs` given: Table II shows the untouched model (round 0)."""
+
+    def r(method: str, alpha: float, variant: str = "") -> float | None:
+        return score.get(tag_of(method, alpha, variant))
+
+    def ci(a: tuple[Any, ...], b: tuple[Any, ...] | None = None) -> str:
+        return interval(tag_of(*a), None if b is None else tag_of(*b))
+
+    ge, le = (lambda a, b: a >= b), (lambda a, b: a < b)
+    lines: list[str] = []
+    if "table2" in groups:
+        lines += [f"## Table II: FedIT, FlexLoRA, FedTPA{heading}", "",
+                  "| α | FedIT | FlexLoRA | FedTPA |" + (" untouched (round 0) |" if runs is not None else ""),
+                  "|---|---|---|---|" + ("---|" if runs is not None else "")]
+        for a in alphas:
+            row = f"| {alpha_name(a)} | " + " | ".join(fmt(r(m, a)) + ci((m, a)) for m in PRESETS) + " |"
+            if runs is not None:
+                run = runs.get(tag_of("fedtpa", a))
+                untouched = final_rouge(run, 0) if run is not None else None
+                row += f" {fmt(None if untouched is None else 100 * untouched)} |"
+            lines.append(row)
+        lines.append("")
+    if "table3" in groups:
+        lines += [f"## Table III: LCWA vs FedAvg aggregation (FedTPA){heading}", "", "| α | LCWA | FedAvg (Δ) |",
+                  "|---|---|---|"]
+        for a in alphas:
+            lcwa, avg = r("fedtpa", a), r("fedtpa", a, "fedavg")
+            delta = (f" ({avg - lcwa:+.2f}{ci(('fedtpa', a, 'fedavg'), ('fedtpa', a))})"
+                     if lcwa is not None and avg is not None else "")
+            lines.append(f"| {alpha_name(a)} | {fmt(lcwa)} | {fmt(avg)}{delta} |")
+        lines.append("")
+    if "table4" in groups:
+        full = r("fedtpa", TABLE4_ALPHA)
+        lines += [f"## Table IV: component ablations (α = {alpha_name(TABLE4_ALPHA)}){heading}", "",
+                  "| combination | Rouge-L (Δ vs full) |", "|---|---|"]
+        for variant, label in ABLATIONS:
+            v = r("fedtpa", TABLE4_ALPHA, variant)
+            delta = (f" ({v - full:+.2f}{ci(('fedtpa', TABLE4_ALPHA, variant), ('fedtpa', TABLE4_ALPHA))})"
+                     if variant and v is not None and full is not None else "")
+            lines.append(f"| {label} | {fmt(v)}{delta} |")
+        lines.append("")
+    lines += [f"## Claims{heading}", ""]
+    if "table2" in groups:
+        pairs = [(f"α={alpha_name(a)} FedTPA vs {LABELS[m]}" + paired(ci(("fedtpa", a), (m, a))),
+                  r("fedtpa", a), r(m, a), ge) for a in NON_IID for m in ("fedit", "flexlora")]
+        held, text = judge(pairs)
+        lines.append(f"- FedTPA ≥ FedIT and ≥ FlexLoRA under non-IID α (0.5 and 1): {mark(held)} ({text}).")
+    if "table3" in groups:
+        held, text = judge([(f"α={alpha_name(a)} FedAvg vs LCWA" + paired(ci(("fedtpa", a, "fedavg"), ("fedtpa", a))),
+                             r("fedtpa", a, "fedavg"), r("fedtpa", a), le) for a in alphas])
+        lines.append(f"- FedAvg aggregation scores below LCWA at every α (Table III): {mark(held)} ({text}).")
+    if "table4" in groups:
+        full = r("fedtpa", TABLE4_ALPHA)
+        held, text = judge([(label.split(" (")[1].rstrip(")") + " vs full"
+                             + paired(ci(("fedtpa", TABLE4_ALPHA, v), ("fedtpa", TABLE4_ALPHA))),
+                             r("fedtpa", TABLE4_ALPHA, v), full, le) for v, label in ABLATIONS if v])
+        lines.append(f"- Each component removed costs Rouge-L (−ITPA, −DAPR, −LCWA each < full): {mark(held)} "
+                     f"({text}).")
+    return lines
+
+
+def paired(interval: str) -> str:
+    return f" (Δ 95% CI{interval})" if interval else ""
+
+
 def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
     groups = {g for c in grid_cells for g in c.settings["groups"]}
     alphas = list(dict.fromkeys(c.settings["alpha"] for c in grid_cells if "table2" in c.settings["groups"]
                                 or "table3" in c.settings["groups"]))
-    rouge = rouge_table(grid_cells, runs)
-
-    def r(method: str, alpha: float, variant: str = "") -> float | None:
-        return rouge.get(tag_of(method, alpha, variant))
-
-    ge, le = (lambda a, b: a >= b), (lambda a, b: a < b)
     lines = ["# FedTPA on this app: the paper's Tables II–IV, claims and communication", "",
              "Rouge-L F1 ×100 (the paper's scale) of greedy answers on the global test split, after the last round, "
              "read from each run's metrics.jsonl (`evaluate` rows; one client evaluates: every client would score "
              "the same split). α: Dirichlet concentration over the task categories; inf = IID. 5 clients each. "
              "Run directories at the end.", ""]
-    if "table2" in groups:
-        lines += ["## Table II: FedIT, FlexLoRA, FedTPA", "", "| α | FedIT | FlexLoRA | FedTPA | untouched (round 0) |",
-                  "|---|---|---|---|---|"]
-        for a in alphas:
-            run = runs.get(tag_of("fedtpa", a))
-            untouched = final_rouge(run, 0) if run is not None else None
-            lines.append(f"| {alpha_name(a)} | " + " | ".join(fmt(r(m, a)) for m in PRESETS)
-                         + f" | {fmt(None if untouched is None else 100 * untouched)} |")
-        lines.append("")
-    if "table3" in groups:
-        lines += ["## Table III: LCWA vs FedAvg aggregation (FedTPA)", "", "| α | LCWA | FedAvg (Δ) |", "|---|---|---|"]
-        for a in alphas:
-            lcwa, avg = r("fedtpa", a), r("fedtpa", a, "fedavg")
-            delta = f" ({avg - lcwa:+.2f})" if lcwa is not None and avg is not None else ""
-            lines.append(f"| {alpha_name(a)} | {fmt(lcwa)} | {fmt(avg)}{delta} |")
-        lines.append("")
-    if "table4" in groups:
-        full = r("fedtpa", TABLE4_ALPHA)
-        lines += [f"## Table IV: component ablations (α = {alpha_name(TABLE4_ALPHA)})", "",
-                  "| combination | Rouge-L (Δ vs full) |", "|---|---|"]
-        for variant, label in ABLATIONS:
-            v = r("fedtpa", TABLE4_ALPHA, variant)
-            delta = f" ({v - full:+.2f})" if variant and v is not None and full is not None else ""
-            lines.append(f"| {label} | {fmt(v)}{delta} |")
-        lines.append("")
-    lines += ["## Claims", ""]
-    if "table2" in groups:
-        pairs = [(f"α={alpha_name(a)} FedTPA vs {LABELS[m]}", r("fedtpa", a), r(m, a), ge)
-                 for a in NON_IID for m in ("fedit", "flexlora")]
-        held, text = judge(pairs)
-        lines.append(f"- FedTPA ≥ FedIT and ≥ FlexLoRA under non-IID α (0.5 and 1): {mark(held)} ({text}).")
-    if "table3" in groups:
-        held, text = judge([(f"α={alpha_name(a)} FedAvg vs LCWA", r("fedtpa", a, "fedavg"), r("fedtpa", a), le)
-                            for a in alphas])
-        lines.append(f"- FedAvg aggregation scores below LCWA at every α (Table III): {mark(held)} ({text}).")
-    if "table4" in groups:
-        full = r("fedtpa", TABLE4_ALPHA)
-        held, text = judge([(label.split(" (")[1].rstrip(")") + " vs full", r("fedtpa", TABLE4_ALPHA, v), full, le)
-                            for v, label in ABLATIONS if v])
-        lines.append(f"- Each component removed costs Rouge-L (−ITPA, −DAPR, −LCWA each < full): {mark(held)} "
-                     f"({text}).")
+    lines += score_sections(groups, alphas, rouge_table(grid_cells, runs), lambda *_: "", runs)
+    wide = rescored_table(grid_cells, runs)
+    if wide:
+        sizes = sorted({len(v) for v in wide.values()})
+        lines += ["", f"# Re-scored on {'/'.join(map(str, sizes))} unused examples", "",
+                  "The same final models scored by `scripts/rescore_rouge.py` on examples of the same source that "
+                  "no split of the runs read (the seeded shuffle's tail after test | val | train), identical for "
+                  "every run: mean Rouge-L ×100 with a bootstrap 95% interval; a Δ's interval is paired (the two "
+                  "runs resampled on the same examples). A claim is judged on the means; an interval that "
+                  "straddles 0 says the ranking is within noise.", ""]
+        lines += score_sections(groups, alphas, {t: 100 * sum(v) / len(v) for t, v in wide.items()},
+                                bootstrap_interval(wide), heading=" (re-scored)")
     if "comm" in groups:
         lines += ["", *communication(grid_cells, runs)]
     lines += ["", "## Runs", ""]
