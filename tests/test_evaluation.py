@@ -12,6 +12,7 @@ import torch
 from fedprune_app.data import normalize_record
 from fedprune_app.evaluation import (
     bootstrap_ci,
+    generate,
     lcs_length,
     lm_eval_accuracy,
     local_mc_task,
@@ -163,3 +164,12 @@ def test_bootstrap_ci_matches_the_normal_interval_and_pairs_on_the_same_examples
     assert bootstrap_ci(shifted, x) == pytest.approx((0.5, 0.5, 0.5))
     with pytest.raises(ValueError):
         bootstrap_ci([])
+
+
+def test_generate_returns_answers_in_prompt_order_whatever_the_length_sorted_batches(tiny) -> None:
+    """Batches are formed by prompt length; each answer must still be the one its own prompt gets alone."""
+    model, tok = tiny
+    prompts = ["a b c d e f g h i j k l", "a", "b c d e f", "c d", "d e f g h i j k l m n o p q r", "e f g"]
+    alone = [generate(model, tok, [p], max_new_tokens=4, batch_size=1)[0] for p in prompts]
+    assert generate(model, tok, prompts, max_new_tokens=4, batch_size=3) == alone
+    assert generate(model, tok, prompts[::-1], max_new_tokens=4, batch_size=4) == alone[::-1]
