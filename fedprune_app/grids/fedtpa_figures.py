@@ -76,9 +76,8 @@ def figures(grid_cells: list[Cell], runs: dict[str, Path], out_dir: Path) -> str
     fig4 = _panels(full, [("train-loss", "-"), ("val-loss", "--")], "local loss (solid train, dashed val)",
                    out_dir / FIG4)
     fig5 = _panels(full, [("beta", "-")], "keep-ratio β", out_dir / FIG5)
-    lines += [f"- Fig. 4, local train/validation loss per client and round (FedTPA): `{fig4.name}` "
-              f"(`{fig4}`)",
-              f"- Fig. 5, keep-ratio β per client and round (FedTPA): `{fig5.name}` (`{fig5}`)", ""]
+    lines += [f"- Fig. 4, local train/validation loss per client and round (FedTPA): [`{fig4.name}`]({fig4.name})",
+              f"- Fig. 5, keep-ratio β per client and round (FedTPA): [`{fig5.name}`]({fig5.name})", ""]
     for alpha, run in full:
         lines += beta_table(alpha, run)
     return "\n".join(lines)

@@ -179,19 +179,19 @@ def figures(grid_cells: list[Cell], runs: dict[str, Path], out_dir: Path) -> str
     else:
         path, layer = fig3(stats, masks, out_dir / FIG3)
         per_mask = ", ".join(f"{n} {np.mean(stats['agreement'][n]):.3f}" for n in MASKS)
-        lines.append(f"- Fig. 3, cross-client mask agreement per layer (`{half}`): `{path.name}` (`{path}`); mean over "
-                     f"layers and masks {stats['mean-agreement']:.3f} (per mask: {per_mask})"
+        lines.append(f"- Fig. 3, cross-client mask agreement per layer (`{half}`): [`{path.name}`]({path.name}); "
+                     f"mean over layers and masks {stats['mean-agreement']:.3f} (per mask: {per_mask})"
                      + (f"; heatmap layer {layer} {HEATMAP_MASK}" if masks else "; no masks.npz: no heatmap") + ".")
         client = min(int(c) for c in stats["density"])
         path = fig5(stats, client, masks, out_dir / FIG5)
         spread = ", ".join(f"{n} {min(d):.3f}–{max(d):.3f}" for n in MASKS
                            for d in [stats["density"][str(client)][n]])
-        lines.append(f"- Fig. 5, per-layer mask density of client {client} (`{half}`): `{path.name}` (`{path}`); "
+        lines.append(f"- Fig. 5, per-layer mask density of client {client} (`{half}`): [`{path.name}`]({path.name}); "
                      f"range over layers: {spread}.")
     if four_b:
         path = fig4b(four_b, out_dir / FIG4B)
         lines += [f"- Fig. 4b, kept ratio per client and round vs target (±{BUDGET_TOLERANCE} band), +C/+A runs: "
-                  f"`{path.name}` (`{path}`)", ""]
+                  f"[`{path.name}`]({path.name})", ""]
         for title, run in four_b:
             lines += kept_table(title, run)
     else:
