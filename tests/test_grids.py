@@ -109,3 +109,19 @@ def test_archive_keeps_the_small_records_and_renders_the_same_tables(tmp_path: P
     from_run = GRID.render(cells, {"table1-s50": run})
     from_archive = GRID.render(cells, {"table1-s50": finished_run(tmp_path / "archive", "fedspallm", "table1-s50")})
     assert from_archive.replace(str(done), str(run)) == from_run
+
+
+def test_every_archived_record_is_committed() -> None:
+    """.gitignore keeps a run's model files out of docs/runs/ but must let every `ARCHIVED` record in: a record it
+    ignores is missing from a clone, and the tables rendered there silently lose what it holds."""
+    import shutil
+    import subprocess
+
+    from fedprune_app.grids import ARCHIVED
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    paths = [f"docs/runs/grid/run/{name}" for name in (*ARCHIVED, "adapter.safetensors")]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
+    assert ignored == ["docs/runs/grid/run/adapter.safetensors"]
