@@ -26,7 +26,15 @@ from fedprune_app.evaluation import evaluate_client
 from fedprune_app.mask_generator import backbone_parameters, kept_ratios, routed_model_for
 from fedprune_app.models import model_device, set_adapter_state
 from fedprune_app.records import to_record
-from fedprune_app.routing import MASK_NAMES, LayerMasks, decoder_layers, kept_parameters, prunable_parameters, set_masks
+from fedprune_app.routing import (
+    MASK_NAMES,
+    LayerMasks,
+    decoder_layers,
+    kept_parameters,
+    per_layer_masks,
+    prunable_parameters,
+    set_masks,
+)
 
 MASK_PREFIX = "fedflap-mask."  # the global masks in the arrays the server sends: bool (layers, d) per mask name
 IMPORTANCE_PREFIX = "importance."  # a round-1 reply: float32 (layers, d) per mask name
@@ -120,8 +128,7 @@ def masks_from_arrays(arrays: dict[str, Tensor], device: torch.device) -> list[L
     """The global masks in a message's arrays as `set_masks` input (float 0/1 on `device`), None when absent."""
     if MASK_PREFIX + MASK_NAMES[0] not in arrays:
         return None
-    stacked = {name: arrays[MASK_PREFIX + name].to(device, torch.float32) for name in MASK_NAMES}
-    return [{name: stacked[name][layer] for name in MASK_NAMES} for layer in range(stacked[MASK_NAMES[0]].shape[0])]
+    return per_layer_masks({name: arrays[MASK_PREFIX + name].to(device, torch.float32) for name in MASK_NAMES})
 
 
 class FedFLAPClient(FedITClient):

@@ -208,18 +208,27 @@ def split_source(examples: list[Example], seed: int, n_test: int, n_val: int, ma
                   test=shuffled[:n_test])
 
 
+def unused_tail(cfg: RunConfig, source: str, n: int) -> list[Example]:
+    """Up to `n` examples of `source` that no split of a run with `cfg` reads: the tail of the seeded shuffle after
+    test | val | train (split_source's order); fewer, or none, when the source has no more."""
+    used = int(cfg.test_examples) + int(cfg.val_examples) + int(cfg.max_train_examples)
+    if not int(cfg.max_train_examples):
+        raise ConfigError("re-scoring on unused examples needs max-train-examples > 0 (0 = every example trains)")
+    return seeded_shuffle(load_source(source), int(cfg.seed))[used:used + n]
+
+
 def unused_examples(cfg: RunConfig, n: int) -> list[Example]:
-    """`n` examples of each `client-data` source that no split of a run with `cfg` reads: the tail of the seeded
-    shuffle after test | val | train (split_source's order). Unseen by every client and from the same
-    distribution as the test split, so a finished run can be re-scored on more examples than it evaluated."""
+    """`n` examples of each `client-data` source that no split of a run with `cfg` reads (`unused_tail`). Unseen
+    by every client and from the same distribution as the test split, so a finished run can be re-scored on more
+    examples than it evaluated; a source with fewer than `n` left is refused."""
     out: list[Example] = []
     for source in split_list(str(cfg.client_data)):
-        examples = load_source(source)
-        used = int(cfg.test_examples) + int(cfg.val_examples) + int(cfg.max_train_examples)
-        if not int(cfg.max_train_examples) or len(examples) < used + n:
-            raise ConfigError(f"data source '{source}' has {len(examples)} examples; re-scoring on {n} unused ones "
-                              f"needs max-train-examples > 0 and at least test + val + train + {n} = {used + n}")
-        out += seeded_shuffle(examples, int(cfg.seed))[used:used + n]
+        tail = unused_tail(cfg, source, n)
+        if len(tail) < n:
+            used = int(cfg.test_examples) + int(cfg.val_examples) + int(cfg.max_train_examples)
+            raise ConfigError(f"data source '{source}' has {len(tail)} unused examples; re-scoring on {n} needs "
+                              f"at least test + val + train + {n} = {used + n} examples")
+        out += tail
     return out
 
 

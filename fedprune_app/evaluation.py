@@ -93,9 +93,9 @@ def local_mc_task(name: str, test_path: Path) -> dict[str, Any]:
     }
 
 
-def lm_eval_accuracy(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dict[str, Any]], batch_size: int = 8,
-                     limit: int | None = None, include_path: str = "") -> dict[str, dict[str, float]]:
-    """lm-eval zero-shot accuracy: {task: {"acc": ., "acc_norm": .}} for task names or task dicts."""
+def _simple_evaluate(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dict[str, Any]], batch_size: int,
+                     limit: int | None, include_path: str, log_samples: bool) -> dict[str, Any]:
+    """lm-eval's `simple_evaluate`, zero-shot, on an in-memory model (HFLM wrapper), tasks by name or as dicts."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -111,13 +111,30 @@ def lm_eval_accuracy(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dic
     model.eval()
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model_device(model)))
     res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, num_fewshot=0, limit=limit,
-                                  log_samples=False, bootstrap_iters=0, verbosity="WARNING")
+                                  log_samples=log_samples, bootstrap_iters=0, verbosity="WARNING")
     model.train(was_training)
+    return res
+
+
+def lm_eval_accuracy(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dict[str, Any]], batch_size: int = 8,
+                     limit: int | None = None, include_path: str = "") -> dict[str, dict[str, float]]:
+    """lm-eval zero-shot accuracy: {task: {"acc": ., "acc_norm": .}} for task names or task dicts."""
+    res = _simple_evaluate(model, tokenizer, tasks, batch_size, limit, include_path, log_samples=False)
     out = {}
     for task, metrics in res["results"].items():
         out[task] = {m.split(",")[0]: float(v) for m, v in metrics.items()
                      if m.split(",")[0] in ("acc", "acc_norm") and isinstance(v, int | float)}
     return out
+
+
+def lm_eval_per_example(model: nn.Module, tokenizer: Any, task: str | dict[str, Any], batch_size: int = 8,
+                        include_path: str = "") -> dict[str, list[float]]:
+    """lm-eval zero-shot correctness per document of one task, in document order: {"acc": [0/1, ...], "acc_norm":
+    [...]} (the means are `lm_eval_accuracy`'s numbers; per example they allow paired bootstrap intervals)."""
+    res = _simple_evaluate(model, tokenizer, [task], batch_size, None, include_path, log_samples=True)
+    (samples,) = res["samples"].values()
+    samples = sorted(samples, key=lambda s: int(s["doc_id"]))
+    return {m: [float(s[m]) for s in samples] for m in ("acc", "acc_norm")}
 
 
 def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
@@ -140,18 +157,24 @@ def rouge_l_scores(predictions: Sequence[str], references: Sequence[str]) -> lis
 
 
 def bootstrap_ci(values: Sequence[float], paired_with: Sequence[float] | None = None, iters: int = 2000,
-                 seed: int = 0) -> tuple[float, float, float]:
+                 seed: int = 0, strata: Sequence[int] | None = None) -> tuple[float, float, float]:
     """(mean, 2.5th, 97.5th percentile) of the mean of `values` — or of the per-example differences
-    values − paired_with (a paired bootstrap: both resampled on the same example indices)."""
+    values − paired_with (a paired bootstrap: both resampled on the same example indices). With `strata` (a
+    group id per value, e.g. the client that owns the example) the statistic is the mean of the group means and
+    each group is resampled within itself, so every bootstrap sample keeps each group's size."""
     x = torch.tensor(list(values), dtype=torch.float64)
     if paired_with is not None:
         x = x - torch.tensor(list(paired_with), dtype=torch.float64)
     if x.numel() == 0:
         raise ValueError("bootstrap_ci needs at least one value")
+    if strata is not None and len(strata) != x.numel():
+        raise ValueError(f"bootstrap_ci: {len(strata)} strata for {x.numel()} values")
     gen = torch.Generator().manual_seed(seed)
-    means = x[torch.randint(0, x.numel(), (iters, x.numel()), generator=gen)].mean(dim=1)
+    groups = [x] if strata is None else [x[torch.tensor([s == g for s in strata])] for g in sorted(set(strata))]
+    means = torch.stack([g[torch.randint(0, g.numel(), (iters, g.numel()), generator=gen)].mean(dim=1)
+                         for g in groups]).mean(dim=0)
     lo, hi = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return float(x.mean()), lo, hi
+    return float(torch.stack([g.mean() for g in groups]).mean()), lo, hi
 
 
 def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> float:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -356,6 +356,13 @@ def _fill(lane: _Lane, fused: nn.Linear, last: nn.Linear, norm: nn.Module, input
     last.weight.copy_(output.weight[lane.pi_out])
     if last.bias is not None:
         last.bias.copy_(output.bias[lane.pi_out])
+
+
+def per_layer_masks(stacked: Mapping[str, Any]) -> list[LayerMasks]:
+    """The four (layers × d) mask arrays of a model (numpy or torch, e.g. a masks.npz) as one `LayerMasks` per
+    decoder layer, `compile_model`'s input."""
+    as_tensor = {n: torch.as_tensor(stacked[n]) for n in MASK_NAMES}
+    return [{n: as_tensor[n][layer] for n in MASK_NAMES} for layer in range(as_tensor[MASK_NAMES[0]].shape[0])]
 
 
 def compile_model(model: nn.Module, masks: Sequence[LayerMasks | None]) -> nn.Module:

@@ -13,13 +13,10 @@ The FedTPA grid renders these files (paired intervals between runs) when they ex
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -27,7 +24,7 @@ from fedprune_app.config import RunConfig  # noqa: E402
 from fedprune_app.data import unused_examples  # noqa: E402
 from fedprune_app.evaluation import bootstrap_ci, generate, rouge_l_scores  # noqa: E402
 from fedprune_app.models import load_run  # noqa: E402
-from fedprune_app.results import RESCORE_FILE  # noqa: E402
+from fedprune_app.results import rescore_runs  # noqa: E402
 
 
 def rescore(run_dir: Path, examples: int, batch_size: int) -> dict:
@@ -42,27 +39,17 @@ def rescore(run_dir: Path, examples: int, batch_size: int) -> dict:
             "answers": answers, "seconds": round(time.perf_counter() - start, 1)}
 
 
+def report(run_dir: Path, record: dict) -> None:
+    mean, lo, hi = bootstrap_ci(record["scores"])
+    print(f"{run_dir.name}: Rouge-L ×100 {100 * mean:.2f} [{100 * lo:.2f}, {100 * hi:.2f}] on {record['examples']} "
+          f"unused examples ({record['seconds']} s)", flush=True)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="finished run directories (config.json + adapter/)")
-    parser.add_argument("--examples", type=int, default=100, help="unused examples per data source")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--force", action="store_true", help="score again even if rescore.json exists")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    for run_dir in args.runs:
-        path = run_dir / RESCORE_FILE
-        old = json.loads(path.read_text()) if path.is_file() else {}
-        if args.force or old.get("per-source") != args.examples:
-            if not (run_dir / "adapter").is_dir():
-                print(f"{run_dir.name}: no adapter/ (not finished, or an archived record): skipped")
-                continue
-            old = rescore(run_dir, args.examples, args.batch_size)
-            path.write_text(json.dumps(old, indent=1) + "\n")
-        mean, lo, hi = bootstrap_ci(old["scores"])
-        print(f"{run_dir.name}: Rouge-L ×100 {100 * mean:.2f} [{100 * lo:.2f}, {100 * hi:.2f}] on {old['examples']} "
-              f"unused examples ({old['seconds']} s)", flush=True)
+    def skip_reason(run: Path) -> str | None:
+        return None if (run / "adapter").is_dir() else "no adapter/ (not finished, or an archived record)"
+
+    rescore_runs(__doc__.splitlines()[0], "unused examples per data source", skip_reason, rescore, report)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from clients.fedflap import IMPORTANCE_PREFIX, MASK_PREFIX, fedflap_model_for, masks_from_arrays
 from fedprune_app.config import ConfigError, RunConfig, split_list
 from fedprune_app.models import initial_adapter_state, model_device, set_adapter_state
-from fedprune_app.routing import MASK_NAMES, _dims, compile_model, prunable_parameters, save_compiled, set_masks
+from fedprune_app.routing import (
+    MASK_NAMES,
+    _dims,
+    compile_model,
+    per_layer_masks,
+    prunable_parameters,
+    save_compiled,
+    set_masks,
+)
 from strategies.base import FederatedStrategy, Recorder
 from strategies.sftp import mask_statistics
 from strategies.utils import flat_metrics, numpy_state, spec_of, to_record, weighted_average
@@ -213,9 +220,7 @@ class FedFLAPStrategy(FederatedStrategy):
         artefacts["references"] = "fedflap.md"
         if self.masks is None:
             return artefacts
-        per_layer = [{n: torch.from_numpy(self.masks[n][layer]) for n in MASK_NAMES}
-                     for layer in range(self.masks[MASK_NAMES[0]].shape[0])]
-        save_compiled(compile_model(model, per_layer), out_dir / "compiled", tokenizer)
+        save_compiled(compile_model(model, per_layer_masks(self.masks)), out_dir / "compiled", tokenizer)
         np.savez_compressed(out_dir / "masks.npz", **self.masks)
         np.savez_compressed(out_dir / "importance.npz", **(self.importance or {}))
         (out_dir / "masks.json").write_text(json.dumps(mask_statistics({0: self.masks})) + "\n")

@@ -33,7 +33,7 @@ from fedprune_app.mask_generator import (
     set_generator_state,
 )
 from fedprune_app.models import initial_adapter_state, model_device, set_adapter_state
-from fedprune_app.routing import MASK_NAMES, compile_model, save_compiled, set_masks
+from fedprune_app.routing import MASK_NAMES, compile_model, per_layer_masks, save_compiled, set_masks
 from strategies.base import FederatedStrategy, Recorder
 from strategies.utils import flat_metrics, numpy_state, to_record, weighted_average
 
@@ -132,9 +132,7 @@ class SFTPStrategy(FederatedStrategy):
             artefacts["adapter"] = "adapter"
         compiled: dict[str, torch.nn.Module] = {}
         for client, masks in sorted(self.final_masks.items()):
-            per_layer = [{n: torch.from_numpy(masks[n][layer]) for n in MASK_NAMES}
-                         for layer in range(masks[MASK_NAMES[0]].shape[0])]
-            compiled[f"client {client}"] = compile_model(model, per_layer)
+            compiled[f"client {client}"] = compile_model(model, per_layer_masks(masks))
             save_compiled(compiled[f"client {client}"], out_dir / "compiled" / f"client-{client}", tokenizer)
             artefacts[f"compiled-client-{client}"] = f"compiled/client-{client}"
         if compiled:

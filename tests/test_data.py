@@ -20,6 +20,7 @@ from fedprune_app.data import (
     text_example,
     training_batches,
     unused_examples,
+    unused_tail,
 )
 from fedprune_app.models import load_tokenizer
 
@@ -111,10 +112,11 @@ def test_unused_examples_are_outside_every_split_and_the_same_for_every_run(tmp_
             + part.test}
     assert len(extra) == 20 and len({e["prompt"] for e in extra}) == 20 and not used & {e["prompt"] for e in extra}
     assert len(used) == 70 and extra == unused_examples(cfg, 20)  # 5 + 5 + 60 used; the rest is the same tail
-    with pytest.raises(ConfigError, match="needs max-train-examples > 0 and at least .* = 101"):
+    with pytest.raises(ConfigError, match="has 30 unused examples; .* = 101 examples"):
         unused_examples(cfg, 31)
     with pytest.raises(ConfigError, match="max-train-examples > 0"):
         unused_examples(cfg.replace(max_train_examples=0), 1)
+    assert unused_tail(cfg, src, 31) == extra + unused_tail(cfg, src, 31)[20:] and len(unused_tail(cfg, src, 99)) == 30
 
 
 def test_hf_source_reads_a_local_dataset_directory(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from fedprune_app.evaluation import (
     generate,
     lcs_length,
     lm_eval_accuracy,
+    lm_eval_per_example,
     local_mc_task,
     perplexity,
     rouge_l,
@@ -90,14 +91,20 @@ def test_lm_eval_accuracy_matches_loglikelihoods_by_hand(tiny, tmp_path: Path) -
     path = tmp_path / "test.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     acc = acc_norm = 0
+    by_hand = []
     for r in rows:
         lls = [_loglik(model, tok, r["prompt"], " " + c) for c in r["choices"]]
-        acc += max(range(len(lls)), key=lls.__getitem__) == r["label"]
+        by_hand.append(max(range(len(lls)), key=lls.__getitem__) == r["label"])
+        acc += by_hand[-1]
         normed = [ll / len(c) for ll, c in zip(lls, r["choices"], strict=True)]
         acc_norm += max(range(len(normed)), key=normed.__getitem__) == r["label"]
     res = lm_eval_accuracy(model, tok, [local_mc_task("hand_check", path)], batch_size=4)
     assert res["hand_check"]["acc"] == pytest.approx(acc / len(rows))
     assert res["hand_check"]["acc_norm"] == pytest.approx(acc_norm / len(rows))
+    each = lm_eval_per_example(model, tok, local_mc_task("hand_check", path), batch_size=4)
+    assert each["acc"] == [float(c) for c in by_hand]  # per document, in file order
+
+
 
 
 def test_lm_eval_reads_task_yamls_from_an_include_path(tiny, tmp_path: Path) -> None:
@@ -164,6 +171,29 @@ def test_bootstrap_ci_matches_the_normal_interval_and_pairs_on_the_same_examples
     assert bootstrap_ci(shifted, x) == pytest.approx((0.5, 0.5, 0.5))
     with pytest.raises(ValueError):
         bootstrap_ci([])
+
+
+def test_stratified_bootstrap_averages_group_means_and_resamples_within_groups() -> None:
+    """Two clients with 4 and 100 examples: the statistic is the mean of the two client means (not the pooled
+    mean); one stratum is the unstratified bootstrap; a paired shift that is constant per client has zero width."""
+    small, large = [1.0, 1.0, 0.0, 1.0], [0.0] * 90 + [1.0] * 10
+    strata = [0] * 4 + [1] * 100
+    mean, lo, hi = bootstrap_ci(small + large, strata=strata, iters=3000)
+    assert mean == pytest.approx((0.75 + 0.10) / 2) and lo < mean < hi
+    # brute force: resample each client on its own and average the two means
+    gen = torch.Generator().manual_seed(7)
+    ref = [(torch.tensor(small)[torch.randint(0, 4, (4,), generator=gen)].mean()
+            + torch.tensor(large)[torch.randint(0, 100, (100,), generator=gen)].mean()).item() / 2
+           for _ in range(3000)]
+    ref_lo, ref_hi = torch.quantile(torch.tensor(ref, dtype=torch.float64), torch.tensor([0.025, 0.975],
+                                                                                            dtype=torch.float64))
+    assert lo == pytest.approx(ref_lo.item(), abs=0.03) and hi == pytest.approx(ref_hi.item(), abs=0.03)
+    x = [0.1 * i for i in range(30)]
+    assert bootstrap_ci(x, strata=[5] * 30) == bootstrap_ci(x)
+    shifted = [v + 0.2 for v in small] + [v - 0.4 for v in large]
+    assert bootstrap_ci(shifted, small + large, strata=strata) == pytest.approx((-0.1, -0.1, -0.1))
+    with pytest.raises(ValueError, match="3 strata for 104 values"):
+        bootstrap_ci(small + large, strata=[0, 1, 1])
 
 
 def test_generate_returns_answers_in_prompt_order_whatever_the_length_sorted_batches(tiny) -> None:

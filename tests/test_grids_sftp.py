@@ -195,6 +195,49 @@ def test_each_claim_not_held(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert "keep 0.8 (clients 0,1) mixed vs uniform: 50.50 vs 50.50;" in lines[3]
 
 
+def rescore(run: Path, correct: dict[str, dict[int, int]], sizes: dict[int, int]) -> None:
+    """A rescore.json as scripts/rescore_accuracy.py writes it: per model and client, the first `correct[model][k]`
+    of `sizes[k]` examples right."""
+    models = {m: {str(k): {"acc": [1.0] * n + [0.0] * (sizes[k] - n), "acc_norm": [0.0] * sizes[k]}
+                  for k, n in per.items()} for m, per in correct.items()}
+    (run / "rescore.json").write_text(json.dumps({
+        "per-source": 100, "models": models, "seconds": 1.0,
+        "clients": {str(k): {"source": f"bigbench:task{k}", "examples": n, "test-split": 30}
+                    for k, n in sizes.items()}}))
+
+
+def test_rescored_tables_and_claims_use_the_per_example_scores(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """In-run +C/+A beats fedflap (51.5 vs 36.5); re-scored on 130/130/130/30 examples fedflap is ahead: the
+    re-scored table shows the re-scored means, the claim flips to not held, and its paired interval is the
+    client-stratified bootstrap of the same per-example differences."""
+    from fedprune_app.evaluation import bootstrap_ci
+
+    runs = runs_for(tmp_path, tiny_model_dir)
+    sizes = {0: 130, 1: 130, 2: 130, 3: 30}
+    rescore(runs["p50-c-a"], {"final": {0: 52, 1: 65, 2: 26, 3: 9}}, sizes)
+    rescore(runs["p50-fedflap"], {"final": {0: 65, 1: 65, 2: 39, 3: 12}, "post-hoc": {0: 13, 1: 13, 2: 13, 3: 3},
+                                  "dense": {0: 78, 1: 78, 2: 78, 3: 15}}, sizes)
+    text = GRID.render(GRID.cells(args()), runs)
+    in_run, rescored = text.split("# Re-scored on more examples per client")
+    assert "+C/+A vs fedflap: 51.50 vs 36.50" in claims_of(in_run)[2] and "**held**" in claims_of(in_run)[2]
+    assert "examples per client: 0: 130, 1: 130, 2: 130, 3: 30" in rescored
+    block50 = rescored.split("### 50% pruned (keep 0.5)")[1].split("###")[0]
+    assert "| dense (round 0 of `p50-fedflap`) | 60.00 | 60.00 | 60.00 | 50.00 | 57.50 | 1.000 |" in block50
+    assert "| post hoc (fedflap round 1) | 10.00 | 10.00 | 10.00 | 10.00 | 10.00 | 0.500 |" in block50
+    assert "| fedflap (round 5) | 50.00 | 50.00 | 30.00 | 40.00 | 42.50 | 0.500 |" in block50
+    assert "| SFT-P +C/+A | 40.00 | 50.00 | 20.00 | 30.00 | 35.00 | 0.500 |" in block50
+    assert "| SFT-P NOC/NOA | – | – | – | – | – |" in block50  # not re-scored: never the in-run numbers
+    lines = [line for line in rescored.split("## Claims (re-scored)")[1].splitlines() if line.startswith("- ")]
+    assert not any("±2%" in line for line in lines)  # the masks' claim is the in-run one
+    flap = next(line for line in lines if "fedflap" in line)
+    a = [1.0] * 52 + [0.0] * 78 + [1.0] * 65 + [0.0] * 65 + [1.0] * 26 + [0.0] * 104 + [1.0] * 9 + [0.0] * 21
+    b = [1.0] * 65 + [0.0] * 65 + [1.0] * 65 + [0.0] * 65 + [1.0] * 39 + [0.0] * 91 + [1.0] * 12 + [0.0] * 18
+    _, lo, hi = bootstrap_ci(a, b, strata=[0] * 130 + [1] * 130 + [2] * 130 + [3] * 30)
+    assert f"+C/+A vs fedflap (Δ 95% CI [{100 * lo:.2f}, {100 * hi:.2f}]): 35.00 vs 42.50 ✗" in flap
+    assert "**not held**" in flap and hi < 0  # −7.5 points, resolved
+    assert "+C beats NOC" in lines[0] and "**not checked**" in lines[0]  # NOC cells not re-scored
+
+
 def test_missing_cells_are_not_checked_never_invented(tmp_path: Path, tiny_model_dir: Path) -> None:
     # p50-noc-a and the mixed run never ran; fedflap at 50% ran but its last round has no evaluation
     runs = runs_for(tmp_path, tiny_model_dir, skip=("p50-noc-a", "mixed-c-a"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,8 @@ GROUPS = ("table1", "table2", "figs", "comm")
 CLIENTS = 4
 BUDGET_TOLERANCE = 0.02  # absolute, on the kept ratio of the prunable projections (Fig. 4b's ±2% band)
 Budget = float | str  # a keep ratio, or "mixed"
+Accuracy = Callable[[dict[str, Path], str, int | None], dict[int, float]]  # (runs, tag, round) -> {client: acc ×100}
+Interval = Callable[[str, str, list[int]], str]  # (tag, other tag, clients) -> " [lo, hi]" of Δ avg, or ""
 
 
 def mark(held: bool | None) -> str:
@@ -143,18 +145,20 @@ def _row(label: str, acc: dict[int, float], kept: dict[int, float]) -> str:
             + f" | {fmt(mean_of(acc))} | {fmt(kept_mean, 3)} |")
 
 
-def table1(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
-    """Per budget: dense, post hoc, fedflap and the four SFT-P variants; acc ×100 per client, the average over the
-    four clients (– unless all four evaluated) and the mean kept ratio of the prunable projections."""
+def table1(grid_cells: list[Cell], runs: dict[str, Path], acc: Accuracy = accuracy, heading: str = "",
+           note: str = "") -> list[str]:
+    """Per budget: dense, post hoc, fedflap and the four SFT-P variants; acc ×100 per client (from `acc`: in-run
+    or re-scored), the average over the four clients (– unless all four have one) and the mean kept ratio of the
+    prunable projections."""
     tags = {c.tag for c in grid_cells}
     names = client_names(runs.values())
     head = ("| model | " + " | ".join(f"client {c} `{names.get(c, '?')}`" for c in range(CLIENTS))
             + " | avg | kept (prunable) |")
-    lines = ["## Table 1: dense, post hoc, fedflap and the SFT-P variants", "",
-             "Accuracy (%) of each client on its own test split in the run's last round (dense = round 0, post hoc "
-             "= fedflap's round 1: its cut masks before any training). avg: over the four clients. kept: the mean "
-             "kept ratio of the prunable projections of the models evaluated (SFT-P: each client's deterministic "
-             "mask).", ""]
+    lines = [f"## Table 1: dense, post hoc, fedflap and the SFT-P variants{heading}", "",
+             note or "Accuracy (%) of each client on its own test split in the run's last round (dense = round 0, "
+             "post hoc = fedflap's round 1: its cut masks before any training). avg: over the four clients. kept: "
+             "the mean kept ratio of the prunable projections of the models evaluated (SFT-P: each client's "
+             "deterministic mask).", ""]
     for b in BUDGETS:
         block = [tag_of("fedflap", b), *(tag_of("sftp", b, v) for v in VARIANTS)]
         if not any(t in tags for t in block):
@@ -165,20 +169,20 @@ def table1(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
             lines.append("| dense (round 0) | *not run* |")
         else:
             rows = evaluations(runs[dense_tag], 0)
-            lines.append(_row(f"dense (round 0 of `{dense_tag}`)", accuracy(runs, dense_tag, 0),
+            lines.append(_row(f"dense (round 0 of `{dense_tag}`)", acc(runs, dense_tag, 0),
                               values(rows, "kept-ratio-prunable")))
         flap = tag_of("fedflap", b)
         if flap in runs:
             for label, round_ in (("post hoc (fedflap round 1)", 1), (f"fedflap (round {last_round(runs[flap])})",
                                                                        None)):
-                lines.append(_row(label, accuracy(runs, flap, round_),
+                lines.append(_row(label, acc(runs, flap, round_),
                                   values(evaluations(runs[flap], round_), "kept-ratio-prunable")))
         elif flap in tags:
             lines += ["| post hoc | *not run* |", "| fedflap | *not run* |"]
         for v, (label, _, _) in VARIANTS.items():
             tag = tag_of("sftp", b, v)
             if tag in runs:
-                lines.append(_row(f"SFT-P {label}", accuracy(runs, tag),
+                lines.append(_row(f"SFT-P {label}", acc(runs, tag, None),
                                   values(evaluations(runs[tag]), "kept-ratio-prunable")))
             elif tag in tags:
                 lines.append(f"| SFT-P {label} | *not run* |")
@@ -196,12 +200,12 @@ def mixed_groups(runs: dict[str, Path]) -> dict[float, list[int]]:
     return dict(sorted(groups.items(), reverse=True))
 
 
-def table2(runs: dict[str, Path]) -> list[str]:
+def table2(runs: dict[str, Path], acc: Accuracy = accuracy, heading: str = "") -> list[str]:
     """Uniform vs mixed (+C/+A): per budget group, the group's clients in the mixed run and in the uniform run of
     their budget; then each client's final kept ratio vs its target."""
     names = client_names(runs.values())
     mixed = tag_of("sftp", "mixed", "c-a")
-    lines = ["## Table 2: SFT-P +C/+A under uniform vs mixed budgets", "",
+    lines = [f"## Table 2: SFT-P +C/+A under uniform vs mixed budgets{heading}", "",
              "Accuracy (%) on each client's own test split in the last round; group mean over the group's clients. "
              "Kept: the client's final kept ratio of the prunable projections / its target p.", ""]
     for p, clients in mixed_groups(runs).items():
@@ -213,9 +217,9 @@ def table2(runs: dict[str, Path]) -> list[str]:
             if tag not in runs:
                 lines.append(f"| {label} | *not run* |")
                 continue
-            acc = accuracy(runs, tag)
-            lines.append(f"| {label} | " + " | ".join(fmt(acc.get(c)) for c in clients)
-                         + f" | {fmt(mean_of(acc, clients))} |")
+            per = acc(runs, tag, None)
+            lines.append(f"| {label} | " + " | ".join(fmt(per.get(c)) for c in clients)
+                         + f" | {fmt(mean_of(per, clients))} |")
         for label, tag in ((f"kept / target ({round((1 - p) * 100)}% all)", uniform), ("kept / target (mixed)", mixed)):
             if tag in runs:
                 kept, goal = values(evaluations(runs[tag]), "kept-ratio-prunable"), targets(runs[tag])
@@ -259,41 +263,58 @@ def gt(a: float, b: float) -> bool:
     return a > b
 
 
-def claims(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
+def no_interval(_tag: str, _other: str, _clients: list[int]) -> str:
+    return ""
+
+
+def claims(grid_cells: list[Cell], runs: dict[str, Path], acc: Accuracy = accuracy, interval: Interval = no_interval,
+           tolerance: Callable[[list[int]], float | None] | None = None, heading: str = "") -> list[str]:
+    """The four claims on the accuracies `acc` gives (in-run or re-scored; the budget claim only in-run: it reads
+    masks, not accuracies). `interval` adds the paired interval of each Δ; `tolerance(clients)` is one example's
+    worth in points for the mixed-budget claim (default 100 / the mixed run's test-examples)."""
     groups = {g for c in grid_cells for g in c.settings["groups"]}
-    lines = ["## Claims", ""]
-    if any(c.settings["method"] == "sftp" for c in grid_cells):
+    lines = [f"## Claims{heading}", ""]
+    if not heading and any(c.settings["method"] == "sftp" for c in grid_cells):
         held, text = budget_claim(grid_cells, runs)
         lines.append(f"- Every client ends within ±2% of its budget (|kept − p| ≤ {BUDGET_TOLERANCE} absolute, on the "
                      "kept ratio of the prunable projections; kept/p per client 0…3 of every SFT-P run, from the last "
                      f"round's deterministic masks): {mark(held)} ({text}).")
 
-    def avg(tag: str) -> float | None:
-        return mean_of(accuracy(runs, tag))
+    def avg(tag: str, clients: list[int] = list(range(CLIENTS))) -> float | None:  # noqa: B006 - never mutated
+        return mean_of(acc(runs, tag, None), clients)
+
+    def vs(label: str, tag: str, other: str, clients: list[int] = list(range(CLIENTS))) -> str:  # noqa: B006
+        ci = interval(tag, other, clients)
+        return f"{label} (Δ 95% CI{ci})" if ci else label
 
     if "table1" in groups:
-        pairs = [(f"{VARIANTS[c][0]} vs {VARIANTS[n][0]}", avg(tag_of("sftp", 0.5, c)), avg(tag_of("sftp", 0.5, n)),
-                  gt) for c, n in (("c-a", "noc-a"), ("c-noa", "noc-noa"))]
+        pairs = [(vs(f"{VARIANTS[c][0]} vs {VARIANTS[n][0]}", tag_of("sftp", 0.5, c), tag_of("sftp", 0.5, n)),
+                  avg(tag_of("sftp", 0.5, c)), avg(tag_of("sftp", 0.5, n)), gt)
+                 for c, n in (("c-a", "noc-a"), ("c-noa", "noc-noa"))]
         held, text = judge(pairs)
         lines.append(f"- +C beats NOC on the average accuracy at 50%, with adapters and without: {mark(held)} "
                      f"({text}).")
-        held, text = judge([("+C/+A vs fedflap", avg(tag_of("sftp", 0.5, "c-a")), avg(tag_of("fedflap", 0.5)), gt)])
+        sftp, flap = tag_of("sftp", 0.5, "c-a"), tag_of("fedflap", 0.5)
+        held, text = judge([(vs("+C/+A vs fedflap", sftp, flap), avg(sftp), avg(flap), gt)])
         lines.append(f"- SFT-P (+C/+A) beats fedflap on the average accuracy at 50%: {mark(held)} ({text}).")
     if "table2" in groups:
         mixed = tag_of("sftp", "mixed", "c-a")
         run = runs.get(mixed)
-        tolerance = 100 / int(read_config(run)["test-examples"]) if run is not None else None
-        pairs = []
+        if tolerance is None:
+            in_run = 100 / int(read_config(run)["test-examples"]) if run is not None else None
+            tolerance = lambda _clients: in_run  # noqa: E731
+        pairs, tols = [], []
         for p, clients in mixed_groups(runs).items():
-            uniform = mean_of(accuracy(runs, tag_of("sftp", p, "c-a")), clients)
-            pairs.append((f"keep {p:g} (clients {','.join(map(str, clients))}) mixed vs uniform",
-                          mean_of(accuracy(runs, mixed), clients), uniform,
-                          lambda a, b: a >= b - (tolerance or 0.0) - 1e-9))
+            uniform = tag_of("sftp", p, "c-a")
+            tol = tolerance(clients)
+            tols.append("–" if tol is None else f"{tol:.2f}")
+            pairs.append((vs(f"keep {p:g} (clients {','.join(map(str, clients))}) mixed vs uniform", mixed, uniform,
+                             clients), avg(mixed, clients), avg(uniform, clients),
+                          lambda a, b, tol=tol: a >= b - (tol or 0.0) - 1e-9))
         held, text = judge(pairs)
-        tol = "–" if tolerance is None else f"{tolerance:.2f}"
         lines.append(f"- Mixed budgets do not hurt either group (each group's mean accuracy in the mixed run ≥ the "
-                     f"same clients' in the uniform run of their budget − one test example's worth, 100/test-examples "
-                     f"= {tol} points): {mark(held)} ({text}).")
+                     f"same clients' in the uniform run of their budget − one test example's worth, 100/examples "
+                     f"= {' / '.join(dict.fromkeys(tols))} points): {mark(held)} ({text}).")
     return lines
 
 
@@ -375,6 +396,10 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
     lines += claims(grid_cells, runs)
     if "comm" in groups:
         lines += ["", *communication(grid_cells, runs)]
+    from fedprune_app.grids.sftp_rescored import section
+
+    rescored = section(grid_cells, runs)
+    lines += ["", *rescored] if rescored else []
     lines += ["", "## Runs", ""]
     lines += [f"- `{c.tag}`: `{runs[c.tag]}`" if c.tag in runs else f"- `{c.tag}`: not run" for c in grid_cells]
     return "\n".join(lines) + "\n"
