@@ -200,14 +200,14 @@ def mixed_groups(runs: dict[str, Path]) -> dict[float, list[int]]:
     return dict(sorted(groups.items(), reverse=True))
 
 
-def table2(runs: dict[str, Path], acc: Accuracy = accuracy, heading: str = "") -> list[str]:
+def table2(runs: dict[str, Path], acc: Accuracy = accuracy, heading: str = "", note: str = "") -> list[str]:
     """Uniform vs mixed (+C/+A): per budget group, the group's clients in the mixed run and in the uniform run of
     their budget; then each client's final kept ratio vs its target."""
     names = client_names(runs.values())
     mixed = tag_of("sftp", "mixed", "c-a")
     lines = [f"## Table 2: SFT-P +C/+A under uniform vs mixed budgets{heading}", "",
-             "Accuracy (%) on each client's own test split in the last round; group mean over the group's clients. "
-             "Kept: the client's final kept ratio of the prunable projections / its target p.", ""]
+             note or "Accuracy (%) on each client's own test split in the last round; group mean over the group's "
+             "clients. Kept: the client's final kept ratio of the prunable projections / its target p.", ""]
     for p, clients in mixed_groups(runs).items():
         uniform = tag_of("sftp", p, "c-a")
         lines += [f"### Clients {', '.join(map(str, clients))} at {budget_label(p)}", "",
