@@ -25,7 +25,7 @@ from typing import Any
 from fedprune_app.config import per_client
 from fedprune_app.grids import Cell, plan, read_metrics, selected_groups
 from fedprune_app.grids import mark as _mark
-from fedprune_app.grids.fedtpa import FigureGrid, judge
+from fedprune_app.grids.fedtpa import FigureGrid, judge, paired
 
 PRESETS = {"sftp": "conf/sftp.toml", "fedflap": "conf/fedflap.toml"}
 VARIANTS = {"noc-noa": ("NOC/NOA", False, False), "noc-a": ("NOC/+A", False, True),
@@ -268,24 +268,25 @@ def no_interval(_tag: str, _other: str, _clients: list[int]) -> str:
 
 
 def claims(grid_cells: list[Cell], runs: dict[str, Path], acc: Accuracy = accuracy, interval: Interval = no_interval,
-           tolerance: Callable[[list[int]], float | None] | None = None, heading: str = "") -> list[str]:
-    """The four claims on the accuracies `acc` gives (in-run or re-scored; the budget claim only in-run: it reads
-    masks, not accuracies). `interval` adds the paired interval of each Δ; `tolerance(clients)` is one example's
-    worth in points for the mixed-budget claim (default 100 / the mixed run's test-examples)."""
+           tolerance: Callable[[list[int]], float | None] | None = None, heading: str = "",
+           budget: bool = True) -> list[str]:
+    """The claims on the accuracies `acc` gives (in-run or re-scored) and, with `budget`, the budget claim (it
+    reads masks, not accuracies: the same either way). `interval` adds the paired interval of each Δ;
+    `tolerance(clients)` is one example's worth in points for the mixed-budget claim (default 100 / the mixed
+    run's test-examples)."""
     groups = {g for c in grid_cells for g in c.settings["groups"]}
     lines = [f"## Claims{heading}", ""]
-    if not heading and any(c.settings["method"] == "sftp" for c in grid_cells):
+    if budget and any(c.settings["method"] == "sftp" for c in grid_cells):
         held, text = budget_claim(grid_cells, runs)
         lines.append(f"- Every client ends within ±2% of its budget (|kept − p| ≤ {BUDGET_TOLERANCE} absolute, on the "
                      "kept ratio of the prunable projections; kept/p per client 0…3 of every SFT-P run, from the last "
                      f"round's deterministic masks): {mark(held)} ({text}).")
 
-    def avg(tag: str, clients: list[int] = list(range(CLIENTS))) -> float | None:  # noqa: B006 - never mutated
+    def avg(tag: str, clients: Iterable[int] = range(CLIENTS)) -> float | None:
         return mean_of(acc(runs, tag, None), clients)
 
-    def vs(label: str, tag: str, other: str, clients: list[int] = list(range(CLIENTS))) -> str:  # noqa: B006
-        ci = interval(tag, other, clients)
-        return f"{label} (Δ 95% CI{ci})" if ci else label
+    def vs(label: str, tag: str, other: str, clients: Iterable[int] = range(CLIENTS)) -> str:
+        return label + paired(interval(tag, other, list(clients)))
 
     if "table1" in groups:
         pairs = [(vs(f"{VARIANTS[c][0]} vs {VARIANTS[n][0]}", tag_of("sftp", 0.5, c), tag_of("sftp", 0.5, n)),

@@ -90,5 +90,6 @@ def section(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
     if "table2" in groups:
         lines += table2(runs, rescored_accuracy, heading, "Accuracy (%) of each client re-scored (see above); group "
                         "mean over the group's clients. Kept: as in the in-run table.")
-    lines += claims(grid_cells, runs, rescored_accuracy, paired_interval(runs), tolerance(grid_cells, runs), heading)
+    lines += claims(grid_cells, runs, rescored_accuracy, paired_interval(runs), tolerance(grid_cells, runs), heading,
+                    budget=False)
     return lines
