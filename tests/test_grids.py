@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedprune_app.config import RunConfig
-from fedprune_app.grids import finished_run
+from fedprune_app.grids import finished_run, model_parameters
 from fedprune_app.grids.fedspallm import GRID
 from fedprune_app.launch import merged_config
 from fedprune_app.pruned_models import target_count
@@ -34,7 +34,7 @@ def fake_run(out: Path, tag: str, sparsity: float, fed: float, standalone: float
         "a": {"zeros": target_count(sparsity, size), "size": size}, "b": {"zeros": zeros, "size": size}}}))
     rows = [{"phase": "train", "status": "accepted", "bytes-down": 4e6, "bytes-up": 5e6} for _ in range(4)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run / "model" / "model.safetensors").write_bytes(b"0" * 1000)
+    (run / "config.json").write_text(json.dumps({"method": "fedspallm", "model-name": "embedded"}))
     return run
 
 
@@ -92,7 +92,8 @@ def test_missing_cells_are_reported_not_invented(tmp_path: Path, missing: str) -
     runs = {c.tag: fake_run(tmp_path, c.tag, c.settings["sparsity"], 30, 31, 1e5) for c in cells if c.tag != missing}
     text = GRID.render(cells, runs)
     assert "| 60% | *not run* |" in text and f"- `{missing}`: not run" in text
-    assert "| layer sampling (r_i = 0.5) | 4.0 | 5.0 | 0.0 | 0.0 |" in text
+    whole = 4 * model_parameters("embedded") / 1e6  # the model's fp32 size from its config: no weights needed
+    assert f"| layer sampling (r_i = 0.5) | 4.0 | 5.0 | {whole:.1f} | 0.0 |" in text and whole > 500
 
 
 def test_archive_keeps_the_small_records_and_renders_the_same_tables(tmp_path: Path) -> None:
@@ -104,7 +105,7 @@ def test_archive_keeps_the_small_records_and_renders_the_same_tables(tmp_path: P
     run = fake_run(tmp_path / "runs", "table1-s50", 0.5, fed=30.0, standalone=35.0, random=1e6)
     (run / "masks.npz").write_bytes(b"0" * (ARCHIVE_MAX_BYTES + 1))
     (done,) = archive_runs({"table1-s50": run}, tmp_path / "archive")
-    assert sorted(p.name for p in done.iterdir()) == ["metrics.jsonl", "sparsity.json", "summary.json"]
+    assert sorted(p.name for p in done.iterdir()) == ["config.json", "metrics.jsonl", "sparsity.json", "summary.json"]
     assert done.name == run.name
     from_run = GRID.render(cells, {"table1-s50": run})
     from_archive = GRID.render(cells, {"table1-s50": finished_run(tmp_path / "archive", "fedspallm", "table1-s50")})

@@ -19,6 +19,7 @@ import json
 import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,11 @@ def archive_runs(runs: dict[str, Path], dest: Path) -> list[Path]:
     return out
 
 
+def read_config(run_dir: Path) -> dict[str, Any]:
+    """The run config a finished run recorded (config.json)."""
+    return json.loads((run_dir / "config.json").read_text())
+
+
 def read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -127,6 +133,24 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def mark(held: bool | None) -> str:
     return "**held**" if held else ("**not held**" if held is not None else "**not checked** (cells missing)")
+
+
+@lru_cache(maxsize=8)
+def model_parameters(model_name: str) -> int | None:
+    """N: parameters of the run's base model (tied weights once), counted on the meta device from its config
+    (no weights loaded); None when the model cannot be resolved here."""
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from fedprune_app.models import resolve_model_path
+
+        config = AutoConfig.from_pretrained(resolve_model_path(model_name))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        return sum(p.numel() for p in model.parameters())
+    except Exception:  # noqa: BLE001 - a missing model leaves the column empty, never the table
+        return None
 
 
 def fmt_ppl(value: float | None) -> str:

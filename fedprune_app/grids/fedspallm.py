@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedprune_app.grids import Cell, Grid, fmt_ppl, mark, read_metrics, read_summary
+from fedprune_app.grids import Cell, Grid, fmt_ppl, mark, model_parameters, read_config, read_metrics, read_summary
 from fedprune_app.pruned_models import target_count
 
 TABLES = {"table1": 4, "table2": 8, "table3": 16}
@@ -133,9 +133,10 @@ def communication(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
         rows = [r for r in read_metrics(runs[tag]) if r.get("phase") == "train" and r.get("status") == "accepted"]
         down = sum(r["bytes-down"] for r in rows) / len(rows)
         up = sum(r["bytes-up"] for r in rows) / len(rows)
-        whole = sum(p.stat().st_size for p in (runs[tag] / "model").glob("*.safetensors"))
+        params = model_parameters(str(read_config(runs[tag]).get("model-name", "embedded")))
+        whole = "–" if params is None else f"{4 * params / 1e6:.1f}"  # from the config: no weights archived
         prunable = 4 * json.loads((runs[tag] / "sparsity.json").read_text())["size"]
-        lines.append(f"| {label} | {down / 1e6:.1f} | {up / 1e6:.1f} | {whole / 1e6:.1f} | {prunable / 1e6:.1f} |")
+        lines.append(f"| {label} | {down / 1e6:.1f} | {up / 1e6:.1f} | {whole} | {prunable / 1e6:.1f} |")
     lines += ["", "Down: the sampled layers' global weights (fp32). Up: their pruned weights (fp32, zeros included) "
               "and bool masks. The embeddings and norms never travel."]
     return lines

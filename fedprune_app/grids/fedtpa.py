@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedprune_app.grids import Cell, Grid, mark, plan, read_metrics, selected_groups
+from fedprune_app.grids import Cell, Grid, mark, plan, read_config, read_metrics, selected_groups
 from fedprune_app.results import RESCORE_FILE
 
 PRESETS = {"fedit": "conf/fedit-instructions.toml", "flexlora": "conf/flexlora.toml", "fedtpa": "conf/fedtpa.toml"}
@@ -72,7 +72,7 @@ def final_rouge(run_dir: Path, round_: int | None = None) -> float | None:
     """Mean Rouge-L of the `evaluate` rows of the run's last round (or `round_`), None when that round has none.
     The presets let one client evaluate (every client would score the same global test split)."""
     if round_ is None:
-        round_ = int(json.loads((run_dir / "config.json").read_text())["num-server-rounds"])
+        round_ = int(read_config(run_dir)["num-server-rounds"])
     vals = [float(r["rouge-l"]) for r in read_metrics(run_dir)
             if r.get("phase") == "evaluate" and r.get("status") == "ok" and r.get("round") == round_
             and isinstance(r.get("rouge-l"), int | float)]

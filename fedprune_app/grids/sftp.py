@@ -15,15 +15,13 @@ accepted `train` rows; the masks from masks.json / masks.npz (figures).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from fedprune_app.config import per_client
-from fedprune_app.grids import Cell, plan, read_metrics, selected_groups
+from fedprune_app.grids import Cell, model_parameters, plan, read_config, read_metrics, selected_groups
 from fedprune_app.grids import mark as _mark
 from fedprune_app.grids.fedtpa import FigureGrid, judge, paired
 
@@ -78,10 +76,6 @@ def cells(args: Any) -> list[Cell]:
 
 
 # --- reading the runs -----------------------------------------------------------------------------------------
-
-def read_config(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "config.json").read_text())
-
 
 def last_round(run_dir: Path) -> int:
     return int(read_config(run_dir)["num-server-rounds"])
@@ -320,24 +314,6 @@ def claims(grid_cells: list[Cell], runs: dict[str, Path], acc: Accuracy = accura
 
 
 # --- communication --------------------------------------------------------------------------------------------
-
-@lru_cache(maxsize=8)
-def model_parameters(model_name: str) -> int | None:
-    """N: parameters of the run's base model (tied weights once), counted on the meta device from its config
-    (no weights loaded); None when the model cannot be resolved here."""
-    try:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        from fedprune_app.models import resolve_model_path
-
-        config = AutoConfig.from_pretrained(resolve_model_path(model_name))
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        return sum(p.numel() for p in model.parameters())
-    except Exception:  # noqa: BLE001 - a missing model leaves the column empty, never the table
-        return None
-
 
 def _bytes_row(label: str, rows: list[dict[str, Any]], fp32: float | None) -> str:
     if not rows:
