@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from fedprune_app.config import RunConfig
-from fedprune_app.routing import MASK_NAMES, LayerMasks
+from fedprune_app.routing import MASK_NAMES, LayerMasks, kept_parameters, prunable_parameters
 
 GENERATOR_PREFIX = "mask-generator."  # Θ's tensors in a message; Φ (LoRA) keeps peft's names
 
@@ -68,6 +68,17 @@ def reinmax_binary(s: Tensor, tau: float, c: float, generator: torch.Generator |
 def deterministic_mask(s: Tensor, c: float) -> Tensor:
     """1[σ(s + c) > 0.5] (in s's dtype, no gradient): the mask used for evaluation and compilation."""
     return (torch.sigmoid(s.detach() + c) > 0.5).to(s.dtype)
+
+
+def mask_rounding(s: Tensor, c: float, config: Any) -> dict[str, float]:
+    """How far the deployed mask is from what training's budget penalty saw: the kept ratio T/T_total of the
+    prunable projections under the deterministic mask 1[π > 0.5] and in expectation over the sampled gates
+    g ~ Bernoulli(π), π = σ(s + c) (T is linear in each gate, so E[T(g)] = T(π)), and the share of gates with
+    0.1 < π < 0.9 (not yet saturated). s: logits (layers, 4, d)."""
+    total, pi = prunable_parameters(config), torch.sigmoid(s.detach().float() + c)
+    return {"deterministic": float(kept_parameters(config, layer_masks(deterministic_mask(s, c)))) / total,
+            "expected": float(kept_parameters(config, layer_masks(pi))) / total,
+            "unsaturated": float(((pi > 0.1) & (pi < 0.9)).float().mean())}
 
 
 # --- budget (Eq. 13–14) ---------------------------------------------------------------------------------

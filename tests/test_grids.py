@@ -92,6 +92,8 @@ def test_missing_cells_are_reported_not_invented(tmp_path: Path, missing: str) -
     runs = {c.tag: fake_run(tmp_path, c.tag, c.settings["sparsity"], 30, 31, 1e5) for c in cells if c.tag != missing}
     text = GRID.render(cells, runs)
     assert "| 60% | *not run* |" in text and f"- `{missing}`: not run" in text
+    name = runs["table1-s50"].name  # runs sit next to tables.md: linked by a relative path, not the machine's
+    assert f"- `table1-s50`: [`{name}`]({name}/)" in text and str(tmp_path) not in text
     whole = 4 * model_parameters("embedded") / 1e6  # the model's fp32 size from its config: no weights needed
     assert f"| layer sampling (r_i = 0.5) | 4.0 | 5.0 | {whole:.1f} | 0.0 |" in text and whole > 500
 

@@ -15,12 +15,13 @@ from fedprune_app.mask_generator import (
     get_generator_state,
     kept_ratios,
     layer_masks,
+    mask_rounding,
     reinmax_binary,
     set_generator_state,
     sftp_objective,
     stacked_masks,
 )
-from fedprune_app.routing import MASK_NAMES
+from fedprune_app.routing import MASK_NAMES, kept_parameters, prunable_parameters
 
 
 def reinmax_reference(logits: torch.Tensor, one_hot: torch.Tensor, grad_sample: torch.Tensor, tau: float
@@ -186,3 +187,24 @@ def test_cosine_schedule() -> None:
     assert cosine_lr(2e-5, 0, 10) == pytest.approx(2e-5)
     assert cosine_lr(2e-5, 5, 10) == pytest.approx(1e-5)
     assert cosine_lr(2e-5, 10, 10) == pytest.approx(0.0, abs=1e-15)
+
+
+def test_mask_rounding_against_sampled_gates() -> None:
+    """The expected kept ratio equals the mean over sampled Bernoulli(π) masks (Monte Carlo), the deterministic
+    one rounds π at 0.5, and gates at π = 0.7 round up: the bias that keeps a p = 0.8 run above its budget."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=16, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2)
+    gen = torch.Generator().manual_seed(0)
+    c = 3.0
+    s = torch.randn(3, len(MASK_NAMES), 16, generator=gen) * 3 - c  # π spread over (0, 1)
+    r = mask_rounding(s, c, config)
+    pi, total = torch.sigmoid(s + c), prunable_parameters(config)
+    samples = [float(kept_parameters(config, layer_masks(torch.bernoulli(pi, generator=gen)))) / total
+               for _ in range(4000)]
+    assert r["expected"] == pytest.approx(sum(samples) / len(samples), abs=0.005)
+    assert r["deterministic"] == float(kept_parameters(config, layer_masks((pi > 0.5).float()))) / total
+    assert r["unsaturated"] == pytest.approx(float(((pi > 0.1) & (pi < 0.9)).float().mean()))
+    flat = mask_rounding(torch.full((3, len(MASK_NAMES), 16), math.log(0.7 / 0.3) - c), c, config)
+    assert flat == pytest.approx({"deterministic": 1.0, "expected": 0.7, "unsaturated": 1.0})

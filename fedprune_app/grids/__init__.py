@@ -118,6 +118,13 @@ def archive_runs(runs: dict[str, Path], dest: Path) -> list[Path]:
     return out
 
 
+def runs_section(grid_cells: Sequence[Cell], runs: dict[str, Path]) -> list[str]:
+    """'## Runs': each cell's run directory, linked relative to tables.md (a grid's runs sit next to it, in
+    outputs/grids/<grid> and in the committed docs/runs/<grid> alike)."""
+    return ["## Runs", "", *(f"- `{c.tag}`: [`{runs[c.tag].name}`]({runs[c.tag].name}/)" if c.tag in runs
+                             else f"- `{c.tag}`: not run" for c in grid_cells)]
+
+
 def read_config(run_dir: Path) -> dict[str, Any]:
     """The run config a finished run recorded (config.json)."""
     return json.loads((run_dir / "config.json").read_text())

@@ -12,7 +12,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedprune_app.grids import Cell, Grid, fmt_ppl, mark, model_parameters, read_config, read_metrics, read_summary
+from fedprune_app.grids import (
+    Cell,
+    Grid,
+    fmt_ppl,
+    mark,
+    model_parameters,
+    read_config,
+    read_metrics,
+    read_summary,
+    runs_section,
+)
 from fedprune_app.pruned_models import target_count
 
 TABLES = {"table1": 4, "table2": 8, "table3": 16}
@@ -115,8 +125,7 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
     ex = claims["exact"]
     lines.append(f"- Every pruned matrix of the global model has exactly ⌈s·d⌉ zeros: {mark(all(ex) if ex else None)} "
                  f"({exact_counts[0]}/{exact_counts[1]} matrices over {len(ex)} runs).")
-    lines += ["", *communication(grid_cells, runs), "", "## Runs", ""]
-    lines += [f"- `{c.tag}`: `{runs[c.tag]}`" if c.tag in runs else f"- `{c.tag}`: not run" for c in grid_cells]
+    lines += ["", *communication(grid_cells, runs), "", *runs_section(grid_cells, runs)]
     return "\n".join(lines) + "\n"
 
 

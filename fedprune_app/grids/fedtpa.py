@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedprune_app.grids import Cell, Grid, mark, plan, read_config, read_metrics, selected_groups
+from fedprune_app.grids import Cell, Grid, mark, plan, read_config, read_metrics, runs_section, selected_groups
 from fedprune_app.results import RESCORE_FILE
 
 PRESETS = {"fedit": "conf/fedit-instructions.toml", "flexlora": "conf/flexlora.toml", "fedtpa": "conf/fedtpa.toml"}
@@ -229,8 +229,7 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
                                 bootstrap_interval(wide), heading=" (re-scored)")
     if "comm" in groups:
         lines += ["", *communication(grid_cells, runs)]
-    lines += ["", "## Runs", ""]
-    lines += [f"- `{c.tag}`: `{runs[c.tag]}`" if c.tag in runs else f"- `{c.tag}`: not run" for c in grid_cells]
+    lines += ["", *runs_section(grid_cells, runs)]
     return "\n".join(lines) + "\n"
 
 

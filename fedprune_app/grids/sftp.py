@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprune_app.config import per_client
-from fedprune_app.grids import Cell, model_parameters, plan, read_config, read_metrics, selected_groups
+from fedprune_app.grids import Cell, model_parameters, plan, read_config, read_metrics, runs_section, selected_groups
 from fedprune_app.grids import mark as _mark
 from fedprune_app.grids.fedtpa import FigureGrid, judge, paired
 
@@ -377,8 +377,7 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
 
     rescored = section(grid_cells, runs)
     lines += ["", *rescored] if rescored else []
-    lines += ["", "## Runs", ""]
-    lines += [f"- `{c.tag}`: `{runs[c.tag]}`" if c.tag in runs else f"- `{c.tag}`: not run" for c in grid_cells]
+    lines += ["", *runs_section(grid_cells, runs)]
     return "\n".join(lines) + "\n"
 
 
