@@ -98,6 +98,13 @@ def test_missing_cells_are_reported_not_invented(tmp_path: Path, missing: str) -
     assert f"| layer sampling (r_i = 0.5) | 4.0 | 5.0 | {whole:.1f} | 0.0 |" in text and whole > 500
 
 
+def test_a_table_with_no_finished_cell_still_renders_as_a_table(tmp_path: Path) -> None:
+    cells = GRID.cells(args(only="table1,table2", sparsity="0.5"))
+    runs = {"table1-s50": fake_run(tmp_path, "table1-s50", 0.5, 30, 31, 1e5)}
+    table2 = GRID.render(cells, runs).split("## Table 2: 8 clients")[1].split("## ")[0]
+    assert table2.split() == ["|", "sparsity", "|", "model", "|", "|---|---|", "|", "50%", "|", "*not", "run*", "|"]
+
+
 def test_archive_keeps_the_small_records_and_renders_the_same_tables(tmp_path: Path) -> None:
     """archive_runs copies what the tables read (not model files, not a record above the size cap); the archive
     alone renders the same tables."""

@@ -82,6 +82,8 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
             sources = model_rows(runs[present[0].tag])[0]
             lines += ["| sparsity | model | " + " | ".join(f"`{x}`" for x in sources) + " |",
                       "|---|---|" + "---|" * len(sources)]
+        else:
+            lines += ["| sparsity | model |", "|---|---|"]
         for cell in group_cells:
             s = cell.settings["sparsity"]
             if cell.tag not in runs:
