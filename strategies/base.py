@@ -8,6 +8,7 @@ Flower's `Strategy.start` owns the round loop (train -> aggregate -> federated e
 - `node_config(round, node)`    per-node entries of the train ConfigRecord (layer ids, ranks, budgets);
 - `arrays_for(node, arrays)`    the per-node payload (default: the global arrays);
 - `reply_problem(node, reply)`  why a reply cannot be aggregated (default: shapes / finiteness vs what was sent);
+- `absorb(node, reply)`         each accepted reply as it arrives (default: kept whole for `aggregate`);
 - `aggregate(round, replies)`   the new global ArrayRecord from the accepted replies (default: FedAvg);
 - `global_model(arrays)`        a model with the global state loaded (server evaluation, artefacts);
 - `save_final(arrays, dir)`     the final artefacts;
@@ -36,7 +37,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,8 @@ class FederatedStrategy(FedAvg):
         self.cfg = cfg
         self.record = recorder or (lambda row: None)
         self.rng = random.Random(int(cfg.seed))
-        self.sent: dict[int, ArrayRecord] = {}
+        self.sent: dict[int, dict[str, tuple[tuple[int, ...], str]]] = {}  # node -> {key: (shape, dtype)} sent
+        self.bytes_down: dict[int, int] = {}  # node -> tensor bytes of its train payload this round
         self.num_connected = 0  # nodes connected at the last sampling (= partitions in a simulation)
         self.node_partition: dict[int, int] = {}  # node id -> partition id (from `identify` and train replies)
         self.node_resources: dict[int, float] = {}  # node id -> node-config `resources` (0 = not set)
@@ -110,7 +112,14 @@ class FederatedStrategy(FedAvg):
 
     def expected_reply(self, node_id: int) -> dict[str, tuple[tuple[int, ...], str]]:
         """{key: (shape, dtype)} a node's train reply must hold: by default what was sent to it."""
-        return spec_of(self.sent[node_id])
+        return self.sent[node_id]
+
+    def absorb(self, node_id: int, reply: RecordDict) -> RecordDict:
+        """Called once per accepted train reply as soon as it is pulled; what it returns is what `aggregate`
+        gets. The default keeps the reply. A strategy whose replies are large (FedSpaLLM's pruned weights) folds
+        them into a running aggregate here and returns the reply without its arrays, so a round never holds every
+        client's weights at once."""
+        return reply
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         states = [numpy_state(r.array_records["arrays"]) for r in replies]
@@ -194,12 +203,12 @@ class FederatedStrategy(FedAvg):
         if self.fraction_train == 0.0:
             return []
         messages = []
-        self.sent = {}
+        self.sent, self.bytes_down = {}, {}
         node_ids = self.sample(grid, self.fraction_train)
         self.plan_round(server_round, node_ids)
         for node_id in node_ids:
             payload = self.arrays_for(node_id, arrays)
-            self.sent[node_id] = payload
+            self.sent[node_id], self.bytes_down[node_id] = spec_of(payload), record_bytes(payload)
             node_cfg = ConfigRecord({**dict(config), **self.message_config(server_round),
                                      **self.node_config(server_round, node_id)})
             content = RecordDict({"arrays": payload, "config": node_cfg})
@@ -226,7 +235,7 @@ class FederatedStrategy(FedAvg):
         for msg in replies:
             node_id = msg.metadata.src_node_id
             row: dict[str, Any] = {"round": server_round, "phase": "train", "node": node_id,
-                                   "bytes-down": record_bytes(self.sent.get(node_id, ArrayRecord()))}
+                                   "bytes-down": self.bytes_down.get(node_id, 0)}
             if msg.has_error():
                 problem = f"client error: {msg.error.reason}"
             else:
@@ -238,7 +247,7 @@ class FederatedStrategy(FedAvg):
                 row["problem"] = _tail(problem)
                 log.warning("round %d: reply of node %d dropped: %s", server_round, node_id, _tail(problem, 300))
             else:
-                accepted.append(msg.content)
+                accepted.append(self.absorb(node_id, msg.content))
                 if isinstance(row["client"], int):
                     self.node_partition.setdefault(node_id, row["client"])
             self.record(row)
@@ -311,36 +320,54 @@ class FederatedStrategy(FedAvg):
                 raise RoundFailed(f"round {server_round}: run-config key 'min-replies' = {need} but a round samples "
                                   f"only {len(messages)} of {self.num_connected} connected nodes; lower "
                                   "'min-replies' or raise 'fraction-train'")
-            replies = list(grid.send_and_receive(messages, timeout=self.timeout))
-            self.record_silent(server_round, "train", messages, replies)
-            accepted = self.accept_train(server_round, replies)
+            n_sent, pending = len(messages), self.push(grid, messages)
+            del messages  # the payloads now live in the SuperLink; the server keeps only their specs
+            accepted = self.accept_train(server_round, self.pull(grid, pending, server_round, "train"))
             if len(accepted) >= need:
                 return self.aggregate(server_round, accepted), self.mean_metrics(accepted)
             self.record({"round": server_round, "phase": "round-retry", "attempt": attempt,
-                         "usable": len(accepted), "sent": len(messages)})
+                         "usable": len(accepted), "sent": n_sent})
             log.warning("round %d (attempt %d/%d): %d usable replies of %d, min-replies = %d", server_round,
-                        attempt, attempts, len(accepted), len(messages), need)
+                        attempt, attempts, len(accepted), n_sent, need)
         raise RoundFailed(f"round {server_round}: fewer than min-replies = {need} usable train replies in "
                           f"{attempts} attempt(s); the global state of round {server_round - 1} is in the last "
                           "checkpoint (continue with run-config key 'resume-from')")
 
-    def record_silent(self, server_round: int, phase: str, messages: list[Message], replies: list[Message]) -> None:
+    @staticmethod
+    def push(grid: Grid, messages: list[Message]) -> dict[str, int]:
+        """Push the messages; {message id: destination node} of those the grid accepted."""
+        nodes = [m.metadata.dst_node_id for m in messages]
+        return dict(zip(grid.push_messages(messages), nodes, strict=True))
+
+    def pull(self, grid: Grid, pending: dict[str, int], server_round: int, phase: str,
+             poll: float = 1.0) -> Iterator[Message]:
+        """Flower's `send_and_receive` loop, lazily: each reply is handed on as soon as it is pulled, so the
+        caller can fold it in and drop it before the next one arrives. Nodes still silent at `round-timeout` are
+        logged as failed (`record_silent`)."""
+        pending, deadline = dict(pending), time.monotonic() + self.timeout
+        while pending and time.monotonic() < deadline:
+            replies = list(grid.pull_messages(list(pending)))
+            for reply in replies:
+                pending.pop(reply.metadata.reply_to_message_id, None)
+                yield reply
+            if pending and not replies:
+                time.sleep(poll)
+        self.record_silent(server_round, phase, list(pending.values()))
+
+    def record_silent(self, server_round: int, phase: str, silent: Iterable[int]) -> None:
         """Log a failure for every node that sent nothing back before `round-timeout` (disconnected, too slow)."""
-        answered = {r.metadata.src_node_id for r in replies}
-        for node in (m.metadata.dst_node_id for m in messages):
-            if node not in answered:
-                problem = f"no reply within round-timeout = {self.timeout:g} s (disconnected or too slow)"
-                self.record({"round": server_round, "phase": phase, "node": node,
-                             "client": self.node_partition.get(node), "status": "failed", "problem": problem})
-                log.warning("round %d: node %d: %s", server_round, node, problem)
+        problem = f"no reply within round-timeout = {self.timeout:g} s (disconnected or too slow)"
+        for node in silent:
+            self.record({"round": server_round, "phase": phase, "node": node,
+                         "client": self.node_partition.get(node), "status": "failed", "problem": problem})
+            log.warning("round %d: node %d: %s", server_round, node, problem)
 
     def evaluate_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord,
                        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, result: Result) -> None:
         """Federated evaluation (when this round evaluates), then the server's own (`evaluate_fn`)."""
         messages = list(self.configure_evaluate(server_round, arrays, config, grid))
         if messages:
-            replies = list(grid.send_and_receive(messages, timeout=self.timeout))
-            self.record_silent(server_round, "evaluate", messages, replies)
+            replies = list(self.pull(grid, self.push(grid, messages), server_round, "evaluate"))
             metrics = self.aggregate_evaluate(server_round, replies)
             if metrics is not None:
                 result.evaluate_metrics_clientapp[server_round] = metrics

@@ -35,7 +35,7 @@ from fedprune_app.routing import (
 )
 from strategies.base import FederatedStrategy, Recorder
 from strategies.sftp import mask_statistics
-from strategies.utils import flat_metrics, numpy_state, spec_of, to_record, weighted_average
+from strategies.utils import flat_metrics, numpy_state, to_record, weighted_average
 
 # --- pure server-side functions (tests call them without Flower or a model) ---------------------------------
 
@@ -153,7 +153,7 @@ class FedFLAPStrategy(FederatedStrategy):
 
     def expected_reply(self, node_id: int) -> dict[str, tuple[tuple[int, ...], str]]:
         """Round 1: float32 (layers, d) per mask name; later: the LoRA tensors that were sent (masks excluded)."""
-        sent = spec_of(self.sent[node_id])
+        sent = self.sent[node_id]
         if not sent:
             model, _ = fedflap_model_for(self.cfg)
             shape = (int(model.config.num_hidden_layers), int(model.config.hidden_size))

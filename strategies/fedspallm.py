@@ -38,15 +38,34 @@ from strategies.utils import flat_metrics, to_record
 
 # --- pure helpers ---------------------------------------------------------------------------------------
 
+class L0Sum:
+    """Eq. 5 folded in one client at a time: Σ M_i⊙W_i (float64) and Σ M_i of one weight matrix, so the server
+    holds two arrays per matrix however many clients reply. Float64 sums of float32 weights are exact unless the
+    clients' values at one position span more than ~2^25 in magnitude, so the arrival order of the replies does
+    not change the float32 result in practice (a test permutes it)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.total = np.zeros(shape, dtype=np.float64)
+        self.kept = np.zeros(shape, dtype=np.int32)
+        self.clients = 0
+
+    def add(self, weight: np.ndarray, mask: np.ndarray) -> None:
+        self.total += np.where(mask, weight.astype(np.float64), 0.0)
+        self.kept += mask
+        self.clients += 1
+
+    def merged(self, dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """(W_g = Σ M_i⊙W_i / Σ M_i, 0 where every client pruned; C = #clients that pruned, Eq. 6)."""
+        merged = np.divide(self.total, self.kept, out=np.zeros_like(self.total), where=self.kept > 0)
+        return merged.astype(dtype), self.clients - self.kept
+
+
 def l0_aggregate(weights: Sequence[np.ndarray], masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 5: W_g = Σ M_i⊙W_i / Σ M_i (0 where every client pruned), and C = #clients that pruned (Eq. 6)."""
-    kept = np.zeros(weights[0].shape, dtype=np.int64)
-    total = np.zeros(weights[0].shape, dtype=np.float64)
+    acc = L0Sum(weights[0].shape)
     for w, m in zip(weights, masks, strict=True):
-        kept += m
-        total += np.where(m, w.astype(np.float64), 0.0)
-    merged = np.divide(total, kept, out=np.zeros_like(total), where=kept > 0)
-    return merged.astype(weights[0].dtype), len(weights) - kept
+        acc.add(w, m)
+    return acc.merged(weights[0].dtype)
 
 
 def expand_masks(merged: np.ndarray, pruned_count: np.ndarray, n_clients: int, sparsity: float,
@@ -129,6 +148,7 @@ class FedSpaLLMStrategy(FederatedStrategy):
         self.layer_prefix = ""
         self.num_layers = 0
         self.node_layers: dict[int, list[int]] = {}
+        self.l0: dict[str, L0Sum] = {}  # this round's ℓ0 sums per matrix, filled by `absorb`
 
     def initial_arrays(self) -> ArrayRecord:
         """The server keeps the global weights itself (`global_state`); the loop carries a round counter."""
@@ -167,6 +187,7 @@ class FedSpaLLMStrategy(FederatedStrategy):
         resources = self.resources_of(order)
         assignment = sample_layers(self.num_layers, layer_quota(self.num_layers, resources), self.rng)
         self.node_layers = dict(zip(order, assignment, strict=True))
+        self.l0 = {}  # a fresh round (or a retried one) starts its sums afresh
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -202,19 +223,25 @@ class FedSpaLLMStrategy(FederatedStrategy):
             return "reply lacks a positive 'num-examples' metric"
         return None
 
+    def absorb(self, node_id: int, reply: RecordDict) -> RecordDict:
+        """Fold an accepted reply's pruned weights and masks into this round's ℓ0 sums (`L0Sum`, Eq. 5) as it
+        arrives, and keep only its metrics: a 16-client round of SmolLM2 would otherwise hold 16 × 531 MB of
+        replies (and their numpy copies) in the server at once."""
+        arrays = reply.array_records["arrays"]
+        for key in arrays:
+            if not key.endswith(MASK_SUFFIX):
+                weight = arrays[key].numpy()
+                self.l0.setdefault(key, L0Sum(weight.shape)).add(weight, arrays[key + MASK_SUFFIX].numpy())
+        return RecordDict({name: record for name, record in reply.items() if name != "arrays"})
+
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
-        by_key: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
-        for reply in replies:
-            arrays = reply.array_records["arrays"]
-            for key in arrays:
-                if not key.endswith(MASK_SUFFIX):
-                    ws, ms = by_key.setdefault(key, ([], []))
-                    ws.append(arrays[key].numpy())
-                    ms.append(arrays[key + MASK_SUFFIX].numpy())
+        """Eq. 5–7 per sampled matrix over the clients that sampled it (their arrays were folded in by `absorb`);
+        matrices no accepted client sampled keep their previous global weights."""
         n, m = int(self.cfg.prune_n), int(self.cfg.prune_m)
-        for key, (ws, ms) in by_key.items():
-            merged, pruned_count = l0_aggregate(ws, ms)
-            self.global_state[key], _ = expand_masks(merged, pruned_count, len(ws), float(self.cfg.sparsity), n, m)
+        for key, acc in self.l0.items():
+            merged, pruned_count = acc.merged(self.global_state[key].dtype)
+            self.global_state[key], _ = expand_masks(merged, pruned_count, acc.clients, float(self.cfg.sparsity), n, m)
+        self.l0 = {}
         return to_record({"global-round": np.array([server_round], dtype=np.int64)})
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -59,11 +59,11 @@ def truncate_factors(b: np.ndarray, a: np.ndarray, rank: int) -> tuple[np.ndarra
     return (b[:, :rank] * (rank / r_s)).astype(b.dtype), a[:rank].copy()
 
 
-def factor_problem(layer: str, arrays: Any, sent: Any, rank: int) -> str | None:
-    """Why a reply's LoRA factors of `layer` are not A (rank × in) and B (out × rank) with the sent record's
-    in/out sizes, or are non-finite; None when they are fine."""
+def factor_problem(layer: str, arrays: Any, sent: Mapping[str, tuple[tuple[int, ...], str]], rank: int) -> str | None:
+    """Why a reply's LoRA factors of `layer` are not A (rank × in) and B (out × rank) with the in/out sizes of
+    what was sent (`sent`: {key: (shape, dtype)}), or are non-finite; None when they are fine."""
     a, b = arrays[layer + LORA_A].numpy(), arrays[layer + LORA_B].numpy()
-    want_a, want_b = (rank, sent[layer + LORA_A].shape[1]), (sent[layer + LORA_B].shape[0], rank)
+    want_a, want_b = (rank, sent[layer + LORA_A][0][1]), (sent[layer + LORA_B][0][0], rank)
     if a.shape != want_a or b.shape != want_b:
         return f"{layer}: adapter shapes {a.shape}/{b.shape}, expected {want_a}/{want_b} for rank {rank}"
     if not (np.isfinite(a).all() and np.isfinite(b).all()):

@@ -12,6 +12,7 @@ import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
 
@@ -33,30 +34,45 @@ class LocalGrid:
         self.silent: set[int] = set()
         self.interrupt_round = interrupt_round
         self.exchanges: list[tuple[Message, Message]] = []  # (message, reply) in the order they happened
+        self.replies: dict[str, Message] = {}  # message id -> its reply, until pulled
 
     def get_node_ids(self) -> list[int]:
         return sorted(self.contexts)
 
-    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> Iterator[Message]:
-        replies = []
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        """Answer every message at once (as Flower's InMemoryGrid, a fresh message id each); `pull_messages`
+        hands the replies out."""
+        ids = []
         for msg in messages:
-            config = msg.content.config_records.get("config")
-            if (msg.metadata.message_type == MessageType.TRAIN and config is not None
-                    and config.get("server-round") == self.interrupt_round):
-                raise KeyboardInterrupt(f"interrupted in round {self.interrupt_round}")
-            node = msg.metadata.dst_node_id
-            if node in self.silent:
-                continue
-            if node in self.failing:
-                reply = Message(Error(code=0, reason=f"node {node} crashed"), reply_to=msg)
-            else:
-                try:
-                    reply = app(msg, self.contexts[node])
-                except Exception as err:  # Flower turns a raising ClientApp into an error reply
-                    reply = Message(Error(code=0, reason=repr(err)), reply_to=msg)
-            self.exchanges.append((msg, reply))
-            replies.append(reply)
-        return iter(replies)
+            msg.metadata.__dict__["_message_id"] = str(uuid4())  # what Flower's own grids do on push
+            ids.append(msg.metadata.message_id)
+            if (reply := self.answer(msg)) is not None:
+                self.replies[msg.metadata.message_id] = reply
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        return [self.replies.pop(i) for i in message_ids if i in self.replies]
+
+    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> Iterator[Message]:
+        return iter(self.pull_messages(self.push_messages(messages)))
+
+    def answer(self, msg: Message) -> Message | None:
+        config = msg.content.config_records.get("config")
+        if (msg.metadata.message_type == MessageType.TRAIN and config is not None
+                and config.get("server-round") == self.interrupt_round):
+            raise KeyboardInterrupt(f"interrupted in round {self.interrupt_round}")
+        node = msg.metadata.dst_node_id
+        if node in self.silent:
+            return None
+        if node in self.failing:
+            reply = Message(Error(code=0, reason=f"node {node} crashed"), reply_to=msg)
+        else:
+            try:
+                reply = app(msg, self.contexts[node])
+            except Exception as err:  # Flower turns a raising ClientApp into an error reply
+                reply = Message(Error(code=0, reason=repr(err)), reply_to=msg)
+        self.exchanges.append((msg, reply))
+        return reply
 
 
 def run_server(cfg: RunConfig, grid: LocalGrid) -> tuple[Path, BaseException | None]:

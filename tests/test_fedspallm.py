@@ -17,6 +17,7 @@ from fedprune_app.client_app import app
 from fedprune_app.pruned_models import MASK_SUFFIX, prunable_names
 from strategies.fedspallm import (
     FedSpaLLMStrategy,
+    L0Sum,
     expand_masks,
     l0_aggregate,
     layer_quota,
@@ -40,6 +41,21 @@ def test_l0_aggregate_matches_a_brute_force_loop() -> None:
             assert merged[i, j] == pytest.approx(sum(kept) / len(kept) if kept else 0.0, rel=1e-6)
             assert pruned_count[i, j] == 3 - len(kept)
     assert merged[0, 0] == 0 and pruned_count[0, 0] == 3
+
+
+def test_l0_sums_do_not_depend_on_the_order_replies_arrive_in() -> None:
+    """The server folds replies in as they are pulled (arrival order is a race): 16 clients in 5 orders give
+    the same float32 bits, and the same as the brute-force-checked `l0_aggregate`."""
+    rng = np.random.default_rng(5)
+    ws = [rng.normal(scale=0.05, size=(32, 48)).astype(np.float32) for _ in range(16)]
+    ms = [rng.random((32, 48)) > 0.6 for _ in range(16)]
+    reference, ref_counts = l0_aggregate(ws, ms)
+    for _ in range(5):
+        acc = L0Sum(ws[0].shape)
+        for i in rng.permutation(16):
+            acc.add(ws[i], ms[i])
+        merged, counts = acc.merged()
+        assert merged.tobytes() == reference.tobytes() and np.array_equal(counts, ref_counts)
 
 
 @pytest.mark.parametrize("sparsity", [0.5, 0.55, 0.6, 0.8])
@@ -141,6 +157,11 @@ def test_strategy_aggregates_hand_built_replies(fedspallm_cfg, flower_ids: None)
     replies.append(Message(content=bad, reply_to=sent[0]))
     arrays, _ = strategy.aggregate_train(1, replies)
     assert arrays is not None and [r["status"] for r in rows].count("rejected") == 1
+    assert strategy.l0 == {}  # the round's sums are spent; no reply's weights are held after the round
+    for k in {k for m in sent for k in m.content.array_records["arrays"]}:  # folded in = Eq. 5–7 over the list
+        got = [r.content.array_records["arrays"] for r in replies[:-1] if k in r.content.array_records["arrays"]]
+        merged, counts = l0_aggregate([a[k].numpy() for a in got], [a[k + MASK_SUFFIX].numpy() for a in got])
+        np.testing.assert_array_equal(strategy.global_state[k], expand_masks(merged, counts, len(got), 0.5)[0])
     sampled = {k for m in sent for k in m.content.array_records["arrays"]}
     for k, v in strategy.global_state.items():
         if k in sampled:

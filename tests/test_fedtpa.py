@@ -30,7 +30,7 @@ from fedprune_app.data import collate, encode, local_split, ni_category, partiti
 from fedprune_app.models import get_adapter_state, peft_model_for, set_adapter_state
 from strategies.fedtpa import FedTPAStrategy, cosine_distances, initial_betas, lcwa, next_beta, zero_pad
 from strategies.lora_utils import LORA_A, LORA_B, adapter_layers, keep_count
-from strategies.utils import to_record
+from strategies.utils import spec_of, to_record
 from tests.conftest import small_config
 
 # --- Eq. 6 and the dimension scores -------------------------------------------------------------------------
@@ -332,7 +332,7 @@ def test_client_train_call_returns_adapters_consistent_with_its_log(tiny_model_d
     # a server accepts it (the reply passes every check)
     strategy = FedTPAStrategy(cfg)
     strategy.initial_arrays()
-    strategy.sent, strategy.sent_beta = {7: initial}, {7: 0.5}
+    strategy.sent, strategy.sent_beta = {7: spec_of(initial)}, {7: 0.5}
     assert strategy.reply_problem(7, out) is None
     # private state: the EMA stays in context.state and never travels
     ema = context.state.array_records["fedtpa-ema"]

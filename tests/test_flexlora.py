@@ -14,7 +14,7 @@ from fedprune_app.config import ConfigError
 from fedprune_app.models import get_adapter_state, peft_model_for
 from strategies.flexlora import FlexLoRAStrategy, average_deltas, lora_delta, svd_factors
 from strategies.lora_utils import LORA_A, LORA_B, adapter_layers, lora_rank, truncate_factors
-from strategies.utils import numpy_state, to_record
+from strategies.utils import numpy_state, spec_of, to_record
 from tests.conftest import small_config
 
 ALPHA = 32.0
@@ -182,5 +182,5 @@ def test_client_trains_at_its_own_rank_and_keeps_state_private(tiny_model_dir: P
     assert context0.state.config_records["flexlora"]["rounds-trained"] == 1 and "flexlora" not in out0.keys()
     strategy = FlexLoRAStrategy(cfg)
     strategy.initial_arrays()
-    strategy.sent = {8: initial}
+    strategy.sent = {8: spec_of(initial)}
     assert strategy.reply_problem(8, out0) is None and strategy.partition_rank == {0: 2}

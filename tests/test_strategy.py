@@ -148,3 +148,39 @@ def test_evaluate_replies_are_logged_per_client(flower_ids: None) -> None:
 def test_check_arrays_accepts_a_matching_record() -> None:
     state = _state(np.random.default_rng(5))
     assert check_arrays(to_record(state), spec_of(to_record(state))) is None
+
+
+class OneAtATimeGrid(FakeGrid):
+    """Replies become available one per pull (as clients finish one after another)."""
+
+    def __init__(self, nodes: list[int], events: list[str]) -> None:
+        super().__init__(nodes)
+        self.events, self.ready = events, []
+
+    def push_messages(self, messages: list[Message]) -> list[str]:
+        ids = []
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"m{i}"
+            ids.append(msg.metadata.message_id)
+            self.ready.append(_reply(msg, _state(np.random.default_rng(i)), 10, i))
+        return ids
+
+    def pull_messages(self, message_ids: list[str]) -> list[Message]:
+        self.events.append("pull")
+        return [self.ready.pop(0)] if self.ready else []
+
+
+def test_train_replies_are_absorbed_as_they_arrive_not_after_the_round(flower_ids: None) -> None:
+    """`absorb` sees each reply before the next pull, so a strategy can fold large replies in and drop them."""
+    events: list[str] = []
+
+    class Recording(FedITStrategy):
+        def absorb(self, node_id: int, reply: RecordDict) -> RecordDict:
+            events.append("absorb")
+            return super().absorb(node_id, reply)
+
+    strategy = Recording(RunConfig.from_flower({"seed": 0}))
+    strategy.timeout = 5.0
+    initial = to_record(_state(np.random.default_rng(99)))
+    arrays, _ = strategy.train_round(1, OneAtATimeGrid([11, 22, 33], events), initial, ConfigRecord())
+    assert arrays is not None and events == ["pull", "absorb"] * 3
