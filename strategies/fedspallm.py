@@ -39,14 +39,15 @@ from strategies.utils import flat_metrics, to_record
 # --- pure helpers ---------------------------------------------------------------------------------------
 
 class L0Sum:
-    """Eq. 5 folded in one client at a time: Σ M_i⊙W_i (float64) and Σ M_i of one weight matrix, so the server
-    holds two arrays per matrix however many clients reply. Float64 sums of float32 weights are exact unless the
-    clients' values at one position span more than ~2^25 in magnitude, so the arrival order of the replies does
-    not change the float32 result in practice (a test permutes it)."""
+    """Eq. 5 folded in one client at a time: Σ M_i⊙W_i (float64) and Σ M_i (uint16, up to 65,535 clients) of one
+    weight matrix: 10 bytes per weight however many clients reply, where holding the replies costs 5 bytes (fp32
+    weight + bool mask) per weight per client, twice over once numpy copies are taken. Float64 sums of float32
+    weights are exact unless the clients' values at one position span more than ~2^25 in magnitude, so the
+    arrival order of the replies does not change the float32 result in practice (a test permutes it)."""
 
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.total = np.zeros(shape, dtype=np.float64)
-        self.kept = np.zeros(shape, dtype=np.int32)
+        self.kept = np.zeros(shape, dtype=np.uint16)
         self.clients = 0
 
     def add(self, weight: np.ndarray, mask: np.ndarray) -> None:
@@ -57,7 +58,7 @@ class L0Sum:
     def merged(self, dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """(W_g = Σ M_i⊙W_i / Σ M_i, 0 where every client pruned; C = #clients that pruned, Eq. 6)."""
         merged = np.divide(self.total, self.kept, out=np.zeros_like(self.total), where=self.kept > 0)
-        return merged.astype(dtype), self.clients - self.kept
+        return merged.astype(dtype), self.clients - self.kept.astype(np.int64)
 
 
 def l0_aggregate(weights: Sequence[np.ndarray], masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
