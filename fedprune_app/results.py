@@ -164,13 +164,15 @@ def _fmt(value: Any) -> str:
 def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[str, Any], seconds: float) -> str:
     """The results table in Markdown (per client: untouched vs after federated tuning)."""
     metrics = [m for m in METRIC_NAMES if any(f"{m}/untouched" in row for row in table)]
-    lines = [f"# {cfg.method}: {cfg.num_server_rounds} rounds, {len(table)} clients, model `{cfg.model_name}`", "",
-             "Per client, on its own test split: the untouched model (round 0) and the federated model after the "
-             f"last round. Wall time {seconds:.0f} s.", ""]
+    lines = [f"# {cfg.method}: {cfg.num_server_rounds} rounds, model `{cfg.model_name}`", "",
+             f"Wall time {seconds:.0f} s.", ""]
     if not table:
         lines.append("No federated (client-side) evaluation in this run: the method evaluates on the server, "
                      "fraction-evaluate is 0, or every client evaluation failed.")
     else:
+        clients = f"{len(table)} client{'s' * (len(table) != 1)}"
+        lines += [f"{clients}, each on its own test split: the untouched model (round 0) and the federated model "
+                  "after the last round.", ""]
         head = "| client | data | " + " | ".join(f"{m} untouched | {m} {cfg.method}" for m in metrics) + " |"
         lines += [head, "|" + "---|" * (2 + 2 * len(metrics))]
     for row in table:

@@ -30,9 +30,22 @@ def test_finish_writes_everything_from_the_rows(tmp_path: Path) -> None:
     assert summary["references"] == {"random": {"wiki": 1e6}, "standalone": {"wiki": 40.0, "clients": 2}}
     assert json.loads((run.path / "summary.json").read_text())["server"]["2"] == {"ppl `wiki`": 22.0}
     text = (run.path / "results.md").read_text()
-    assert "| 0 | `src` | 0.250 | 0.750 | 9.000 | 7.000 |" in text
+    assert "| 0 | `src` | 0.250 | 0.750 | 9.000 | 7.000 |" in text and "1 client, each on its own test split" in text
     assert "| random | 1000000.00 |" in text and "2 client replies failed" in text
     assert "| standalone (mean of 2 clients) | 40.00 |" in text
     assert {p.name for p in (run.path / "plots").glob("*.png")} >= {"evaluate-acc.png", "train-loss.png",
                                                                     "server-evaluate-ppl.png"}
     assert len((run.path / "metrics.jsonl").read_text().splitlines()) == 10
+
+
+def test_a_server_evaluated_run_claims_no_clients(tmp_path: Path) -> None:
+    """FedSpaLLM evaluates only on the server: results.md must not speak of '0 clients' or per-client scores."""
+    cfg = RunConfig.from_flower({"output-dir": str(tmp_path), "method": "fedspallm", "run-tag": "t"})
+    run = RunDirectory.create(cfg)
+    for rnd in (0, 1):
+        run.log({"round": rnd, "phase": "server-evaluate", "data": "wiki", "ppl": 20.0 + rnd})
+    run.finish("completed")
+    text = (run.path / "results.md").read_text()
+    assert text.startswith(f"# fedspallm: {cfg.num_server_rounds} rounds, model `")
+    assert "0 clients" not in text and "Per client" not in text and "No federated (client-side) evaluation" in text
+    assert "| 1 | 21.00 |" in text
