@@ -175,12 +175,11 @@ def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[
                   "after the last round.", ""]
         head = "| client | data | " + " | ".join(f"{m} untouched | {m} {cfg.method}" for m in metrics) + " |"
         lines += [head, "|" + "---|" * (2 + 2 * len(metrics))]
-    for row in table:
-        cells = [str(row["client"]), f"`{row['data']}`"]
-        for m in metrics:
-            cells += [_fmt(row.get(f"{m}/untouched")), _fmt(row.get(f"{m}/tuned"))]
-        lines.append("| " + " | ".join(cells) + " |")
-    if table:
+        for row in table:
+            cells = [str(row["client"]), f"`{row['data']}`"]
+            for m in metrics:
+                cells += [_fmt(row.get(f"{m}/untouched")), _fmt(row.get(f"{m}/tuned"))]
+            lines.append("| " + " | ".join(cells) + " |")
         cells = ["mean", ""]
         for m in metrics:
             for side in ("untouched", "tuned"):
