@@ -12,10 +12,10 @@ FEDERATION ?= num-supernodes=4 client-resources-num-cpus=1
 .PHONY: setup run test test-slow lint bench-overhead bench-scale
 
 setup:
-	@./scripts/setup.sh
+	@./tools/setup.sh
 
 run: setup
-	$(PY) -m fedprune_app.launch --run-config $(RUN_CONFIG) $(if $(ARGS),--run-config "$(ARGS)") --federation-config "$(FEDERATION)"
+	$(PY) -m tools.launch --run-config $(RUN_CONFIG) $(if $(ARGS),--run-config "$(ARGS)") --federation-config "$(FEDERATION)"
 
 test: setup
 	$(PY) -m ruff check .
@@ -25,7 +25,7 @@ test-slow: setup
 	$(PY) -m pytest -q -m slow
 
 bench-overhead: setup
-	$(PY) scripts/bench_overhead.py
+	$(PY) -m tools.bench_overhead
 
 bench-scale: setup
-	$(PY) scripts/bench_scale.py $(ARGS)
+	$(PY) -m tools.bench_scale $(ARGS)

@@ -8,12 +8,14 @@ from typing import Any
 
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from clients.base import FederatedClient
-from fedprune_app.evaluation import evaluate_client, mean_loss
-from fedprune_app.models import get_adapter_state, peft_model_for, set_adapter_state
-from fedprune_app.training import train_steps
+from fedprune_app.core.client import FederatedClient
+from fedprune_app.core.registry import register_client
+from fedprune_app.llm.evaluation import evaluate_client, mean_loss
+from fedprune_app.llm.models import get_adapter_state, peft_model_for, set_adapter_state
+from fedprune_app.llm.training import train_steps
 
 
+@register_client("fedit")
 class FedITClient(FederatedClient):
     """Homogeneous LoRA; the reply holds the adapter tensors and training metrics."""
 

@@ -14,20 +14,17 @@ from typing import Any
 import torch
 from flwr.app import MetricRecord, RecordDict
 
-from clients.base import FederatedClient
-from fedprune_app.config import split_list
-from fedprune_app.evaluation import held_out_text, perplexity
-from fedprune_app.pruned_models import (
-    MASK_SUFFIX,
-    calibration_batches,
-    decoder_layers,
-    dense_model,
-    model_with_weights,
-)
-from fedprune_app.pruning import Pruner, prune_sequentially, pruner_for, sparsity_of
-from fedprune_app.records import to_record
+from fedprune_app.core.client import FederatedClient
+from fedprune_app.core.config import split_list
+from fedprune_app.core.protocol import to_record
+from fedprune_app.core.registry import register_client
+from fedprune_app.llm.evaluation import held_out_text, perplexity
+from fedprune_app.llm.layers import calibration_batches, decoder_layers, dense_model, model_with_weights
+from fedprune_app.methods.fedspallm.masks import MASK_SUFFIX
+from fedprune_app.methods.fedspallm.pruners import Pruner, prune_sequentially, pruner_for, sparsity_of
 
 
+@register_client("fedspallm")
 class FedSpaLLMClient(FederatedClient):
     """Local pruning of the sampled decoder layers."""
 

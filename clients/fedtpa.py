@@ -22,13 +22,20 @@ import torch
 from flwr.app import MetricRecord, RecordDict
 
 from clients.fedit import FedITClient
-from clients.rank_pruning import ContributionTracker, layer_contributions, lora_modules, prune_log, pruned_adapters
-from fedprune_app.data import Example, collate, encode
-from fedprune_app.evaluation import mean_loss
-from fedprune_app.models import get_adapter_state, model_device, peft_model_for
-from fedprune_app.records import to_record
-from fedprune_app.training import train_steps
-from strategies.lora_utils import LORA_A, LORA_B
+from fedprune_app.core.protocol import to_record
+from fedprune_app.core.registry import register_client
+from fedprune_app.llm.data import Example, collate, encode
+from fedprune_app.llm.evaluation import mean_loss
+from fedprune_app.llm.lora import LORA_A, LORA_B
+from fedprune_app.llm.models import get_adapter_state, model_device, peft_model_for
+from fedprune_app.llm.training import train_steps
+from fedprune_app.methods.fedtpa.rank_pruning import (
+    ContributionTracker,
+    layer_contributions,
+    lora_modules,
+    prune_log,
+    pruned_adapters,
+)
 
 EMA_RECORD = "fedtpa-ema"
 
@@ -52,6 +59,7 @@ def mean_feature(model: Any, tokenizer: Any, examples: list[Example], seq_len: i
     return (total / count).cpu().numpy().astype(np.float32)
 
 
+@register_client("fedtpa")
 class FedTPAClient(FedITClient):
     """Adaptive-rank local training; evaluation as FedIT's (the global rank-r_g adapter)."""
 

@@ -9,7 +9,6 @@ the global factors at their own rank.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -17,31 +16,14 @@ import torch
 from flwr.app import RecordDict
 
 from clients.fedit import FedITClient
-from fedprune_app.config import per_client
-from fedprune_app.models import peft_model_for, set_adapter_state
-from strategies.lora_utils import LORA_A, LORA_B, adapter_layers, lora_rank, truncate_factors
+from fedprune_app.core.config import per_client
+from fedprune_app.core.registry import register_client
+from fedprune_app.llm.lora import lora_rank
+from fedprune_app.llm.models import peft_model_for, set_adapter_state
+from fedprune_app.methods.flexlora.svd import fit_rank
 
 
-def fit_rank(state: dict[str, np.ndarray], rank: int, seed: int) -> dict[str, np.ndarray]:
-    """The adapter `state` (any rank r_s) as a rank-`rank` adapter with the same ΔW where r_s ≥ rank allows it
-    (then the best rank-`rank` approximation of SVD factors)."""
-    r_s = lora_rank(state)
-    gen = torch.Generator().manual_seed(seed)
-    out: dict[str, np.ndarray] = {}
-    for layer in adapter_layers(state):
-        b, a = state[layer + LORA_B], state[layer + LORA_A]
-        if r_s >= rank:
-            b, a = truncate_factors(b, a, rank)
-        else:
-            fresh = torch.empty(rank - r_s, a.shape[1])
-            bound = 1.0 / math.sqrt(a.shape[1])  # kaiming_uniform_(a=√5), peft's LoRA-A init
-            fresh.uniform_(-bound, bound, generator=gen)
-            b = np.concatenate([b * (rank / r_s), np.zeros((b.shape[0], rank - r_s), b.dtype)], axis=1)
-            a = np.concatenate([a, fresh.numpy().astype(a.dtype)], axis=0)
-        out[layer + LORA_B], out[layer + LORA_A] = b, a
-    return out
-
-
+@register_client("flexlora")
 class FlexLoRAClient(FedITClient):
     """Heterogeneous-rank LoRA; the reply also reports the rank."""
 

@@ -16,11 +16,15 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 
-from clients.base import FederatedClient
-from fedprune_app.config import RunConfig
-from fedprune_app.data import Example, training_batches
-from fedprune_app.evaluation import evaluate_client, mean_loss
-from fedprune_app.mask_generator import (
+from fedprune_app.core.client import FederatedClient
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.protocol import to_record
+from fedprune_app.core.registry import register_client
+from fedprune_app.llm.data import Example, training_batches
+from fedprune_app.llm.evaluation import evaluate_client, mean_loss
+from fedprune_app.llm.models import get_adapter_state, model_device, set_adapter_state
+from fedprune_app.llm.training import optimizer_step, to_device
+from fedprune_app.methods.sftp.generator import (
     GENERATOR_PREFIX,
     MaskGenerator,
     backbone_parameters,
@@ -37,10 +41,7 @@ from fedprune_app.mask_generator import (
     set_generator_state,
     stacked_masks,
 )
-from fedprune_app.models import get_adapter_state, model_device, set_adapter_state
-from fedprune_app.records import to_record
-from fedprune_app.routing import kept_parameters, prunable_parameters, set_masks
-from fedprune_app.training import optimizer_step, to_device
+from fedprune_app.methods.sftp.routing import kept_parameters, prunable_parameters, set_masks
 
 EMBEDDING_RECORD = "sftp-embedding"
 
@@ -113,6 +114,7 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+@register_client("sftp")
 class SFTPClient(FederatedClient):
     """Trains Θ (+Φ) and its private e_k; evaluates its own deterministic mask on its own task."""
 

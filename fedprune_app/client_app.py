@@ -10,9 +10,9 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedprune_app import registry
-from fedprune_app.config import RunConfig
-from fedprune_app.runtime import quiet_libraries
+from fedprune_app.core import registry
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.runtime import quiet_libraries
 
 app = ClientApp()
 
@@ -22,7 +22,7 @@ def make_client(context: Context):  # -> FederatedClient
     if int(cfg.torch_threads):
         torch.set_num_threads(int(cfg.torch_threads))
     quiet_libraries()
-    return registry.get(str(cfg.method)).client(cfg, context)
+    return registry.client_class(str(cfg.method))(cfg, context)
 
 
 def _restored(msg: Message, context: Context):  # -> FederatedClient

@@ -20,14 +20,15 @@ from collections.abc import Callable
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from fedprune_app import registry
-from fedprune_app.checkpoint import load_checkpoint, save_checkpoint
-from fedprune_app.config import RunConfig, split_list
-from fedprune_app.evaluation import held_out_text, perplexity
-from fedprune_app.results import RunDirectory
-from fedprune_app.runtime import quiet_libraries, seed_everything
-from strategies.base import FederatedStrategy
-from strategies.utils import numpy_state, to_record
+from fedprune_app.core import registry
+from fedprune_app.core.checkpoint import load_checkpoint, save_checkpoint
+from fedprune_app.core.config import RunConfig, split_list
+from fedprune_app.core.protocol import numpy_state
+from fedprune_app.core.replies import to_record
+from fedprune_app.core.rundir import RunDirectory
+from fedprune_app.core.runtime import quiet_libraries, seed_everything
+from fedprune_app.core.strategy import FederatedStrategy
+from fedprune_app.llm.evaluation import held_out_text, perplexity
 
 app = ServerApp()
 log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
@@ -78,7 +79,7 @@ def main(grid: Grid, context: Context) -> None:
     run = RunDirectory.create(cfg)
     log.info("[fedprune] %s: run directory %s", cfg.method, run.path)
     try:
-        strategy = registry.get(str(cfg.method)).strategy(cfg, recorder=run.log)
+        strategy = registry.strategy_class(str(cfg.method))(cfg, recorder=run.log)
         strategy.run_key = checkpoint.run_key if checkpoint else run.path.name
         initial = strategy.initial_arrays()
         first_round = 1

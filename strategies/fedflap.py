@@ -7,99 +7,60 @@ key), `cut_masks`. Rounds 2..R: FedAvg LoRA recovery (FedIT) on the routed model
 as bool arrays `fedflap-mask.<name>` (layers × d) in the global arrays and never change.
 
 References in one run: round 0 = dense, round 1 = "post hoc" (the cut masks, zero LoRA, no training), the last
-round = fedflap. `save_final` writes `compiled/` (LoRA merged, sliced: `fedprune_app.routing.load_compiled`),
+round = fedflap. `save_final` writes `compiled/` (LoRA merged, sliced:
+`fedprune_app.methods.sftp.routing.load_compiled`),
 `adapter/`, `masks.npz`, `masks.json`, `importance.npz` and `fedflap.json` (per client: dense / post hoc / fedflap).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-from clients.fedflap import IMPORTANCE_PREFIX, MASK_PREFIX, fedflap_model_for, masks_from_arrays
-from fedprune_app.config import ConfigError, RunConfig, split_list
-from fedprune_app.models import initial_adapter_state, model_device, set_adapter_state
-from fedprune_app.routing import (
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.protocol import flat_metrics, numpy_state
+from fedprune_app.core.registry import register_strategy
+from fedprune_app.core.replies import to_record, weighted_average
+from fedprune_app.core.strategy import FederatedStrategy, Recorder
+from fedprune_app.llm.models import initial_adapter_state, model_device, set_adapter_state
+from fedprune_app.methods.fedflap.importance import (
+    IMPORTANCE_PREFIX,
+    MASK_PREFIX,
+    average_importance,
+    coordinate_costs,
+    cut_masks,
+    fedflap_model_for,
+    masks_from_arrays,
+    single_keep_ratio,
+    standardise,
+)
+from fedprune_app.methods.sftp.routing import (
     MASK_NAMES,
-    _dims,
     compile_model,
+    mask_statistics,
     per_layer_masks,
     prunable_parameters,
     save_compiled,
     set_masks,
 )
-from strategies.base import FederatedStrategy, Recorder
-from strategies.sftp import mask_statistics
-from strategies.utils import flat_metrics, numpy_state, to_record, weighted_average
 
 # --- pure server-side functions (tests call them without Flower or a model) ---------------------------------
 
-def average_importance(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
-    """Σ_k n_k S_k / Σ_k n_k per array (float64): FedAvg of the clients' importance scores."""
-    return {k: v.astype(np.float64) for k, v in
-            weighted_average([{k: v.astype(np.float64) for k, v in s.items()} for s in states], weights).items()}
 
 
-def standardise(scores: np.ndarray) -> np.ndarray:
-    """Per row (one row = one layer of one mask): (S − mean) / std, FLAP's per-layer standardisation that makes
-    scores of different layers and structures comparable in one global ranking; a constant row gives zeros."""
-    scores = np.asarray(scores, dtype=np.float64)
-    std = scores.std(axis=-1, keepdims=True)
-    return np.divide(scores - scores.mean(axis=-1, keepdims=True), std, out=np.zeros_like(scores), where=std > 0)
 
 
-def coordinate_costs(config: Any) -> dict[str, int]:
-    """Parameters one kept bus coordinate of each mask adds to `routing.kept_parameters` (all lanes non-empty)."""
-    _, attn_in, attn_out, ffn_in, ffn_out = _dims(config)
-    return {"attn-in": attn_in, "attn-out": attn_out, "ffn-in": ffn_in, "ffn-out": ffn_out}
 
 
-def cut_masks(scores: Mapping[str, np.ndarray], costs: Mapping[str, int], target: float) -> dict[str, np.ndarray]:
-    """One global mask {name: bool (layers, d)} at a parameter budget `target` (= p · prunable_parameters).
-
-    Every (layer, mask) first keeps its best coordinate (no empty lane: the submodule stays in the model); then
-    all remaining coordinates of all layers and masks, in descending score order (stable: ties by mask, layer,
-    index), are kept while the running cost stays ≤ target; the first that does not fit ends the cut. So the
-    kept set is the top of the global ranking and the cost is within one coordinate's cost below the target
-    (above it only when the 4·layers forced coordinates alone exceed it).
-    """
-    names = [n for n in MASK_NAMES if n in scores]
-    layers, d = scores[names[0]].shape
-    flat = np.concatenate([np.asarray(scores[n], np.float64).reshape(-1) for n in names])
-    cost = np.concatenate([np.full(layers * d, costs[n], np.int64) for n in names])
-    keep = np.zeros(flat.size, dtype=bool)
-    rows = flat.reshape(len(names) * layers, d)
-    best = np.argmax(rows, axis=1) + np.arange(len(names) * layers) * d  # first maximum per row
-    keep[best] = True
-    spent = int(cost[keep].sum())
-    for i in np.argsort(-flat, kind="stable"):
-        if keep[i]:
-            continue
-        if spent + cost[i] > target:
-            break
-        keep[i] = True
-        spent += int(cost[i])
-    parts = keep.reshape(len(names), layers, d)
-    return {n: parts[j].copy() for j, n in enumerate(names)}
 
 
-def kept_cost(masks: Mapping[str, np.ndarray], costs: Mapping[str, int]) -> int:
-    """`routing.kept_parameters` of stacked masks (every lane non-empty, as `cut_masks` guarantees)."""
-    return int(sum(int(masks[n].sum()) * costs[n] for n in masks))
 
 
-def single_keep_ratio(cfg: RunConfig) -> float:
-    """The one budget p of `sftp-keep-ratios` (several equal values are accepted); ConfigError otherwise."""
-    values = {float(v) for v in split_list(str(cfg.sftp_keep_ratios))}
-    if len(values) != 1:
-        raise ConfigError("method 'fedflap' cuts one global mask: run-config key 'sftp-keep-ratios' must hold a "
-                          f"single keep ratio, got {cfg.sftp_keep_ratios!r}")
-    return values.pop()
 
 
 def render_reference_table(table: Mapping[str, Any]) -> str:
@@ -120,6 +81,7 @@ def render_reference_table(table: Mapping[str, Any]) -> str:
 
 # --- the strategy ----------------------------------------------------------------------------------------
 
+@register_strategy("fedflap")
 class FedFLAPStrategy(FederatedStrategy):
     """Round 1: importance → global mask; rounds 2..R: FedAvg over LoRA with the masks fixed."""
 

@@ -3,7 +3,7 @@
 Every client trains the same LoRA adapters (rank `lora-rank`, `lora-target-modules`) for `local-steps`
 steps; the server averages each adapter tensor weighted by the client's number of training examples
 (the base `aggregate`). The final adapter is saved with peft's `save_pretrained` in `<run>/adapter` and
-loads with `PeftModel.from_pretrained(base_model, "<run>/adapter")` (or `fedprune_app.models.load_run`).
+loads with `PeftModel.from_pretrained(base_model, "<run>/adapter")` (or `fedprune_app.llm.models.load_run`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from typing import Any
 
 from flwr.app import ArrayRecord
 
-from fedprune_app.models import initial_adapter_state, peft_model_for, set_adapter_state
-from strategies.base import FederatedStrategy
+from fedprune_app.core.registry import register_strategy
+from fedprune_app.core.strategy import FederatedStrategy
+from fedprune_app.llm.models import initial_adapter_state, peft_model_for, set_adapter_state
 
 
+@register_strategy("fedit")
 class FedITStrategy(FederatedStrategy):
     """FedAvg over LoRA adapter tensors."""
 

@@ -14,55 +14,33 @@ truncates them itself. The share of ‖ΔW‖²_F that rank r_max keeps is logge
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from fedprune_app.config import RunConfig, split_list
-from strategies.base import log
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.protocol import flat_metrics, numpy_state
+from fedprune_app.core.registry import register_strategy
+from fedprune_app.core.replies import to_record
+from fedprune_app.core.strategy import log
+from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers, factor_problem, truncate_factors
+from fedprune_app.methods.flexlora.svd import average_deltas, max_rank, svd_factors
 from strategies.fedit import FedITStrategy
-from strategies.lora_utils import LORA_A, LORA_B, adapter_layers, factor_problem, truncate_factors
-from strategies.utils import flat_metrics, numpy_state, to_record
 
 # --- pure functions -------------------------------------------------------------------------------------
 
-def lora_delta(b: np.ndarray, a: np.ndarray, alpha: float, rank: int) -> np.ndarray:
-    """ΔW = (α/r)·B·A of one adapter layer (float64)."""
-    return (alpha / rank) * (b.astype(np.float64) @ a.astype(np.float64))
 
 
-def average_deltas(states: Sequence[dict[str, np.ndarray]], ranks: Sequence[int], weights: Sequence[float],
-                   layers: Sequence[str], alpha: float) -> dict[str, np.ndarray]:
-    """ΔW^j = Σ_i p_i·(α/r_i)·B_i^j A_i^j with p_i = w_i / Σ w (FlexLoRA's data-size weighting)."""
-    p = np.asarray(weights, dtype=np.float64) / float(sum(weights))
-    return {layer: sum(pi * lora_delta(s[layer + LORA_B], s[layer + LORA_A], alpha, r)
-                       for s, r, pi in zip(states, ranks, p, strict=True))
-            for layer in layers}
 
 
-def svd_factors(delta: np.ndarray, rank: int, alpha: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """The rank-r LoRA of ΔW: B = U_r S_r/(α/r) (d×r), A = V_rᵀ (r×l), and the share of ‖ΔW‖²_F it keeps.
-
-    A rank above min(d, l) is zero-padded (B columns and A rows of zeros): ΔW has no further directions."""
-    u, s, vt = np.linalg.svd(delta.astype(np.float64), full_matrices=False)
-    k = min(rank, s.size)
-    b = np.zeros((delta.shape[0], rank))
-    a = np.zeros((rank, delta.shape[1]))
-    b[:, :k] = u[:, :k] * s[:k] / (alpha / rank)
-    a[:k] = vt[:k]
-    total = float((s ** 2).sum())
-    return b.astype(np.float32), a.astype(np.float32), float((s[:k] ** 2).sum() / total) if total > 0 else 1.0
 
 
-def max_rank(cfg: RunConfig) -> int:
-    """r_max: the largest rank in `flexlora-ranks` (the global adapter's rank)."""
-    return max(int(v) for v in split_list(str(cfg.flexlora_ranks)))
 
 
 # --- the strategy ---------------------------------------------------------------------------------------
 
+@register_strategy("flexlora")
 class FlexLoRAStrategy(FedITStrategy):
     """Per-node ranks down, heterogeneous adapters up, ΔW average + truncated SVD."""
 

@@ -5,7 +5,7 @@ Weights of Eq. 15: equal per client (`sftp-aggregation = "equal"`, Table 4) or t
 At the last round each client's evaluate reply carries its hard masks; `save_final` writes under the run:
 - `generator/` Θ (`generator.safetensors`) + `config.json`; `adapter/` Φ (peft `save_pretrained`, with +A);
 - `compiled/client-<k>/` the deployable model of client k (LoRA merged, sliced by its masks):
-  `fedprune_app.routing.load_compiled("<run>/compiled/client-0")`;
+  `fedprune_app.methods.sftp.routing.load_compiled("<run>/compiled/client-0")`;
 - `masks.npz` (`client-<k>/<mask>`: bool, layers × d), `masks.json` (per-layer density per client and cross-client
   agreement per layer: Fig. 3/5), `kept_ratio.json` + `plots/kept-ratio.png` (kept ratio per client per round:
   Fig. 4b).
@@ -22,8 +22,13 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-from fedprune_app.config import RunConfig
-from fedprune_app.mask_generator import (
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.protocol import flat_metrics, numpy_state
+from fedprune_app.core.registry import register_strategy
+from fedprune_app.core.replies import to_record, weighted_average
+from fedprune_app.core.strategy import FederatedStrategy, Recorder
+from fedprune_app.llm.models import initial_adapter_state, model_device, set_adapter_state
+from fedprune_app.methods.sftp.generator import (
     GENERATOR_PREFIX,
     deterministic_mask,
     generator_for,
@@ -32,25 +37,17 @@ from fedprune_app.mask_generator import (
     routed_model_for,
     set_generator_state,
 )
-from fedprune_app.models import initial_adapter_state, model_device, set_adapter_state
-from fedprune_app.routing import MASK_NAMES, compile_model, per_layer_masks, save_compiled, set_masks
-from strategies.base import FederatedStrategy, Recorder
-from strategies.utils import flat_metrics, numpy_state, to_record, weighted_average
+from fedprune_app.methods.sftp.routing import (
+    MASK_NAMES,
+    compile_model,
+    mask_statistics,
+    per_layer_masks,
+    save_compiled,
+    set_masks,
+)
 
 
-def mask_statistics(masks: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, Any]:
-    """Per client and mask, the density of each layer (Fig. 5); per mask and layer, the share of coordinates
-    on which every client agrees (Fig. 3's agreement)."""
-    clients = sorted(masks)
-    density = {str(k): {n: masks[k][n].mean(axis=1).round(4).tolist() for n in MASK_NAMES} for k in clients}
-    agreement = {}
-    for n in MASK_NAMES:
-        stack = np.stack([masks[k][n] for k in clients])  # clients × layers × d
-        agreement[n] = (stack.all(axis=0) | ~stack.any(axis=0)).mean(axis=1).round(4).tolist()
-    return {"clients": clients, "density": density, "agreement": agreement,
-            "mean-agreement": float(np.mean([np.mean(v) for v in agreement.values()]))}
-
-
+@register_strategy("sftp")
 class SFTPStrategy(FederatedStrategy):
     """FedAvg over Θ (+Φ); collects the clients' final masks and compiles one model per client."""
 
@@ -149,9 +146,9 @@ class SFTPStrategy(FederatedStrategy):
     def record_compiled(self, compiled: Mapping[str, torch.nn.Module]) -> None:
         """One `compiled` row per client model: parameters, MB, kept ratios and (`sftp-speed-prefill` > 0) its
         prefill latency and generation speed against the dense base model, timed round-robin in this process
-        (`fedprune_app.speed.speed_table`); results.md tables them."""
-        from fedprune_app.models import load_base_model
-        from fedprune_app.speed import speed_table, weights
+        (`fedprune_app.methods.sftp.speed.speed_table`); results.md tables them."""
+        from fedprune_app.llm.models import load_base_model
+        from fedprune_app.methods.sftp.speed import speed_table, weights
 
         dense = load_base_model(str(self.cfg.model_name), str(self.cfg.model_dtype), "none", str(self.cfg.device))
         models = {"dense": dense, **compiled}

@@ -11,7 +11,7 @@ for _k, _v in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_
                "TOKENIZERS_PARALLELISM": "false", "FLWR_TELEMETRY_ENABLED": "0"}.items():
     os.environ.setdefault(_k, _v)
 
-from fedprune_app.config import RunConfig  # noqa: E402
+from fedprune_app.core.config import RunConfig  # noqa: E402
 from tests.tiny import save_tiny_llama  # noqa: E402
 
 

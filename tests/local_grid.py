@@ -17,7 +17,7 @@ from uuid import uuid4
 from flwr.app import Context, Error, Message, MessageType, RecordDict
 
 from fedprune_app.client_app import app
-from fedprune_app.config import RunConfig
+from fedprune_app.core.config import RunConfig
 from tests.conftest import small_config
 
 
@@ -77,7 +77,7 @@ class LocalGrid:
 
 def run_server(cfg: RunConfig, grid: LocalGrid) -> tuple[Path, BaseException | None]:
     """`server_app.main` on this grid: the run directory it created and what it raised (None if nothing)."""
-    from fedprune_app.results import resolve_output_dir
+    from fedprune_app.core.rundir import resolve_output_dir
     from fedprune_app.server_app import main
 
     root = resolve_output_dir(str(cfg.output_dir))

@@ -11,7 +11,7 @@ def save_tiny_llama(out_dir: Path, seed: int = 0, layers: int = 2) -> Path:
     """A 2-layer LlamaForCausalLM (hidden 64, GQA 4/2 heads) + tokenizer under `out_dir`."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from fedprune_app.assets import embedded_model_dir
+    from fedprune_app.llm.assets import embedded_model_dir
 
     tok = AutoTokenizer.from_pretrained(embedded_model_dir())
     config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,

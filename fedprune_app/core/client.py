@@ -1,0 +1,114 @@
+"""The template every fedprune client follows.
+
+The ClientApp builds one client object per message (`Client(cfg, context)`) and calls `train(content)` or
+`evaluate(content)`; both return the reply's RecordDict. What a client keeps between rounds lives in
+`context.state` (per node, never sent); what it holds of the data is `self.data`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import cached_property
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
+
+from fedprune_app.core.checkpoint import client_state_dir, load_client_state, save_client_state
+from fedprune_app.core.config import NodeConfig, RunConfig
+from fedprune_app.core.runtime import client_seed
+from fedprune_app.llm.data import ClientData, client_data, source_splits
+
+
+class FederatedClient:
+    """Partition bookkeeping, the client's data and its private state."""
+
+    name = "client"
+
+    def __init__(self, cfg: RunConfig, context: Context) -> None:
+        self.cfg = cfg
+        self.context = context
+        node = NodeConfig.from_flower(context.node_config)  # ConfigError naming the bad key
+        self.partition_id = node.partition_id
+        self.num_partitions = node.num_partitions
+        self.data_path: str | None = node.data_path  # a private JSONL on this device, replaces the partition
+        self.resources: float | None = node.resources  # FedSpaLLM's r_i (Eq. 8) when the node sets it
+        self.state_dir: str | None = node.state_dir  # where checkpointed private state goes (None = default)
+
+    @cached_property
+    def data(self) -> ClientData:
+        if self.data_path is not None:
+            return local_file_data(self.cfg, self.partition_id, self.data_path)
+        return client_data(self.cfg, self.partition_id, self.num_partitions)
+
+    @property
+    def private(self) -> ConfigRecord:
+        """This method's private state record in `context.state` (created on first use)."""
+        if self.name not in self.context.state.config_records:
+            self.context.state[self.name] = ConfigRecord()
+        return self.context.state.config_records[self.name]
+
+    def info(self) -> ConfigRecord:
+        """Descriptive, non-private facts sent with each reply (which data the client is scored on)."""
+        return ConfigRecord({"data": self.data.eval_source})
+
+    def seed(self, server_round: int) -> int:
+        """A seed distinct per (run seed, round, client)."""
+        return client_seed(int(self.cfg.seed), server_round, self.partition_id)
+
+    def identity(self) -> RecordDict:
+        """The answer to the server's `{"query": "identity"}`: partition id and node-config `resources`
+        (FedSpaLLM's r_i of Eq. 8; 0 = not set). Nothing about the data."""
+        return RecordDict({"metrics": MetricRecord({"partition-id": self.partition_id,
+                                                    "num-partitions": self.num_partitions,
+                                                    "resources": float(self.resources or 0.0)})})
+
+    def query(self, content: RecordDict) -> RecordDict:
+        """A method's own one-off question (e.g. FedTPA's mean feature); no method asks one by default."""
+        raise NotImplementedError(f"method {self.cfg.method!r} answers no query {dict(content.config_records)}")
+
+    # --- the private state on this device, across an interruption ----------------------------------------
+    def state_file(self, content: RecordDict) -> Path | None:
+        """Where this client checkpoints `context.state`: `<state-dir>/<run-key>/partition-<id>/` (None when the
+        server sent no run key)."""
+        key = str(content.config_records["config"].get("run-key", "")) if "config" in content else ""
+        return client_state_dir(self.state_dir, key, self.partition_id) if key else None
+
+    def restore_state(self, content: RecordDict) -> None:
+        """A resumed run starts with an empty `context.state`: load the one this client saved after its last train
+        message before this round (same run key), so its private state (FedTPA's EMA, SFT-P's e_k) continues."""
+        directory = self.state_file(content)
+        if directory is None or len(self.context.state.keys()) > 0:
+            return
+        server_round = int(content.config_records["config"].get("server-round", 1 << 30))
+        saved = load_client_state(directory, before_round=server_round)
+        if saved is not None:
+            for name, record in saved.items():
+                self.context.state[name] = record
+
+    def save_state(self, content: RecordDict) -> None:
+        """After a train message: checkpoint `context.state` (it never leaves this device)."""
+        directory = self.state_file(content)
+        if directory is not None and len(self.context.state.keys()) > 0:
+            save_client_state(directory, int(content.config_records["config"]["server-round"]), self.context.state)
+
+    def train(self, content: RecordDict) -> RecordDict:
+        raise NotImplementedError
+
+    def evaluate(self, content: RecordDict) -> RecordDict:
+        raise NotImplementedError
+
+    def reference(self, content: RecordDict) -> RecordDict:
+        """A comparison model built from this client's data alone (e.g. FedSpaLLM's `standalone`), scored here.
+        `content.config_records["config"]["reference"]` names it; the reply carries metrics only."""
+        name = content.config_records["config"]["reference"]
+        raise NotImplementedError(f"method {self.cfg.method!r} has no client-side reference {name!r}")
+
+
+def local_file_data(cfg: RunConfig, partition_id: int, data_path: str) -> ClientData:
+    """A device's own JSONL file (node-config `data-path`) as this client's data, split like any `client-data`
+    source (`jsonl:` reader, seeded test | val | train split of `data.source_splits`, the same sizes).
+    The file's name (not its path) is what replies report as the client's data."""
+    splits = source_splits(f"jsonl:{data_path}", int(cfg.seed), int(cfg.test_examples), int(cfg.val_examples),
+                           int(cfg.max_train_examples))
+    return ClientData(partition_id, splits.train, splits.val, splits.test, f"data-path:{Path(data_path).name}",
+                      splits.test_path, Counter(e["source"] for e in splits.train))

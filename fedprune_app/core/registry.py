@@ -1,0 +1,123 @@
+"""The method registry: method name -> its typed config, its server strategy and its client.
+
+The registry imports no method. Each method registers itself, in the files that define it:
+
+- `fedprune_app/methods/<m>/__init__.py`: `register_method("<m>", config=<M>Config)` (its typed run-config keys);
+- `strategies/<m>.py`: `@register_strategy("<m>")` on its strategy class;
+- `clients/<m>.py`: `@register_client("<m>")` on its client class.
+
+Discovery imports every module of a package (`load`): the method packages whenever the registry is asked what
+exists (the config validation needs their keys), `strategies` by the ServerApp, `clients` by the ClientApp. So adding
+a method adds files and edits none: see the README's "Adding a method".
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Any
+
+METHODS_PACKAGE = "fedprune_app.methods"
+
+
+@dataclass
+class Method:
+    """What one method registered: its config section(s), strategy class and client class."""
+
+    name: str
+    configs: tuple[type, ...] = ()
+    package: bool = False  # its package under fedprune_app/methods called register_method
+    strategy: type | None = None
+    client: type | None = None
+
+
+_METHODS: dict[str, Method] = {}
+_LOADED: set[str] = set()
+
+
+def load(package: str) -> None:
+    """Import every module and subpackage of `package` once (each registers what it defines)."""
+    if package in _LOADED:
+        return
+    _LOADED.add(package)
+    pkg = importlib.import_module(package)
+    for info in pkgutil.iter_modules(pkg.__path__, prefix=f"{package}."):
+        importlib.import_module(info.name)
+
+
+def reload(package: str) -> None:
+    """Discover `package` again (a test that added a method's files to a package path)."""
+    _LOADED.discard(package)
+    load(package)
+
+
+def _entry(name: str) -> Method:
+    return _METHODS.setdefault(name, Method(name))
+
+
+def register_method(name: str, config: type | tuple[type, ...] = ()) -> None:
+    """Called by `fedprune_app/methods/<name>/__init__.py`: the method exists and reads these config sections."""
+    entry = _entry(name)
+    entry.configs, entry.package = (config if isinstance(config, tuple) else (config,)), True
+
+
+def register_strategy(name: str) -> Any:
+    """Class decorator for `strategies/<name>.py`."""
+
+    def add(cls: type) -> type:
+        _entry(name).strategy = cls
+        return cls
+
+    return add
+
+
+def register_client(name: str) -> Any:
+    """Class decorator for `clients/<name>.py`."""
+
+    def add(cls: type) -> type:
+        _entry(name).client = cls
+        return cls
+
+    return add
+
+
+def names() -> tuple[str, ...]:
+    """Every method whose package registered it, sorted."""
+    load(METHODS_PACKAGE)
+    return tuple(sorted(n for n, m in _METHODS.items() if m.package))
+
+
+def config_sections() -> list[type]:
+    """Every registered config section, each once, in method-name order."""
+    load(METHODS_PACKAGE)
+    out: list[type] = []
+    for name in sorted(_METHODS):
+        for section in _METHODS[name].configs:
+            if section not in out:
+                out.append(section)
+    return out
+
+
+def get(name: str) -> Method:
+    """The method `name`, or a KeyError naming the allowed values."""
+    load(METHODS_PACKAGE)
+    if name not in _METHODS or not _METHODS[name].package:
+        raise KeyError(f"run-config key 'method' must be one of {', '.join(map(repr, names()))}, got {name!r}")
+    return _METHODS[name]
+
+
+def strategy_class(name: str) -> type:
+    load("strategies")
+    cls = get(name).strategy
+    if cls is None:
+        raise KeyError(f"method {name!r} registered no strategy (strategies/{name}.py with @register_strategy)")
+    return cls
+
+
+def client_class(name: str) -> type:
+    load("clients")
+    cls = get(name).client
+    if cls is None:
+        raise KeyError(f"method {name!r} registered no client (clients/{name}.py with @register_client)")
+    return cls

@@ -1,0 +1,418 @@
+"""The template every fedprune strategy follows.
+
+`FederatedStrategy` subclasses Flower's abstract `Strategy` and owns the whole run loop in `start` (Flower's own
+`Strategy.start` is replaced, not extended: it cannot identify nodes, retry rounds, fold replies in as they arrive
+or resume). It fills in what all methods share and leaves a few small hooks:
+
+- `initial_arrays()`            the global state the first round starts from;
+- `plan_round(round, nodes)`    per-round plan over the sampled nodes (e.g. FedSpaLLM's layer sampling);
+- `node_config(round, node)`    per-node entries of the train ConfigRecord (layer ids, ranks, budgets);
+- `arrays_for(node, arrays)`    the per-node payload (default: the global arrays);
+- `reply_problem(node, reply)`  why a reply cannot be aggregated (default: shapes / finiteness vs what was sent);
+- `absorb(node, reply)`         each accepted reply as it arrives (default: kept whole for `aggregate`);
+- `aggregate(round, replies)`   the new global ArrayRecord from the accepted replies (default: FedAvg);
+- `global_model(arrays)`        a model with the global state loaded (server evaluation, artefacts);
+- `save_final(arrays, dir)`     the final artefacts;
+- `reference_models()`          comparison models the server builds and scores at the end (e.g. a random mask);
+- `client_references()`         comparison models each client builds from its own data alone and scores itself,
+                                asked for with `evaluate.reference` messages after the last round (`standalone`).
+
+- `state_dict()` / `load_state_dict(state)`  the server-side state a checkpoint holds beyond the global arrays
+                                (FedSpaLLM's pruned weights, FedTPA's β_i, ...); the base holds the sampling RNG.
+
+`start` (Flower's signature plus `first_round` / `on_round_end` for resume and checkpoints) asks every connected
+node who it is (`identify`: partition id, node-config `resources`), so sampling and per-client state follow
+partition ids, not the node ids Flower draws at random; then `prepare`, round 0 (every client scores the untouched model), and per
+round train -> federated evaluate -> server evaluate -> `on_round_end` (the checkpoint). A resumed run enters the
+loop at `first_round` with the checkpoint's arrays and state.
+
+Failed replies (a ClientApp that raised, a timeout) and malformed ones are dropped, logged with the node id and
+counted. A round is aggregated only when at least `min-replies` replies are usable; otherwise it is sent again
+(`round-retries`) and then the run stops with `RoundFailed`: never a silent partial aggregate, and a client never
+corrupts the global state.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.protocol import flat_metrics, numpy_state, record_bytes, spec_of
+from fedprune_app.core.replies import check_arrays, to_record, weighted_average
+
+log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
+Recorder = Callable[[dict[str, Any]], None]
+
+
+def _tail(reason: str, n: int = 600) -> str:
+    """The end of an error text (where a traceback names the exception), without terminal colour codes."""
+    clean = re.sub(r"\x1b\[[0-9;]*m", "", reason).strip()
+    return clean if len(clean) <= n else "…" + clean[-n:]
+
+
+class RoundFailed(RuntimeError):
+    """Fewer than `min-replies` usable train replies after every retry: the run stops, the last checkpoint stays."""
+
+
+class FederatedStrategy(Strategy):
+    """Flower's `Strategy` with the run loop in `start`: seeded sampling by partition, per-node messages, reply
+    checks, per-client logging, retries and checkpoints. Subclasses override the hooks listed above."""
+
+    def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
+        self.fraction_train = float(cfg.fraction_train)
+        self.fraction_evaluate = float(cfg.fraction_evaluate)
+        self.min_available_nodes = int(cfg.min_nodes)
+        self.cfg = cfg
+        self.record = recorder or (lambda row: None)
+        self.rng = random.Random(int(cfg.seed))
+        self.sent: dict[int, dict[str, tuple[tuple[int, ...], str]]] = {}  # node -> {key: (shape, dtype)} sent
+        self.bytes_down: dict[int, int] = {}  # node -> tensor bytes of its train payload this round
+        self.num_connected = 0  # nodes connected at the last sampling (= partitions in a simulation)
+        self.node_partition: dict[int, int] = {}  # node id -> partition id (from `identify` and train replies)
+        self.node_resources: dict[int, float] = {}  # node id -> node-config `resources` (0 = not set)
+        self.run_key = ""  # names the run (kept on resume); clients key their checkpointed private state by it
+        self.timeout = 3600.0
+
+    # --- hooks -------------------------------------------------------------------------------------------
+    def initial_arrays(self) -> ArrayRecord:
+        raise NotImplementedError
+
+    def plan_round(self, server_round: int, node_ids: list[int]) -> None:
+        """Called with the sampled nodes before their train messages are built (e.g. to assign layers)."""
+
+    def node_config(self, server_round: int, node_id: int) -> dict[str, Any]:
+        return {}
+
+    def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
+        return arrays
+
+    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
+        if "arrays" not in reply.array_records:
+            return "reply holds no 'arrays' record"
+        metrics = flat_metrics(reply)
+        if not isinstance(metrics.get("num-examples"), int | float) or metrics["num-examples"] <= 0:
+            return "reply lacks a positive 'num-examples' metric"
+        return check_arrays(reply.array_records["arrays"], self.expected_reply(node_id))
+
+    def expected_reply(self, node_id: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{key: (shape, dtype)} a node's train reply must hold: by default what was sent to it."""
+        return self.sent[node_id]
+
+    def absorb(self, node_id: int, reply: RecordDict) -> RecordDict:
+        """Called once per accepted train reply as soon as it is pulled; what it returns is what `aggregate`
+        gets. The default keeps the reply. A strategy whose replies are large (FedSpaLLM's pruned weights) folds
+        them into a running aggregate here and returns the reply without its arrays, so a round never holds every
+        client's weights at once."""
+        return reply
+
+    def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
+        states = [numpy_state(r.array_records["arrays"]) for r in replies]
+        weights = [float(flat_metrics(r)["num-examples"]) for r in replies]
+        return to_record(weighted_average(states, weights))
+
+    def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        return {}
+
+    def reference_models(self) -> dict[str, Callable[[], tuple[Any, Any]]]:
+        """Comparison models the server scores beside the final global one: {name: build() -> (model, tok)}."""
+        return {}
+
+    def client_references(self) -> list[str]:
+        """Names of the baselines every client builds from its own data and scores (FederatedClient.reference)."""
+        return []
+
+    def prepare(self, grid: Grid, timeout: float) -> None:
+        """Called once at the top of `start`, before round 0 (e.g. FedTPA's one-off feature query)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server-side state a checkpoint needs beyond the global arrays (subclasses add theirs to this)."""
+        return {"rng": self.rng.getstate(), "numpy-rng": np.random.get_state(), "torch-rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.setstate(state["rng"])
+        np.random.set_state(state["numpy-rng"])
+        torch.set_rng_state(state["torch-rng"])
+
+    def summary(self) -> None:
+        """Flower's hook: log what this strategy runs with."""
+        log.info("[fedprune] %s: fraction-train %g, fraction-evaluate %g, min-nodes %d, min-replies %d",
+                 type(self).__name__, self.fraction_train, self.fraction_evaluate, self.min_available_nodes,
+                 int(self.cfg.min_replies))
+
+    # --- the template ------------------------------------------------------------------------------------
+    def partition_order(self, node_id: int) -> tuple[int, int]:
+        """Sort key: identified nodes by partition id, then the rest by node id."""
+        return self.node_partition.get(node_id, 1 << 30), node_id
+
+    def connected(self, grid: Grid) -> list[int]:
+        """Wait for `min-nodes`, then the connected nodes in partition order."""
+        while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
+            log.info("waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes)
+            time.sleep(1)
+        self.num_connected = len(nodes)
+        return sorted(nodes, key=self.partition_order)
+
+    def sample(self, grid: Grid, fraction: float) -> list[int]:
+        """Draw ⌈fraction·N⌉ of the connected nodes with the run's seeded RNG, over the partition order: the same
+        seed samples the same partitions whatever node ids Flower assigned."""
+        nodes = self.connected(grid)
+        k = max(1, min(len(nodes), round(fraction * len(nodes))))
+        return sorted(self.rng.sample(nodes, k), key=self.partition_order)
+
+    def evaluation_panel(self, grid: Grid) -> list[int]:
+        """The ⌈fraction-evaluate·N⌉ nodes that evaluate: drawn from the partition order by an RNG seeded afresh
+        from `seed` at every call, so the same clients evaluate every round (per-client tables compare like with
+        like across rounds) and evaluation never advances the training sampler's RNG."""
+        nodes = self.connected(grid)
+        k = max(1, min(len(nodes), round(self.fraction_evaluate * len(nodes))))
+        return sorted(random.Random(f"{int(self.cfg.seed)}:evaluate").sample(nodes, k), key=self.partition_order)
+
+    def identify(self, grid: Grid) -> None:
+        """Ask every connected node for its partition id and node-config `resources` (`query` message
+        `{"query": "identity"}`, answered by `FederatedClient.identity`). A node that does not answer is logged
+        and sampled after the identified ones."""
+        nodes = self.connected(grid)
+        messages = [Message(content=RecordDict({"config": ConfigRecord({"query": "identity"})}),
+                            message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
+        for msg in grid.send_and_receive(messages, timeout=self.timeout):
+            node = msg.metadata.src_node_id
+            metrics = {} if msg.has_error() else flat_metrics(msg.content)
+            pid = metrics.get("partition-id")
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
+                reason = msg.error.reason if msg.has_error() else f"no valid partition-id in {metrics}"
+                log.warning("node %d did not say who it is: %s", node, _tail(reason, 300))
+                continue
+            self.node_partition[node] = pid
+            self.node_resources[node] = float(metrics.get("resources", 0.0))
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        if self.fraction_train == 0.0:
+            return []
+        messages = []
+        self.sent, self.bytes_down = {}, {}
+        node_ids = self.sample(grid, self.fraction_train)
+        self.plan_round(server_round, node_ids)
+        for node_id in node_ids:
+            payload = self.arrays_for(node_id, arrays)
+            self.sent[node_id], self.bytes_down[node_id] = spec_of(payload), record_bytes(payload)
+            node_cfg = ConfigRecord({**dict(config), **self.message_config(server_round),
+                                     **self.node_config(server_round, node_id)})
+            content = RecordDict({"arrays": payload, "config": node_cfg})
+            messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id))
+        return messages
+
+    def message_config(self, server_round: int) -> dict[str, Any]:
+        """What every train / evaluate message's config carries: the round and the run key."""
+        return {"server-round": server_round, **({"run-key": self.run_key} if self.run_key else {})}
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's hook: the accepted replies aggregated, or (None, None) when none is usable."""
+        accepted = self.accept_train(server_round, replies)
+        if not accepted:
+            log.warning("round %d: no usable reply, the global state is kept", server_round)
+            return None, None
+        return self.aggregate(server_round, accepted), self.mean_metrics(accepted)
+
+    def accept_train(self, server_round: int, replies: Iterable[Message]) -> list[RecordDict]:
+        """Log every train reply (accepted / rejected with its reason and node id) and return the usable ones,
+        in partition order (arrival order is a race; float sums are not associative)."""
+        accepted: list[RecordDict] = []
+        for msg in replies:
+            node_id = msg.metadata.src_node_id
+            row: dict[str, Any] = {"round": server_round, "phase": "train", "node": node_id,
+                                   "bytes-down": self.bytes_down.get(node_id, 0)}
+            if msg.has_error():
+                problem = f"client error: {msg.error.reason}"
+            else:
+                problem = self.reply_problem(node_id, msg.content) if node_id in self.sent else "unexpected reply"
+                row.update(flat_metrics(msg.content), **{"bytes-up": record_bytes(msg.content)})
+            row["client"] = row.pop("partition-id", None)
+            row["status"] = "rejected" if problem else "accepted"
+            if problem:
+                row["problem"] = _tail(problem)
+                log.warning("round %d: reply of node %d dropped: %s", server_round, node_id, _tail(problem, 300))
+            else:
+                accepted.append(self.absorb(node_id, msg.content))
+                if isinstance(row["client"], int):
+                    self.node_partition.setdefault(node_id, row["client"])
+            self.record(row)
+        accepted.sort(key=lambda r: (flat_metrics(r).get("partition-id", 1 << 30),))
+        return accepted
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        good: list[RecordDict] = []
+        for msg in replies:
+            row: dict[str, Any] = {"round": server_round, "phase": "evaluate", "node": msg.metadata.src_node_id}
+            if msg.has_error():
+                row.update(status="failed", problem=_tail(msg.error.reason))
+                log.warning("round %d: evaluation on node %d failed: %s", server_round, row["node"],
+                            _tail(msg.error.reason, 300))
+            else:
+                row.update(flat_metrics(msg.content), status="ok")
+                good.append(msg.content)
+            row["client"] = row.pop("partition-id", None)
+            self.record(row)
+        return self.mean_metrics(good) if good else None
+
+    @staticmethod
+    def mean_metrics(replies: list[RecordDict]) -> MetricRecord:
+        """Example-weighted mean of every numeric scalar metric the replies share."""
+        flat = [flat_metrics(r) for r in replies]
+        weights = [float(m.get("num-examples", 1)) for m in flat]
+        keys = set.intersection(*(set(m) for m in flat))
+        out: dict[str, float | int] = {"num-examples": int(sum(weights))}
+        for k in sorted(keys - {"num-examples", "partition-id"}):
+            if all(isinstance(m[k], int | float) and not isinstance(m[k], bool) for m in flat):
+                out[k] = sum(m[k] * w for m, w in zip(flat, weights, strict=True)) / sum(weights)
+        return MetricRecord(out)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              first_round: int = 1, on_round_end: Callable[[int, ArrayRecord], None] | None = None) -> Result:
+        """The run: `identify`, `prepare`, round 0 (skipped when resuming at `first_round` > 1), then per round
+        `train_round` -> federated evaluation -> server evaluation (`evaluate_fn`) -> `on_round_end`."""
+        self.timeout = timeout
+        train_config, evaluate_config = train_config or ConfigRecord(), evaluate_config or ConfigRecord()
+        result = Result()
+        self.identify(grid)
+        self.prepare(grid, timeout)
+        arrays = initial_arrays
+        if first_round == 1:
+            self.evaluate_round(0, grid, arrays, evaluate_config, evaluate_fn, result)
+        for server_round in range(first_round, num_rounds + 1):
+            log.info("[fedprune] round %d/%d", server_round, num_rounds)
+            new_arrays, metrics = self.train_round(server_round, grid, arrays, train_config)
+            if new_arrays is not None:
+                arrays = result.arrays = new_arrays
+            if metrics is not None:
+                result.train_metrics_clientapp[server_round] = metrics
+            self.evaluate_round(server_round, grid, arrays, evaluate_config, evaluate_fn, result)
+            if on_round_end is not None:
+                on_round_end(server_round, arrays)
+        return result
+
+    def train_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+                    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Send the train messages and aggregate once at least `min-replies` replies are usable; below that,
+        send the round again (a fresh sample) up to `round-retries` times, then raise `RoundFailed`."""
+        need, attempts = int(self.cfg.min_replies), int(self.cfg.round_retries) + 1
+        for attempt in range(1, attempts + 1):
+            messages = list(self.configure_train(server_round, arrays, config, grid))
+            if not messages:  # fraction-train = 0: nothing to train
+                return None, None
+            if len(messages) < need:
+                raise RoundFailed(f"round {server_round}: run-config key 'min-replies' = {need} but a round samples "
+                                  f"only {len(messages)} of {self.num_connected} connected nodes; lower "
+                                  "'min-replies' or raise 'fraction-train'")
+            n_sent, pending = len(messages), self.push(grid, messages)
+            del messages  # the payloads now live in the SuperLink; the server keeps only their specs
+            accepted = self.accept_train(server_round, self.pull(grid, pending, server_round, "train"))
+            if len(accepted) >= need:
+                return self.aggregate(server_round, accepted), self.mean_metrics(accepted)
+            self.record({"round": server_round, "phase": "round-retry", "attempt": attempt,
+                         "usable": len(accepted), "sent": n_sent})
+            log.warning("round %d (attempt %d/%d): %d usable replies of %d, min-replies = %d", server_round,
+                        attempt, attempts, len(accepted), n_sent, need)
+        raise RoundFailed(f"round {server_round}: fewer than min-replies = {need} usable train replies in "
+                          f"{attempts} attempt(s); the global state of round {server_round - 1} is in the last "
+                          "checkpoint (continue with run-config key 'resume-from')")
+
+    @staticmethod
+    def push(grid: Grid, messages: list[Message]) -> dict[str, int]:
+        """Push the messages; {message id: destination node} of those the grid accepted."""
+        nodes = [m.metadata.dst_node_id for m in messages]
+        return dict(zip(grid.push_messages(messages), nodes, strict=True))
+
+    def pull(self, grid: Grid, pending: dict[str, int], server_round: int, phase: str,
+             poll: float = 1.0) -> Iterator[Message]:
+        """Flower's `send_and_receive` loop, lazily: each reply is handed on as soon as it is pulled, so the
+        caller can fold it in and drop it before the next one arrives. Nodes still silent at `round-timeout` are
+        logged as failed (`record_silent`)."""
+        pending, deadline = dict(pending), time.monotonic() + self.timeout
+        while pending and time.monotonic() < deadline:
+            replies = list(grid.pull_messages(list(pending)))
+            for reply in replies:
+                pending.pop(reply.metadata.reply_to_message_id, None)
+                yield reply
+            if pending and not replies:
+                time.sleep(poll)
+        self.record_silent(server_round, phase, list(pending.values()))
+
+    def record_silent(self, server_round: int, phase: str, silent: Iterable[int]) -> None:
+        """Log a failure for every node that sent nothing back before `round-timeout` (disconnected, too slow)."""
+        problem = f"no reply within round-timeout = {self.timeout:g} s (disconnected or too slow)"
+        for node in silent:
+            self.record({"round": server_round, "phase": phase, "node": node,
+                         "client": self.node_partition.get(node), "status": "failed", "problem": problem})
+            log.warning("round %d: node %d: %s", server_round, node, problem)
+
+    def evaluate_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord,
+                       evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, result: Result) -> None:
+        """Federated evaluation (when this round evaluates), then the server's own (`evaluate_fn`)."""
+        messages = list(self.configure_evaluate(server_round, arrays, config, grid))
+        if messages:
+            replies = list(self.pull(grid, self.push(grid, messages), server_round, "evaluate"))
+            metrics = self.aggregate_evaluate(server_round, replies)
+            if metrics is not None:
+                result.evaluate_metrics_clientapp[server_round] = metrics
+        if evaluate_fn is not None:
+            server_metrics = evaluate_fn(server_round, arrays)
+            if server_metrics is not None:
+                result.evaluate_metrics_serverapp[server_round] = server_metrics
+
+    def score_client_references(self, grid: Grid, timeout: float = 3600) -> None:
+        """After the last round: one `evaluate.reference` message per node and baseline; each reply's `ppl/<data>`
+        metrics are logged as `reference` rows (one per client; results.md reports the mean over clients)."""
+        for name in self.client_references():
+            log.info("[fedprune] reference %s: every client builds it from its own data", name)
+            config = ConfigRecord({"reference": name, **self.message_config(int(self.cfg.num_server_rounds) + 1)})
+            messages = [Message(content=RecordDict({"config": config}),
+                                message_type=f"{MessageType.EVALUATE}.reference", dst_node_id=node_id)
+                        for node_id in self.sample(grid, 1.0)]
+            for msg in grid.send_and_receive(messages, timeout=timeout):
+                node_id = msg.metadata.src_node_id
+                if msg.has_error():
+                    self.record({"phase": "reference", "model": name, "node": node_id, "status": "failed",
+                                 "problem": _tail(msg.error.reason)})
+                    log.warning("reference %s on node %d failed: %s", name, node_id, _tail(msg.error.reason, 300))
+                    continue
+                metrics = flat_metrics(msg.content)
+                for key, value in metrics.items():
+                    if key.startswith("ppl/"):
+                        self.record({"phase": "reference", "model": name, "node": node_id,
+                                     "client": metrics.get("partition-id"), "data": key[4:], "ppl": value,
+                                     "seconds": metrics.get("seconds")})
+
+    def evaluates(self, server_round: int) -> bool:
+        """Round 0 and the last round always; every `eval-every` rounds in between."""
+        every = int(self.cfg.eval_every)
+        return server_round in (0, int(self.cfg.num_server_rounds)) or (every > 0 and server_round % every == 0)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        if self.fraction_evaluate == 0.0 or not self.evaluates(server_round):
+            return []
+        log.info("[fedprune] round %d: federated evaluation%s", server_round,
+                 " of the untouched model" if server_round == 0 else "")
+        node_cfg = ConfigRecord({**dict(config), **self.message_config(server_round)})
+        return [Message(content=RecordDict({"arrays": arrays, "config": node_cfg}),
+                        message_type=MessageType.EVALUATE, dst_node_id=node_id)
+                for node_id in self.evaluation_panel(grid)]

@@ -1,0 +1,1 @@
+"""The LLM library: models, LoRA, data, training, evaluation, assets. No Flower import."""

@@ -1,0 +1,252 @@
+"""Evaluation: perplexity (sliding window), multiple-choice accuracy through lm-eval, Rouge-L on generations.
+
+Accuracy is computed by lm-eval's `simple_evaluate` on an `HFLM` that wraps the in-memory model, so the
+numbers are comparable with the papers' lm-eval numbers. Offline, each client's multiple-choice test split
+becomes a local lm-eval task (a task dict whose JSON data file has an absolute path); standard task names
+(`arc_easy`, `piqa`, ...) work wherever lm-eval can reach their datasets.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedprune_app.core.config import RunConfig, per_client
+from fedprune_app.llm.data import ClientData, Example, collate, encode, text_of
+from fedprune_app.llm.models import model_device
+
+
+@torch.no_grad()
+def perplexity(model: nn.Module, tokenizer: Any, text: str, window: int = 256, stride: int = 256,
+               max_tokens: int = 0) -> float:
+    """exp(mean NLL) of `text`, every token after the first scored exactly once, in sliding windows.
+
+    A window holds at most `window` tokens and scores its last `step = min(stride, window - 1)` tokens, the
+    ones before them serving as context only. stride == window therefore gives back-to-back windows that
+    overlap by the one token each needs as context (no token is skipped); a smaller stride gives every
+    scored token at least `window - stride` tokens of context (the usual sliding-window perplexity).
+    """
+    ids = tokenizer(text, return_tensors="pt")["input_ids"][0]
+    if max_tokens:
+        ids = ids[:max_tokens]
+    if len(ids) < 2:
+        raise ValueError("perplexity needs at least 2 tokens of text")
+    step = max(1, min(stride, window - 1))
+    device = model_device(model)
+    nll, count, first = 0.0, 0, 1
+    while first < len(ids):
+        last = min(first + step, len(ids))  # score tokens [first, last)
+        start = max(0, last - window)
+        chunk = ids[start:last].unsqueeze(0).to(device)
+        logits = model(input_ids=chunk).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(1, chunk[0, 1:, None])[:, 0]
+        nll -= logp[-(last - first):].sum().item()
+        count += last - first
+        first = last
+    return math.exp(nll / count)
+
+
+@torch.no_grad()
+def mean_loss(model: nn.Module, tokenizer: Any, examples: Sequence[Example], seq_len: int,
+              batch_size: int = 8) -> float:
+    """Token-weighted mean NLL of each example's response given its prompt (NaN for no examples).
+
+    exp() of it is the "answer perplexity" a client reports for question/instruction data: the quantity
+    that instruction tuning minimises (loss on the response tokens only, as in training).
+    """
+    total, count, device = 0.0, 0, model_device(model)
+    for i in range(0, len(examples), batch_size):
+        batch = collate([encode(tokenizer, e, seq_len) for e in examples[i:i + batch_size]], tokenizer.pad_token_id)
+        batch = {k: v.to(device) for k, v in batch.items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+        labels = batch["labels"][:, 1:]
+        mask = labels != -100
+        nll = torch.nn.functional.cross_entropy(logits[mask], labels[mask], reduction="sum")
+        total += nll.item()
+        count += int(mask.sum())
+    return total / count if count else math.nan
+
+
+def local_mc_task(name: str, test_path: Path) -> dict[str, Any]:
+    """An lm-eval multiple-choice task over a JSONL file of our examples (prompt, choices, label)."""
+    return {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(Path(test_path).resolve())}},
+        "test_split": "test",
+        "output_type": "multiple_choice",
+        "doc_to_text": "{{prompt}}",
+        "doc_to_choice": "{{choices}}",
+        "doc_to_target": "{{label}}",
+        "target_delimiter": " ",
+        "metric_list": [
+            {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+            {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
+        ],
+        "metadata": {"version": 1.0},
+    }
+
+
+def _simple_evaluate(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dict[str, Any]], batch_size: int,
+                     limit: int | None, include_path: str, log_samples: bool) -> dict[str, Any]:
+    """lm-eval's `simple_evaluate`, zero-shot, on an in-memory model (HFLM wrapper), tasks by name or as dicts."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    logging.getLogger("lm-eval").setLevel(logging.WARNING)
+    names = [t for t in tasks if isinstance(t, str)]
+    local = set()
+    if include_path:
+        local = {p.stem for p in Path(include_path).rglob("*.yaml")}
+    include_defaults = any(n not in local for n in names)  # indexing lm-eval's own tasks costs ~15 s
+    manager = TaskManager(include_path=include_path or None, include_defaults=include_defaults)
+    was_training = model.training
+    model.eval()
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model_device(model)))
+    res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, num_fewshot=0, limit=limit,
+                                  log_samples=log_samples, bootstrap_iters=0, verbosity="WARNING")
+    model.train(was_training)
+    return res
+
+
+def lm_eval_accuracy(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dict[str, Any]], batch_size: int = 8,
+                     limit: int | None = None, include_path: str = "") -> dict[str, dict[str, float]]:
+    """lm-eval zero-shot accuracy: {task: {"acc": ., "acc_norm": .}} for task names or task dicts."""
+    res = _simple_evaluate(model, tokenizer, tasks, batch_size, limit, include_path, log_samples=False)
+    out = {}
+    for task, metrics in res["results"].items():
+        out[task] = {m.split(",")[0]: float(v) for m, v in metrics.items()
+                     if m.split(",")[0] in ("acc", "acc_norm") and isinstance(v, int | float)}
+    return out
+
+
+def lm_eval_per_example(model: nn.Module, tokenizer: Any, task: str | dict[str, Any], batch_size: int = 8,
+                        include_path: str = "") -> dict[str, list[float]]:
+    """lm-eval zero-shot correctness per document of one task, in document order: {"acc": [0/1, ...], "acc_norm":
+    [...]} (the means are `lm_eval_accuracy`'s numbers; per example they allow paired bootstrap intervals)."""
+    res = _simple_evaluate(model, tokenizer, [task], batch_size, None, include_path, log_samples=True)
+    (samples,) = res["samples"].values()
+    samples = sorted(samples, key=lambda s: int(s["doc_id"]))
+    return {m: [float(s[m]) for s in samples] for m in ("acc", "acc_norm")}
+
+
+def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
+    """Length of the longest common subsequence (dynamic programming)."""
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+def rouge_l_scores(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """Rouge-L F1 per example (rouge-score's tokenizer and stemmer, as in the papers' instruction-tuning tables)."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    return [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references, strict=True)]
+
+
+def bootstrap_ci(values: Sequence[float], paired_with: Sequence[float] | None = None, iters: int = 2000,
+                 seed: int = 0, strata: Sequence[int] | None = None) -> tuple[float, float, float]:
+    """(mean, 2.5th, 97.5th percentile) of the mean of `values` — or of the per-example differences
+    values − paired_with (a paired bootstrap: both resampled on the same example indices). With `strata` (a
+    group id per value, e.g. the client that owns the example) the statistic is the mean of the group means and
+    each group is resampled within itself, so every bootstrap sample keeps each group's size."""
+    x = torch.tensor(list(values), dtype=torch.float64)
+    if paired_with is not None:
+        x = x - torch.tensor(list(paired_with), dtype=torch.float64)
+    if x.numel() == 0:
+        raise ValueError("bootstrap_ci needs at least one value")
+    if strata is not None and len(strata) != x.numel():
+        raise ValueError(f"bootstrap_ci: {len(strata)} strata for {x.numel()} values")
+    gen = torch.Generator().manual_seed(seed)
+    groups = [x] if strata is None else [x[torch.tensor([s == g for s in strata])] for g in sorted(set(strata))]
+    means = torch.stack([g[torch.randint(0, g.numel(), (iters, g.numel()), generator=gen)].mean(dim=1)
+                         for g in groups]).mean(dim=0)
+    lo, hi = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return float(torch.stack([g.mean() for g in groups]).mean()), lo, hi
+
+
+def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> float:
+    """Mean Rouge-L F1 over the examples."""
+    scores = rouge_l_scores(predictions, references)
+    return sum(scores) / max(len(scores), 1)
+
+
+@torch.no_grad()
+def generate(model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int = 32,
+             batch_size: int = 8) -> list[str]:
+    """Greedy continuations of `prompts` (left-padded batches), decoded without the prompt, in the prompts'
+    order. Batches are formed from the prompts sorted by token length, so a batch pads little (on
+    natural_instructions prompts this halves the prefill tokens of batches of 8)."""
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    order = sorted(range(len(prompts)), key=lambda i: len(tokenizer(prompts[i])["input_ids"]))
+    outs: dict[int, str] = {}
+    device = model_device(model)
+    try:
+        for i in range(0, len(order), batch_size):
+            batch = order[i:i + batch_size]
+            enc = tokenizer([prompts[j] for j in batch], return_tensors="pt", padding=True).to(device)
+            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+            outs |= zip(batch, tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True),
+                        strict=True)
+    finally:
+        tokenizer.padding_side = side
+    return [outs[i].strip().split("\n")[0] for i in range(len(prompts))]
+
+
+def eval_task_for(cfg: RunConfig, data: ClientData, num_partitions: int) -> str | dict[str, Any] | None:
+    """The lm-eval task a client is scored on: `eval-tasks` if set, else its own multiple-choice test split."""
+    if str(cfg.eval_tasks).strip():
+        return per_client(str(cfg.eval_tasks), num_partitions, str, "eval-tasks")[data.partition_id]
+    if data.test and data.test[0]["choices"] and data.test_path is not None:
+        slug = "".join(c if c.isalnum() else "_" for c in data.eval_source)
+        return local_mc_task(f"fedprune_{slug}", data.test_path)
+    return None
+
+
+def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: RunConfig,
+                    num_partitions: int) -> dict[str, float]:
+    """A client's metrics on its own test split: acc/acc_norm (lm-eval) for multiple choice, rouge-l for
+    instructions, and ppl: of the answers given the prompts, or sliding-window over plain text."""
+    metrics: dict[str, float] = {}
+    task = eval_task_for(cfg, data, num_partitions)
+    if task is not None:
+        res = lm_eval_accuracy(model, tokenizer, [task], int(cfg.eval_batch_size),
+                               include_path=str(cfg.eval_include_path))
+        metrics.update(next(iter(res.values())))
+    if data.test and data.test[0]["prompt"]:  # questions / instructions: perplexity of the answers
+        metrics["ppl"] = math.exp(mean_loss(model, tokenizer, data.test, int(cfg.seq_len), int(cfg.eval_batch_size)))
+    elif data.test and int(cfg.eval_ppl_tokens) > 0:  # plain text: sliding-window perplexity
+        metrics["ppl"] = perplexity(model, tokenizer, text_of(data.test), int(cfg.ppl_window), int(cfg.ppl_stride),
+                                    int(cfg.eval_ppl_tokens))
+    if data.test and not data.test[0]["choices"] and data.test[0]["prompt"]:
+        preds = generate(model, tokenizer, [e["prompt"] for e in data.test], int(cfg.gen_max_new_tokens),
+                         int(cfg.eval_batch_size))
+        metrics["rouge-l"] = rouge_l(preds, [e["response"] for e in data.test])
+    return metrics
+
+
+def held_out_text(source: str, cfg: RunConfig) -> str:
+    """The test split of a source as text (the server's perplexity set); `ppl:wikitext2|ptb|c4` are the
+    pruning papers' sets, read through `datasets` (see data.PERPLEXITY_SETS)."""
+    from fedprune_app.llm.data import perplexity_set_text, source_splits
+
+    if source.startswith("ppl:"):
+        return perplexity_set_text(source[4:])
+    splits = source_splits(source, int(cfg.seed), int(cfg.test_examples), int(cfg.val_examples),
+                           int(cfg.max_train_examples))
+    return text_of(splits.test)
+

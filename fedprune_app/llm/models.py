@@ -1,0 +1,200 @@
+"""Model loading (embedded default, Hugging Face name, local path; dtype; device; bitsandbytes) and LoRA over peft.
+
+State moves through two functions, as in peft: `get_adapter_state` / `set_adapter_state`. Placement: the
+`device` key is resolved where a model is loaded (`resolve_device`); everything that feeds a model moves its
+tensors to `model_device(model)`.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fedprune_app.core.config import DEVICE_PATTERN, KEY_BY_NAME, ConfigError, RunConfig, split_list
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(cfg: RunConfig | str) -> torch.device:
+    """The torch.device of the `device` key (a RunConfig or the value itself) in this process: 'auto' = cuda
+    when torch.cuda.is_available() else cpu. Asking for CUDA where none is visible raises ConfigError."""
+    value = str(cfg.device if isinstance(cfg, RunConfig) else cfg)
+    if not DEVICE_PATTERN.fullmatch(value):
+        raise ConfigError(f"run-config key 'device' must be {KEY_BY_NAME['device'].allowed()}, got {value!r}")
+    if value == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if value == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"run-config key 'device' is {value!r} but this process sees no CUDA device "
+                          f"(torch {torch.__version__}: torch.cuda.is_available() is False); use 'auto' (cuda "
+                          "where available, else cpu) or 'cpu', or give the process a GPU (a simulation's "
+                          "client-resources-num-gpus)")
+    device = torch.device(value)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"run-config key 'device' is {value!r} but this process sees "
+                          f"{torch.cuda.device_count()} CUDA device(s) (indices start at 0)")
+    return device
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where a model's inputs go: the device of its input embeddings (the first layer, also under a
+    bitsandbytes device map), else of its first parameter."""
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    weight = getattr(emb, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight.device
+    return next(model.parameters()).device
+
+
+def resolve_model_path(model_name: str) -> str:
+    """'embedded' -> the cached SmolLM2 directory; anything else is passed to from_pretrained as is."""
+    if model_name == "embedded":
+        from fedprune_app.llm.assets import embedded_model_dir
+
+        return str(embedded_model_dir())
+    return model_name
+
+
+def quantization_config(mode: str, compute_dtype: torch.dtype):  # -> BitsAndBytesConfig | None
+    """bitsandbytes config for `model-quantization` ('none', '4bit' NF4, '8bit')."""
+    if mode == "none":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if mode == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
+    if mode == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"model-quantization must be one of 'none', '4bit', '8bit', got {mode!r}")
+
+
+def load_tokenizer(model_name: str):  # -> PreTrainedTokenizerBase
+    """The model's tokenizer with a pad token (eos when the model has none)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(model_name))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_base_model(model_name: str, dtype: str = "float32", quantization: str = "none",
+                    device: str = "auto") -> nn.Module:
+    """A causal LM in eval mode on `device` (the run-config value, see `resolve_device`). Quantized: the
+    device map bitsandbytes picks ('auto' over the visible GPUs for 'auto'/'cuda', else the one device)."""
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = DTYPES[dtype]
+    target = resolve_device(device)
+    kwargs: dict = {"dtype": torch_dtype}
+    qconfig = quantization_config(quantization, torch_dtype)
+    if qconfig is not None:
+        kwargs["quantization_config"] = qconfig
+        kwargs["device_map"] = "auto" if target.type == "cuda" and target.index is None else {"": str(target)}
+    elif target.type != "cpu":
+        kwargs["device_map"] = {"": str(target)}  # weights load straight onto the GPU, not via CPU RAM
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_name), **kwargs)
+    model.eval()
+    return model
+
+
+def lora_config(cfg: RunConfig, rank: int | None = None):  # -> peft.LoraConfig
+    """peft LoraConfig from the run config (`lora-*` keys); `rank` overrides `lora-rank`."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=int(rank or cfg.lora_rank),
+        lora_alpha=float(cfg.lora_alpha),
+        lora_dropout=float(cfg.lora_dropout),
+        target_modules=split_list(str(cfg.lora_target_modules)),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def add_lora(model: nn.Module, cfg: RunConfig, seed: int, rank: int | None = None) -> nn.Module:
+    """Wrap `model` with fresh LoRA adapters (A ~ Kaiming with `seed`, B = 0: the output is unchanged)."""
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        try:
+            peft_model = get_peft_model(model, lora_config(cfg, rank))
+        except ValueError as err:  # peft names the missing modules; add the key that controls them
+            raise ValueError(f"run-config key 'lora-target-modules': {err}") from err
+    peft_model.eval()  # dropout off until a training loop switches it on
+    peft_model.fedprune_initial_adapters = get_adapter_state(peft_model)  # cached models get trained in place
+    return peft_model
+
+
+def initial_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters as `add_lora` made them (A seeded, B = 0), whatever was loaded into the cached model since:
+    a run's initial state must not depend on what an earlier run in the same process left in the cache."""
+    return {k: v.clone() for k, v in model.fedprune_initial_adapters.items()}
+
+
+def get_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA tensors (float32, detached, CPU) keyed by peft's adapter-state names."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().to("cpu", torch.float32).clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def set_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load LoRA tensors into `model`; every adapter tensor must be present with the right shape."""
+    from peft import set_peft_model_state_dict
+
+    own = get_adapter_state(model)
+    missing = sorted(set(own) - set(state))
+    if missing:
+        raise KeyError(f"adapter state lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    for k, v in state.items():
+        if k in own and tuple(own[k].shape) != tuple(v.shape):
+            raise ValueError(f"adapter tensor {k} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}")
+    set_peft_model_state_dict(model, state)
+
+
+@lru_cache(maxsize=2)
+def cached_peft_model(model_name: str, dtype: str, quantization: str, lora_key: str,
+                      device: str = "auto") -> tuple[nn.Module, object]:
+    """One (LoRA-wrapped model, tokenizer) per process and configuration: Ray workers reuse it across rounds.
+
+    `lora_key` is a JSON dump of the LoRA-relevant config; callers always load fresh adapter state before use.
+    """
+    from fedprune_app.core.config import RunConfig
+
+    cfg = RunConfig.from_flower(json.loads(lora_key))
+    model = add_lora(load_base_model(model_name, dtype, quantization, device), cfg, seed=int(cfg.seed))
+    return model, load_tokenizer(model_name)
+
+
+def peft_model_for(cfg: RunConfig) -> tuple[nn.Module, object]:
+    """The cached LoRA model + tokenizer for this run config."""
+    lora_keys = ("lora-rank", "lora-alpha", "lora-dropout", "lora-target-modules", "seed")
+    key = json.dumps({k: cfg[k] for k in lora_keys}, sort_keys=True)
+    return cached_peft_model(str(cfg.model_name), str(cfg.model_dtype), str(cfg.model_quantization), key,
+                             str(cfg.device))
+
+
+def load_run(run_dir: str | Path, device: str | None = None) -> tuple[nn.Module, object]:
+    """Load a finished run's final model: base model + its saved adapter, ready to evaluate or generate.
+
+    `model, tokenizer = fedprune_app.llm.models.load_run("outputs/<run>")`; `device` overrides the run's `device`.
+    """
+    from peft import PeftModel
+
+    run_dir = Path(run_dir)
+    cfg = json.loads((run_dir / "config.json").read_text())
+    base = load_base_model(cfg["model-name"], cfg["model-dtype"], cfg["model-quantization"],
+                           device or cfg.get("device", "auto"))
+    model = PeftModel.from_pretrained(base, run_dir / "adapter")
+    model.eval()
+    return model, load_tokenizer(cfg["model-name"])

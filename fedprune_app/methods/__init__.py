@@ -1,0 +1,1 @@
+"""One package per method: its math and its typed config."""

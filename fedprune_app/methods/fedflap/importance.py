@@ -1,0 +1,186 @@
+"""Moved from clients.fedflap in the re-layout."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fedprune_app.core.config import ConfigError, RunConfig, split_list
+from fedprune_app.core.replies import weighted_average
+from fedprune_app.llm.models import model_device
+from fedprune_app.methods.sftp.generator import routed_model_for
+from fedprune_app.methods.sftp.routing import (
+    MASK_NAMES,
+    LayerMasks,
+    _dims,
+    decoder_layers,
+    per_layer_masks,
+    set_masks,
+)
+
+MASK_PREFIX = "fedflap-mask."  # the global masks in the arrays the server sends: bool (layers, d) per mask name
+
+
+IMPORTANCE_PREFIX = "importance."  # a round-1 reply: float32 (layers, d) per mask name
+
+
+def fedflap_model_for(cfg: RunConfig) -> tuple[nn.Module, Any]:
+    """The process's cached routed backbone + LoRA (lora-* keys) and tokenizer; callers set masks and adapters."""
+    return routed_model_for(cfg.replace(sftp_adapters=True))
+
+
+def _base_weight(module: nn.Module) -> Tensor:
+    """The frozen weight of a (possibly peft-wrapped) linear layer."""
+    return getattr(module, "base_layer", module).weight
+
+
+class _Moments:
+    """Running count, sum and sum of squares per coordinate (float64) of the rows of (tokens, d) matrices."""
+
+    def __init__(self) -> None:
+        self.n, self.s, self.s2 = 0, 0.0, 0.0
+
+    def add(self, x: Tensor) -> None:
+        x = x.detach().to("cpu", torch.float64)
+        self.n += x.shape[0]
+        self.s = self.s + x.sum(0)
+        self.s2 = self.s2 + x.pow(2).sum(0)
+
+    def variance(self) -> Tensor:
+        """The sample variance (n − 1 in the denominator; 0 with fewer than 2 rows)."""
+        if self.n < 2:
+            return torch.zeros_like(torch.as_tensor(self.s2, dtype=torch.float64))
+        return ((self.s2 - self.s.pow(2) / self.n) / (self.n - 1)).clamp_min(0.0)
+
+
+@torch.no_grad()
+def importance_scores(model: nn.Module, batches: list[dict[str, Tensor]]) -> dict[str, np.ndarray]:
+    """FLAP's fluctuation metric (An et al. 2024, "Fluctuation-based Adaptive Structured Pruning") carried over
+    to SFT-P's bus coordinates; returns {mask: (layers, d)}.
+
+    FLAP scores input channel j of a linear map W by S_j = Var_n(X_{n,j}) · ‖W_{:,j}‖²: the expected squared change
+    of W·X when channel j is replaced by its mean (their bias compensation). On the residual bus, per layer:
+
+    - attn-in: X = the input RMSNorm's output (γ ⊙ x̂, what q/k/v read), S_j = Var(X_j) · Σ_{q,k,v} ‖W_{:,j}‖²;
+    - ffn-in: X = the post-attention RMSNorm's output, S_j = Var(X_j) · Σ_{gate,up} ‖W_{:,j}‖²;
+    - attn-out / ffn-out: Y = the o_proj / down_proj output, S_j = Var(Y_j): the same quantity (expected squared
+      change of what the submodule writes to the bus when coordinate j of its write is replaced by its mean). No
+      extra ‖W_{j,:}‖² factor: Y_j = W_{j,:}·h already carries the row's scale, so it would count it twice.
+
+    Statistics over every non-padding token of `batches`, in float64, on the dense model (masks off, adapters off).
+    Not modelled: removing an input coordinate also changes the RMS over the active lane (routing.route), and
+    SFT-P's masked/compiled forms have no compensation bias (FLAP adds one), so a removed coordinate's mean is not
+    restored: this baseline is FLAP's score and standardised global cut without its bias compensation.
+    """
+    layers = decoder_layers(model)
+    moments = [{name: _Moments() for name in MASK_NAMES} for _ in layers]
+    keep: list[Tensor] = []  # the current batch's non-padding positions (tokens,)
+    sources = {"attn-in": lambda lay: lay.input_layernorm, "ffn-in": lambda lay: lay.post_attention_layernorm,
+               "attn-out": lambda lay: lay.self_attn.o_proj, "ffn-out": lambda lay: lay.mlp.down_proj}
+
+    def hook(stats: _Moments) -> Any:
+        def record(_module: nn.Module, _inputs: Any, output: Tensor) -> None:
+            stats.add(output.reshape(-1, output.shape[-1])[keep[0]])
+        return record
+
+    handles = [sources[name](layer).register_forward_hook(hook(moments[i][name]))
+               for i, layer in enumerate(layers) for name in MASK_NAMES]
+    set_masks(model, None)
+    device = model_device(model)
+    try:
+        context = model.disable_adapter() if hasattr(model, "disable_adapter") else torch.no_grad()
+        with context:
+            for batch in batches:
+                keep[:] = [batch["attention_mask"].reshape(-1).bool().to(device)]
+                model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+    finally:
+        for h in handles:
+            h.remove()
+    out: dict[str, list[Tensor]] = {name: [] for name in MASK_NAMES}
+    for i, layer in enumerate(layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        cols = {"attn-in": [attn.q_proj, attn.k_proj, attn.v_proj], "ffn-in": [mlp.gate_proj, mlp.up_proj]}
+        for name in MASK_NAMES:
+            var = moments[i][name].variance()
+            if name in cols:
+                var = var * sum(_base_weight(m).detach().double().cpu().pow(2).sum(0) for m in cols[name])
+            out[name].append(var)
+    return {name: torch.stack(v).numpy().astype(np.float32) for name, v in out.items()}
+
+
+def masks_from_arrays(arrays: dict[str, Tensor], device: torch.device) -> list[LayerMasks] | None:
+    """The global masks in a message's arrays as `set_masks` input (float 0/1 on `device`), None when absent."""
+    if MASK_PREFIX + MASK_NAMES[0] not in arrays:
+        return None
+    return per_layer_masks({name: arrays[MASK_PREFIX + name].to(device, torch.float32) for name in MASK_NAMES})
+
+
+
+
+
+
+def average_importance(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
+    """Σ_k n_k S_k / Σ_k n_k per array (float64): FedAvg of the clients' importance scores."""
+    return {k: v.astype(np.float64) for k, v in
+            weighted_average([{k: v.astype(np.float64) for k, v in s.items()} for s in states], weights).items()}
+
+
+def standardise(scores: np.ndarray) -> np.ndarray:
+    """Per row (one row = one layer of one mask): (S − mean) / std, FLAP's per-layer standardisation that makes
+    scores of different layers and structures comparable in one global ranking; a constant row gives zeros."""
+    scores = np.asarray(scores, dtype=np.float64)
+    std = scores.std(axis=-1, keepdims=True)
+    return np.divide(scores - scores.mean(axis=-1, keepdims=True), std, out=np.zeros_like(scores), where=std > 0)
+
+
+def coordinate_costs(config: Any) -> dict[str, int]:
+    """Parameters one kept bus coordinate of each mask adds to `routing.kept_parameters` (all lanes non-empty)."""
+    _, attn_in, attn_out, ffn_in, ffn_out = _dims(config)
+    return {"attn-in": attn_in, "attn-out": attn_out, "ffn-in": ffn_in, "ffn-out": ffn_out}
+
+
+def cut_masks(scores: Mapping[str, np.ndarray], costs: Mapping[str, int], target: float) -> dict[str, np.ndarray]:
+    """One global mask {name: bool (layers, d)} at a parameter budget `target` (= p · prunable_parameters).
+
+    Every (layer, mask) first keeps its best coordinate (no empty lane: the submodule stays in the model); then
+    all remaining coordinates of all layers and masks, in descending score order (stable: ties by mask, layer,
+    index), are kept while the running cost stays ≤ target; the first that does not fit ends the cut. So the
+    kept set is the top of the global ranking and the cost is within one coordinate's cost below the target
+    (above it only when the 4·layers forced coordinates alone exceed it).
+    """
+    names = [n for n in MASK_NAMES if n in scores]
+    layers, d = scores[names[0]].shape
+    flat = np.concatenate([np.asarray(scores[n], np.float64).reshape(-1) for n in names])
+    cost = np.concatenate([np.full(layers * d, costs[n], np.int64) for n in names])
+    keep = np.zeros(flat.size, dtype=bool)
+    rows = flat.reshape(len(names) * layers, d)
+    best = np.argmax(rows, axis=1) + np.arange(len(names) * layers) * d  # first maximum per row
+    keep[best] = True
+    spent = int(cost[keep].sum())
+    for i in np.argsort(-flat, kind="stable"):
+        if keep[i]:
+            continue
+        if spent + cost[i] > target:
+            break
+        keep[i] = True
+        spent += int(cost[i])
+    parts = keep.reshape(len(names), layers, d)
+    return {n: parts[j].copy() for j, n in enumerate(names)}
+
+
+def kept_cost(masks: Mapping[str, np.ndarray], costs: Mapping[str, int]) -> int:
+    """`routing.kept_parameters` of stacked masks (every lane non-empty, as `cut_masks` guarantees)."""
+    return int(sum(int(masks[n].sum()) * costs[n] for n in masks))
+
+
+def single_keep_ratio(cfg: RunConfig) -> float:
+    """The one budget p of `sftp-keep-ratios` (several equal values are accepted); ConfigError otherwise."""
+    values = {float(v) for v in split_list(str(cfg.sftp_keep_ratios))}
+    if len(values) != 1:
+        raise ConfigError("method 'fedflap' cuts one global mask: run-config key 'sftp-keep-ratios' must hold a "
+                          f"single keep ratio, got {cfg.sftp_keep_ratios!r}")
+    return values.pop()

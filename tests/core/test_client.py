@@ -1,0 +1,85 @@
+"""The ClientApp called directly with a hand-built Context and Message (no Ray)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+
+from fedprune_app.client_app import app
+from fedprune_app.llm.models import get_adapter_state, peft_model_for
+from tests.conftest import small_config
+
+
+@pytest.fixture()
+def setup(tiny_model_dir: Path, flower_ids: None):
+    cfg = small_config(tiny_model_dir)
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 4},
+                      state=RecordDict(), run_config=cfg.to_dict())
+    model, _ = peft_model_for(cfg)
+    return cfg, context, ArrayRecord(get_adapter_state(model))
+
+
+def _message(arrays: ArrayRecord, kind: str, server_round: int = 1) -> Message:
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": server_round})})
+    return Message(content=content, message_type=kind, dst_node_id=7)
+
+
+def test_train_call_returns_updated_adapters_and_keeps_private_state(setup) -> None:
+    cfg, context, initial = setup
+    reply = app(_message(initial, MessageType.TRAIN), context)
+    assert not reply.has_error()
+    content = reply.content
+    assert set(content.keys()) == {"arrays", "metrics", "info"}
+    arrays = content.array_records["arrays"]
+    assert set(arrays) == set(initial)
+    changed = [k for k in arrays if not np.allclose(arrays[k].numpy(), initial[k].numpy())]
+    assert any("lora_B" in k for k in changed), "training must move the adapters"
+    metrics = content.metric_records["metrics"]
+    assert metrics["num-examples"] == 16 and metrics["partition-id"] == 1 and np.isfinite(metrics["train-loss"])
+    assert content.config_records["info"]["data"] == "bigbench:goal_step_wikihow/step_inference"
+    # client-private state stays in context.state and never travels
+    assert context.state.config_records["fedit"]["rounds-trained"] == 1
+    app(_message(arrays, MessageType.TRAIN, 2), context)
+    assert context.state.config_records["fedit"]["rounds-trained"] == 2
+    assert "fedit" not in content and "rounds-trained" not in metrics
+
+
+def test_same_message_same_update(setup) -> None:
+    """Local training is seeded by (seed, round, client): a retried message gives the same update."""
+    cfg, context, initial = setup
+    a = app(_message(initial, MessageType.TRAIN), context).content.array_records["arrays"]
+    b = app(_message(initial, MessageType.TRAIN), context).content.array_records["arrays"]
+    for k in a:
+        np.testing.assert_allclose(a[k].numpy(), b[k].numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_evaluate_call_scores_the_clients_own_task(setup) -> None:
+    cfg, context, initial = setup
+    reply = app(_message(initial, MessageType.EVALUATE, 0), context)
+    metrics = reply.content.metric_records["metrics"]
+    assert {"acc", "acc_norm", "ppl", "num-examples"} <= set(metrics)
+    assert 0.0 <= metrics["acc"] <= 1.0 and metrics["ppl"] > 1.0 and metrics["num-examples"] == 8
+
+
+def test_a_bad_message_becomes_an_error_reply_not_a_crash(setup) -> None:
+    """Flower turns a raising ClientApp into an error reply; the strategy drops it (see test_strategy)."""
+    cfg, context, initial = setup
+    broken = ArrayRecord({k: v for k, v in list(initial.items())[1:]})
+    with pytest.raises(KeyError, match="adapter state lacks 1 tensors"):
+        app(_message(broken, MessageType.TRAIN), context)
+
+
+def test_instruction_clients_are_scored_with_rouge_l(tiny_model_dir: Path) -> None:
+    from fedprune_app.llm.data import client_data
+    from fedprune_app.llm.evaluation import evaluate_client
+
+    cfg = small_config(tiny_model_dir, client_data="natural_instructions:subtask033", test_examples=3,
+                       gen_max_new_tokens=4)
+    data = client_data(cfg, 0, 1)
+    assert data.train[0]["response"] and "Output:" in data.train[0]["prompt"]
+    model, tok = peft_model_for(cfg)
+    metrics = evaluate_client(model, tok, data, cfg, 1)
+    assert set(metrics) == {"rouge-l", "ppl"} and 0.0 <= metrics["rouge-l"] <= 1.0

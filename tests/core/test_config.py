@@ -1,0 +1,93 @@
+"""The typed run config: defaults in step with pyproject, clear errors naming the key and allowed values."""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedprune_app.core import registry
+from fedprune_app.core.config import KEYS, ConfigError, RunConfig, defaults, per_client
+from tools import launch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pyproject_defaults_match_the_typed_config() -> None:
+    flwr_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert flwr_config == defaults()
+
+
+def test_defaults_validate_and_read_as_attributes() -> None:
+    cfg = RunConfig.from_flower({}, methods=registry.names())
+    assert cfg.method == "fedit" and cfg.lora_rank == 16 and cfg["lora-alpha"] == 32.0
+
+
+def test_unknown_key_names_it_and_suggests_the_close_one() -> None:
+    with pytest.raises(ConfigError, match=r"'lora-rnak' \(did you mean 'lora-rank'\?\).*Allowed keys: method"):
+        RunConfig.from_flower({"lora-rnak": 8})
+
+
+@pytest.mark.parametrize(("key", "value", "pattern"), [
+    ("num-server-rounds", "3", r"'num-server-rounds' must be an int in \[1, inf\], got '3'"),
+    ("num-server-rounds", 0, r"'num-server-rounds' must be an int in \[1, inf\], got 0"),
+    ("fraction-train", 1.5, r"'fraction-train' must be a float in \[0, 1\]"),
+    ("model-quantization", "3bit", r"'model-quantization' must be one of 'none', '4bit', '8bit', got '3bit'"),
+    ("partitioner", "random", r"'partitioner' must be one of 'by-source', 'iid', 'dirichlet'"),
+    ("seed", True, r"'seed' must be an int"),
+    ("ppl-stride", 512, r"'ppl-stride' must be <= ppl-window \(256\)"),
+])
+def test_bad_values_name_the_key_and_what_it_accepts(key: str, value: object, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        RunConfig.from_flower({key: value})
+
+
+def test_unknown_method_lists_the_registry() -> None:
+    with pytest.raises(ConfigError, match=r"'method' must be one of 'fedflap', 'fedit', 'fedspallm', 'fedtpa', "
+                                          r"'flexlora', 'sftp', got 'fedprox'"):
+        RunConfig.from_flower({"method": "fedprox"}, methods=registry.names())
+
+
+def test_ints_are_accepted_for_float_keys() -> None:
+    assert RunConfig.from_flower({"learning-rate": 1}).learning_rate == 1.0
+
+
+def test_per_client_lists() -> None:
+    assert per_client("0.2,0.2,0.5,0.5", 4, float, "k") == [0.2, 0.2, 0.5, 0.5]
+    assert per_client("8", 3, int, "k") == [8, 8, 8]
+    with pytest.raises(ConfigError, match="'budgets' needs 1 or 4 comma-separated values, got 2"):
+        per_client("0.2,0.5", 4, float, "budgets")
+    with pytest.raises(ConfigError, match="'ranks': cannot parse"):
+        per_client("8,x", 2, int, "ranks")
+
+
+def test_every_key_has_a_meaning() -> None:
+    assert all(k.help for k in KEYS) and len({k.name for k in KEYS}) == len(KEYS)
+
+
+def test_launcher_rejects_a_bad_key_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    start = time.perf_counter()
+    code = launch.main(["--run-config", "lora-rank=0"])
+    assert code == 2 and time.perf_counter() - start < 10
+    assert "'lora-rank' must be an int in [1, inf], got 0" in capsys.readouterr().err
+
+
+def test_launcher_merges_presets_and_overrides_in_order(tmp_path: Path) -> None:
+    preset = tmp_path / "p.toml"
+    preset.write_text('lora-rank = 4\nrun-tag = "x"\n')
+    merged = launch.merged_config(ROOT, [str(preset), "lora-rank=2 model-name='a b'"])
+    assert merged["lora-rank"] == 2 and merged["run-tag"] == "x" and merged["model-name"] == "a b"
+    assert merged["method"] == "fedit"
+
+
+def test_presets_are_valid() -> None:
+    for preset in sorted((ROOT / "conf").glob("*.toml")):
+        RunConfig.from_flower(launch.merged_config(ROOT, [str(preset)]), methods=registry.names())
+
+
+def test_readme_documents_every_key_with_its_default() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for key in KEYS:
+        assert f"| `{key.name}` | `{key.default!r}` |" in readme, f"README lacks the row of {key.name}"

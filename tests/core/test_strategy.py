@@ -1,0 +1,187 @@
+"""The server side without Ray: hand-built replies into the template strategy and FedIT's FedAvg."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.protocol import spec_of
+from fedprune_app.core.replies import check_arrays, to_record, weighted_average
+from fedprune_app.core.strategy import FederatedStrategy
+from strategies.fedit import FedITStrategy
+
+
+class FakeGrid:
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes)
+
+
+def _state(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"a.lora_A.weight": rng.normal(size=(4, 8)).astype(np.float32),
+            "a.lora_B.weight": rng.normal(size=(8, 4)).astype(np.float32)}
+
+
+def _reply(to: Message, state: dict[str, np.ndarray] | None, n: int, pid: int) -> Message:
+    content = RecordDict({"metrics": MetricRecord({"num-examples": n, "partition-id": pid, "train-loss": 1.0 + pid})})
+    if state is not None:
+        content["arrays"] = to_record(state)
+    return Message(content=content, reply_to=to)
+
+
+def _strategy(rows: list[dict[str, Any]]) -> FederatedStrategy:
+    return FedITStrategy(RunConfig.from_flower({"seed": 0}), recorder=rows.append)
+
+
+def test_weighted_average_matches_brute_force() -> None:
+    rng = np.random.default_rng(0)
+    states, weights = [_state(rng) for _ in range(3)], [10.0, 30.0, 60.0]
+    avg = weighted_average(states, weights)
+    for key in states[0]:
+        brute = sum(w * s[key].astype(np.float64) for s, w in zip(states, weights, strict=True)) / 100.0
+        np.testing.assert_allclose(avg[key], brute, rtol=1e-6)
+        assert avg[key].dtype == np.float32
+
+
+def _train_round(strategy: FederatedStrategy, nodes: list[int]) -> list[Message]:
+    initial = to_record(_state(np.random.default_rng(99)))
+    return list(strategy.configure_train(1, initial, ConfigRecord({"lr": 0.1}), FakeGrid(nodes)))
+
+
+def test_fedavg_over_hand_built_replies(flower_ids: None) -> None:
+    rows: list[dict[str, Any]] = []
+    strategy = _strategy(rows)
+    sent = _train_round(strategy, [11, 22, 33])
+    assert [m.metadata.dst_node_id for m in sent] == [11, 22, 33]
+    assert all(m.metadata.message_type == MessageType.TRAIN for m in sent)
+    assert sent[0].content.config_records["config"]["server-round"] == 1
+    rng = np.random.default_rng(1)
+    states, sizes = [_state(rng) for _ in sent], [5, 15, 80]
+    replies = [_reply(m, s, n, i) for i, (m, s, n) in enumerate(zip(sent, states, sizes, strict=True))]
+    assert [r.metadata.src_node_id for r in replies] == [m.metadata.dst_node_id for m in sent]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    assert arrays is not None and metrics is not None
+    for key in states[0]:
+        brute = sum(n * s[key] for s, n in zip(states, sizes, strict=True)) / sum(sizes)
+        np.testing.assert_allclose(arrays[key].numpy(), brute, rtol=1e-5)
+    assert metrics["train-loss"] == pytest.approx((5 * 1 + 15 * 2 + 80 * 3) / 100)
+    assert [r["client"] for r in rows] == [0, 1, 2] and all(r["status"] == "accepted" for r in rows)
+    assert rows[0]["bytes-up"] == rows[0]["bytes-down"] == (32 + 32) * 4
+
+
+def test_aggregation_does_not_depend_on_arrival_order(flower_ids: None) -> None:
+    """Replies are aggregated in partition order, so the same seed gives the same global bits (determinism)."""
+    results = []
+    for order in ([0, 1, 2], [2, 0, 1]):
+        strategy = _strategy([])
+        sent = _train_round(strategy, [11, 22, 33])
+        # float sums depend on their order: (1e17 + 1) - 1e17 = 0 but (-1e17 + 1e17) + 1 = 1
+        states = [{k: np.full_like(v, value) for k, v in _state(np.random.default_rng(5)).items()}
+                  for value in (1e17, 1.0, -1e17)]
+        replies = [_reply(sent[i], states[i], 7, i) for i in order]
+        arrays, _ = strategy.aggregate_train(1, replies)
+        results.append({k: v.numpy().tobytes() for k, v in arrays.items()})
+    assert results[0] == results[1]
+
+
+def test_failed_and_malformed_replies_are_dropped(flower_ids: None) -> None:
+    rows: list[dict[str, Any]] = []
+    strategy = _strategy(rows)
+    sent = _train_round(strategy, [1, 2, 3, 4, 5])
+    rng = np.random.default_rng(2)
+    good = _state(rng)
+    nan = _state(rng)
+    nan["a.lora_A.weight"][0, 0] = np.nan
+    wrong = {**_state(rng), "a.lora_B.weight": np.zeros((3, 3), np.float32)}
+    replies = [
+        _reply(sent[0], good, 10, 0),
+        Message(Error(code=1, reason="ClientApp raised"), reply_to=sent[1]),
+        _reply(sent[2], nan, 10, 2),
+        _reply(sent[3], wrong, 10, 3),
+        _reply(sent[4], None, 10, 4),
+    ]
+    assert [r.metadata.src_node_id for r in replies] == [m.metadata.dst_node_id for m in sent]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert arrays is not None
+    for key in good:  # only the one good reply counts
+        np.testing.assert_allclose(arrays[key].numpy(), good[key])
+    status = {r["node"]: (r["status"], r.get("problem", "")) for r in rows}
+    assert status[1][0] == "accepted"
+    assert status[2] == ("rejected", "client error: ClientApp raised")
+    assert "non-finite" in status[3][1] and "shape (3, 3)" in status[4][1] and "no 'arrays'" in status[5][1]
+
+
+def test_no_usable_reply_keeps_the_global_state(flower_ids: None) -> None:
+    strategy = _strategy([])
+    sent = _train_round(strategy, [7])
+    reply = Message(Error(code=1, reason="boom"), reply_to=sent[0])
+    assert strategy.aggregate_train(1, [reply]) == (None, None)
+
+
+def test_sampling_is_seeded_and_respects_the_fraction() -> None:
+    cfg = RunConfig.from_flower({"fraction-train": 0.5, "seed": 4})
+    a, b = FedITStrategy(cfg), FedITStrategy(cfg)
+    grid = FakeGrid(list(range(10)))
+    assert [a.sample(grid, 0.5) for _ in range(3)] == [b.sample(grid, 0.5) for _ in range(3)]
+    assert len(a.sample(grid, 0.5)) == 5 and len(a.sample(grid, 0.01)) == 1
+
+
+def test_evaluate_replies_are_logged_per_client(flower_ids: None) -> None:
+    rows: list[dict[str, Any]] = []
+    strategy = _strategy(rows)
+    sent = list(strategy.configure_evaluate(0, to_record(_state(np.random.default_rng(0))), ConfigRecord(),
+                                            FakeGrid([1, 2])))
+    replies = [Message(RecordDict({"metrics": MetricRecord({"acc": 0.5 + 0.25 * i, "num-examples": 10 * (i + 1),
+                                                            "partition-id": i}),
+                                   "info": ConfigRecord({"data": f"src{i}"})}), reply_to=m)
+               for i, m in enumerate(sent)]
+    metrics = strategy.aggregate_evaluate(0, replies)
+    assert metrics is not None and metrics["acc"] == pytest.approx((0.5 * 10 + 0.75 * 20) / 30)
+    assert [(r["client"], r["data"], r["round"]) for r in rows] == [(0, "src0", 0), (1, "src1", 0)]
+
+
+def test_check_arrays_accepts_a_matching_record() -> None:
+    state = _state(np.random.default_rng(5))
+    assert check_arrays(to_record(state), spec_of(to_record(state))) is None
+
+
+class OneAtATimeGrid(FakeGrid):
+    """Replies become available one per pull (as clients finish one after another)."""
+
+    def __init__(self, nodes: list[int], events: list[str]) -> None:
+        super().__init__(nodes)
+        self.events, self.ready = events, []
+
+    def push_messages(self, messages: list[Message]) -> list[str]:
+        ids = []
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"m{i}"
+            ids.append(msg.metadata.message_id)
+            self.ready.append(_reply(msg, _state(np.random.default_rng(i)), 10, i))
+        return ids
+
+    def pull_messages(self, message_ids: list[str]) -> list[Message]:
+        self.events.append("pull")
+        return [self.ready.pop(0)] if self.ready else []
+
+
+def test_train_replies_are_absorbed_as_they_arrive_not_after_the_round(flower_ids: None) -> None:
+    """`absorb` sees each reply before the next pull, so a strategy can fold large replies in and drop them."""
+    events: list[str] = []
+
+    class Recording(FedITStrategy):
+        def absorb(self, node_id: int, reply: RecordDict) -> RecordDict:
+            events.append("absorb")
+            return super().absorb(node_id, reply)
+
+    strategy = Recording(RunConfig.from_flower({"seed": 0}))
+    strategy.timeout = 5.0
+    initial = to_record(_state(np.random.default_rng(99)))
+    arrays, _ = strategy.train_round(1, OneAtATimeGrid([11, 22, 33], events), initial, ConfigRecord())
+    assert arrays is not None and events == ["pull", "absorb"] * 3

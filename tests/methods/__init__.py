@@ -1,0 +1,1 @@
+"""Per-method tests; each method package also holds its conformance settings."""

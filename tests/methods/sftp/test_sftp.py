@@ -1,0 +1,277 @@
+"""SFT-P on the tiny LLaMA: the client's private state, its training, its evaluate replies; the strategy's FedAvg,
+final masks and artefacts."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+
+from clients.sftp import EMBEDDING_RECORD, SFTPClient, local_training
+from fedprune_app.core.config import ConfigError, RunConfig
+from fedprune_app.core.replies import to_record
+from fedprune_app.core.rundir import render_compiled
+from fedprune_app.methods.sftp.generator import (
+    GENERATOR_PREFIX,
+    deterministic_mask,
+    generator_for,
+    layer_masks,
+    routed_model_for,
+)
+from fedprune_app.methods.sftp.routing import (
+    MASK_NAMES,
+    kept_parameters,
+    load_compiled,
+    mask_statistics,
+    prunable_parameters,
+    set_masks,
+)
+from strategies.sftp import SFTPStrategy
+from tests.conftest import small_config
+
+ROUNDS = 2
+
+
+def sftp_config(model_dir: Path, **overrides: object) -> RunConfig:
+    return small_config(model_dir, method="sftp", num_server_rounds=ROUNDS, lora_rank=4, lora_alpha=8.0,
+                        sftp_keep_ratios="0.8,0.5,0.5,0.5", **overrides)
+
+
+def make_client(cfg: RunConfig, partition_id: int = 1, state: RecordDict | None = None) -> SFTPClient:
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": partition_id, "num-partitions": 4},
+                      state=state if state is not None else RecordDict(), run_config=cfg.to_dict())
+    return SFTPClient(cfg, context)
+
+
+def content(arrays: ArrayRecord, server_round: int) -> RecordDict:
+    return RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": server_round})})
+
+
+def private_tensors(client: SFTPClient) -> dict[str, np.ndarray]:
+    return {k: v.numpy().copy() for k, v in client.context.state.array_records[EMBEDDING_RECORD].items()}
+
+
+def assert_nothing_private(reply: RecordDict, private: dict[str, np.ndarray]) -> None:
+    """No array of the reply equals e_k or its AdamW moments, nor holds one of them as a row; no config/metric
+    value is a private tensor or names one."""
+    for record in reply.array_records.values():
+        for name, arr in record.items():
+            a = arr.numpy()
+            for secret in private.values():
+                rows = a.reshape(-1, a.shape[-1]) if a.ndim and a.shape[-1] == secret.shape[-1] else np.empty((0, 1))
+                assert not any(np.allclose(r, secret, rtol=1e-6, atol=0) for r in rows), f"{name} carries e_k"
+    for record in [*reply.metric_records.values(), *reply.config_records.values()]:
+        for key, value in record.items():
+            assert "exp_avg" not in key and key != "embedding" and not isinstance(value, list | bytes)
+
+
+@pytest.fixture()
+def setup(tiny_model_dir: Path, flower_ids: None) -> tuple[RunConfig, SFTPStrategy, ArrayRecord]:
+    cfg = sftp_config(tiny_model_dir)
+    strategy = SFTPStrategy(cfg)
+    return cfg, strategy, strategy.initial_arrays()
+
+
+@pytest.fixture(scope="module")
+def round_one(tiny_model_dir: Path) -> tuple[RunConfig, ArrayRecord, SFTPClient, RecordDict, dict[str, np.ndarray]]:
+    """Client 1 after one training round: (cfg, initial arrays, client, its reply, its private tensors then)."""
+    cfg = sftp_config(tiny_model_dir)
+    initial = SFTPStrategy(cfg).initial_arrays()
+    client = make_client(cfg)
+    reply = client.train(content(initial, 1))
+    return cfg, initial, client, reply, private_tensors(client)
+
+
+def test_initial_state_is_theta_and_phi_and_routes_dense(setup) -> None:
+    cfg, _, initial = setup
+    assert any(k.startswith(GENERATOR_PREFIX) for k in initial) and any("lora_B" in k for k in initial)
+    client = make_client(cfg)
+    model, _, generator = client.load(content(initial, 1))
+    embedding, _ = client.embedding()
+    with torch.no_grad():
+        assert deterministic_mask(generator(embedding), float(cfg.sftp_gate_bias)).min() == 1.0
+
+
+def test_embedding_stays_private_and_persists_across_rounds(round_one) -> None:
+    cfg, initial, client, first, after_one = round_one
+    assert set(after_one) == {"embedding", "exp_avg", "exp_avg_sq"}
+    assert client.private["embedding-step"] == cfg.local_steps
+    assert_nothing_private(first, after_one)
+    assert set(first.array_records["arrays"]) == set(initial)  # Θ (+Φ) only
+    # a new client object on a copy of the node's state (the next message) continues from the stored state
+    again = make_client(cfg, state=copy.deepcopy(client.context.state))
+    second = again.train(content(first.array_records["arrays"], 2))
+    after_two = private_tensors(again)
+    assert again.private["embedding-step"] == 2 * cfg.local_steps
+    for key in after_one:
+        assert not np.allclose(after_one[key], after_two[key], rtol=1e-3, atol=0), f"{key} did not change"
+    assert_nothing_private(second, after_two)
+    assert_nothing_private(second, after_one)
+    for reply in (first, second):
+        metrics = reply.metric_records["metrics"]
+        assert metrics["num-examples"] == 16 and np.isfinite(metrics["clm-loss"]) and metrics["penalty"] >= 0
+        assert 0 < metrics["kept-ratio-model"] <= 1 and metrics["kept-ratio-model"] >= metrics["kept-ratio-prunable"]
+    final = again.evaluate(content(second.array_records["arrays"], ROUNDS))
+    assert "masks" in final.array_records
+    assert_nothing_private(final, after_two)
+
+
+def test_noc_keeps_no_embedding_and_gives_every_client_the_same_mask(tiny_model_dir: Path, flower_ids: None) -> None:
+    cfg = sftp_config(tiny_model_dir, sftp_conditioning=False, sftp_adapters=False)
+    initial = SFTPStrategy(cfg).initial_arrays()
+    assert not any("lora" in k for k in initial)
+    client = make_client(cfg)
+    reply = client.train(content(initial, 1))
+    assert EMBEDDING_RECORD not in client.context.state.array_records
+    arrays = reply.array_records["arrays"]
+    masks = []
+    for pid in (0, 3):
+        _, _, generator = make_client(cfg, pid).load(content(arrays, 2))
+        with torch.no_grad():
+            masks.append(deterministic_mask(generator(None), 3.0))
+    assert torch.equal(masks[0], masks[1])
+
+
+def test_local_training_moves_the_kept_ratio_to_the_budget(tiny_model_dir: Path) -> None:
+    """λ·R pulls T(g) from all-ones to p·T_total (τ = 1, lr 1e-2 so that a few dozen steps suffice)."""
+    cfg = sftp_config(tiny_model_dir, sftp_gate_tau=1.0, sftp_generator_lr=1e-2, local_steps=30, batch_size=1,
+                      seq_len=16)
+    client = make_client(cfg)
+    model, tokenizer = routed_model_for(cfg)
+    generator = generator_for(cfg, model.config, seed=0)
+    embedding, state = client.embedding()
+    report = local_training(model, tokenizer, generator, embedding, state, client.data.train, cfg, 0.5, 0, 1)
+    with torch.no_grad():
+        masks = layer_masks(deterministic_mask(generator(embedding), 3.0))
+    ratio = kept_parameters(model.config, masks).item() / prunable_parameters(model.config)
+    assert abs(ratio - 0.5) < 0.15, ratio
+    assert np.mean(report.penalty[-5:]) < 0.5 * np.mean(report.penalty[:5])
+    assert all(layer.routing_masks is None for layer in model.base_model.model.model.layers)  # left dense
+
+
+def test_only_the_final_evaluation_carries_the_masks(round_one) -> None:
+    cfg, initial, client, reply, _ = round_one
+    trained = reply.array_records["arrays"]
+    dense = client.evaluate(content(initial, 0))
+    middle = client.evaluate(content(trained, 1))
+    final = client.evaluate(content(trained, ROUNDS))
+    assert "masks" not in dense.array_records and "masks" not in middle.array_records
+    assert dense.metric_records["metrics"]["kept-ratio-prunable"] == 1.0
+    assert {"acc", "acc_norm"} <= set(final.metric_records["metrics"])
+    sent = final.array_records["masks"]
+    model, _, generator = client.load(content(trained, ROUNDS))
+    embedding, _ = client.embedding()
+    with torch.no_grad():
+        expected = deterministic_mask(generator(embedding), 3.0)
+    assert set(sent) == set(MASK_NAMES)
+    for i, name in enumerate(MASK_NAMES):
+        arr = sent[name].numpy()
+        assert arr.dtype == np.bool_ and arr.shape == (model.config.num_hidden_layers, model.config.hidden_size)
+        np.testing.assert_array_equal(arr, expected[:, i].bool().numpy())
+    assert final.metric_records["metrics"]["kept-ratio-prunable"] == pytest.approx(
+        kept_parameters(model.config, layer_masks(expected)).item() / prunable_parameters(model.config))
+
+
+def test_fedavg_over_theta_and_phi_matches_brute_force(setup) -> None:
+    cfg, _, initial = setup
+    rng = np.random.default_rng(0)
+    shapes = {k: v.numpy().shape for k, v in initial.items()}
+    states = [{k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()} for _ in range(3)]
+    sizes = [5, 15, 80]
+    replies = [RecordDict({"arrays": to_record(s), "metrics": MetricRecord({"num-examples": n, "partition-id": i})})
+               for i, (s, n) in enumerate(zip(states, sizes, strict=True))]
+    for mode, weights in (("equal", [1, 1, 1]), ("num-examples", sizes)):
+        strategy = SFTPStrategy(cfg.replace(sftp_aggregation=mode))
+        avg = strategy.aggregate(1, replies)
+        for key in shapes:
+            brute = sum(w * s[key].astype(np.float64) for s, w in zip(states, weights, strict=True)) / sum(weights)
+            np.testing.assert_allclose(avg[key].numpy(), brute, rtol=1e-5, atol=1e-6)
+        assert [r["client"] for r in strategy.kept_history] == [0, 1, 2]
+
+
+def test_final_masks_become_compiled_models(tiny_model_dir: Path, flower_ids: None, tmp_path: Path) -> None:
+    cfg = sftp_config(tiny_model_dir, sftp_speed_prefill=16)
+    rows: list[dict] = []
+    strategy = SFTPStrategy(cfg, rows.append)
+    initial = strategy.initial_arrays()
+    model, _ = routed_model_for(cfg)
+    layers, d = model.config.num_hidden_layers, model.config.hidden_size
+    rng = np.random.default_rng(1)
+    masks = {pid: {n: rng.random((layers, d)) < 0.6 for n in MASK_NAMES} for pid in (0, 1)}
+    sent = list(strategy.configure_evaluate(ROUNDS, initial, ConfigRecord(), _Grid([10, 11])))
+    replies = [Message(RecordDict({"metrics": MetricRecord({"acc": 0.5, "num-examples": 4, "partition-id": pid}),
+                                   "masks": to_record(masks[pid])}), reply_to=m)
+               for pid, m in zip((0, 1), sent, strict=True)]
+    strategy.aggregate_evaluate(ROUNDS, replies)
+    artefacts = strategy.save_final(initial, tmp_path)
+    assert {"generator", "adapter", "compiled-client-0", "compiled-client-1", "masks"} <= set(artefacts)
+    stored = np.load(tmp_path / "masks.npz")
+    np.testing.assert_array_equal(stored["client-1/ffn-in"], masks[1]["ffn-in"])
+    compiled = load_compiled(tmp_path / "compiled" / "client-1")
+    per_layer = [{n: torch.from_numpy(masks[1][n][i]).float() for n in MASK_NAMES} for i in range(layers)]
+    ids = torch.tensor([[1, 20, 300, 4000, 5]])
+    set_masks(model, per_layer)
+    try:
+        with torch.no_grad():
+            routed = model(input_ids=ids).logits
+    finally:
+        set_masks(model, None)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, routed, rtol=1e-4, atol=1e-4)
+    assert sum(p.numel() for p in compiled.parameters()) < sum(
+        p.numel() for n, p in model.named_parameters() if "lora_" not in n)
+    # results.md's 'Compiled models' rows: the dense base model first, then each client's, sizes counted
+    timed = {r["model"]: r for r in rows if r["phase"] == "compiled"}
+    assert list(timed) == ["dense", "client 0", "client 1"]
+    assert timed["client 1"]["params"] == sum(p.numel() for p in compiled.parameters())
+    assert timed["dense"]["params-ratio"] == 1.0 and timed["client 1"]["params-ratio"] < 1.0
+    assert timed["dense"]["prefill-speedup"] == 1.0 and timed["client 0"]["prefill-ms"] > 0
+    table = render_compiled(list(timed.values()))
+    assert "| client 1 |" in table and "prefill of 16 tokens" in table
+
+
+def test_mask_statistics_against_a_loop() -> None:
+    rng = np.random.default_rng(2)
+    masks = {k: {n: rng.random((3, 10)) < 0.5 for n in MASK_NAMES} for k in range(3)}
+    stats = mask_statistics(masks)
+    for n in MASK_NAMES:
+        for layer in range(3):
+            agree = sum(len({bool(masks[k][n][layer, j]) for k in range(3)}) == 1 for j in range(10)) / 10
+            assert stats["agreement"][n][layer] == pytest.approx(agree)
+            assert stats["density"]["2"][n][layer] == pytest.approx(masks[2][n][layer].mean())
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "0.5,x", ""])
+def test_keep_ratios_are_validated(bad: str) -> None:
+    with pytest.raises(ConfigError, match="sftp-keep-ratios"):
+        RunConfig.from_flower({"sftp-keep-ratios": bad})
+
+
+def test_a_keep_ratio_per_client(tiny_model_dir: Path) -> None:
+    cfg = sftp_config(tiny_model_dir)
+    assert [make_client(cfg, pid).keep_ratio for pid in range(4)] == [0.8, 0.5, 0.5, 0.5]
+    with pytest.raises(ConfigError, match="sftp-keep-ratios"):
+        _ = make_client(cfg.replace(sftp_keep_ratios="0.5,0.6"), 0).keep_ratio
+
+
+class _Grid:
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes)
+
+
+def test_client_app_dispatches_to_sftp(setup) -> None:
+    from fedprune_app.client_app import app
+
+    cfg, _, initial = setup
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(),
+                      run_config=cfg.to_dict())
+    context.run_config["local-steps"] = 1
+    reply = app(Message(content=content(initial, 1), message_type=MessageType.TRAIN, dst_node_id=7), context)
+    assert not reply.has_error() and EMBEDDING_RECORD in context.state.array_records

@@ -1,0 +1,137 @@
+"""Experiment grids: cells from the presets, resume by run directory, the FedSpaLLM tables and their claims."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from fedprune_app.core.config import RunConfig
+from fedprune_app.methods.fedspallm.masks import target_count
+from tools.grids import finished_run, model_parameters
+from tools.grids.fedspallm import GRID
+from tools.launch import merged_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("wiki", "nyt")
+
+
+def fake_run(out: Path, tag: str, sparsity: float, fed: float, standalone: float, random: float,
+             exact: bool = True, status: str = "completed") -> Path:
+    """A run directory as a FedSpaLLM run leaves it (only the files the tables read)."""
+    run = out / f"20260101-000000-fedspallm-{tag}"
+    (run / "model").mkdir(parents=True)
+    server = {"0": {f"ppl `{s}`": 20.0 for s in SOURCES}, "1": {f"ppl `{s}`": fed for s in SOURCES}}
+    refs = {"random": dict.fromkeys(SOURCES, random),
+            "standalone": {**dict.fromkeys(SOURCES, standalone), "clients": 4},
+            "centralized": dict.fromkeys(SOURCES, fed * 0.9)}
+    (run / "summary.json").write_text(json.dumps({"status": status, "server": server, "references": refs}))
+    size = 100
+    zeros = target_count(sparsity, size) - (0 if exact else 1)
+    (run / "sparsity.json").write_text(json.dumps({"size": 2 * size, "matrices": {
+        "a": {"zeros": target_count(sparsity, size), "size": size}, "b": {"zeros": zeros, "size": size}}}))
+    rows = [{"phase": "train", "status": "accepted", "bytes-down": 4e6, "bytes-up": 5e6} for _ in range(4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.json").write_text(json.dumps({"method": "fedspallm", "model-name": "embedded"}))
+    return run
+
+
+def args(only: str = "table1", sparsity: str = "0.5,0.6,0.7") -> Namespace:
+    return Namespace(only=only, sparsity=sparsity)
+
+
+def test_cells_use_valid_presets_and_unique_tags() -> None:
+    cells = GRID.cells(args(only="", sparsity="0.5,0.8"))
+    assert [c.tag for c in cells] == ["table1-s50", "table1-s80", "table2-s50", "table2-s80", "table3-s50",
+                                      "table3-s80", "comm-sampled"]
+    assert [c.supernodes for c in cells] == [4, 4, 8, 8, 16, 16, 4]
+    for cell in cells:  # every cell's merged config validates; the table presets wait for all their clients
+        cfg = RunConfig.from_flower(merged_config(ROOT, list(cell.run_config)))
+        assert cfg.method == "fedspallm" and float(cfg.sparsity) == cell.settings["sparsity"]
+        if cell.group.startswith("table"):
+            assert int(cfg.min_nodes) == cell.supernodes and str(cfg.fedspallm_resources) == "1.0"
+
+
+def test_finished_run_ignores_failed_and_other_tags(tmp_path: Path) -> None:
+    fake_run(tmp_path, "table1-s50", 0.5, 30, 31, 1e5, status="failed")
+    assert finished_run(tmp_path, "fedspallm", "table1-s50") is None
+    fake_run(tmp_path, "table1-s500", 0.5, 30, 31, 1e5)
+    assert finished_run(tmp_path, "fedspallm", "table1-s50") is None
+    done = fake_run(tmp_path / "b", "table1-s50", 0.5, 30, 31, 1e5)
+    assert finished_run(tmp_path / "b", "fedspallm", "table1-s50") == done
+
+
+def test_tables_mark_claims_held(tmp_path: Path) -> None:
+    cells = GRID.cells(args())
+    runs = {c.tag: fake_run(tmp_path, c.tag, c.settings["sparsity"], fed, std, 1e6)
+            for c, (fed, std) in zip(cells, [(30, 31), (40, 44), (60, 80)], strict=False)}
+    text = GRID.render(cells, runs)
+    assert "| 60% | standalone (mean of 4) | 44.00 | 44.00 |" in text and "| 50% | random | 1.00e+06 |" in text
+    claims = text.split("## Claims")[1].split("## Communication")[0]
+    assert claims.count("**held**") == 4 and "not held" not in claims
+    assert "6/6 (setting, domain) pairs" in claims and "6/6 matrices over 3 runs" in claims
+
+
+def test_tables_mark_claims_not_held(tmp_path: Path) -> None:
+    cells = GRID.cells(args())
+    specs = [(30, 29, True), (40, 44, True), (60, 62, False)]  # fed above standalone at 50%; gap shrinks at 70%
+    runs = {c.tag: fake_run(tmp_path, c.tag, c.settings["sparsity"], fed, std, 50 * fed, exact)
+            for c, (fed, std, exact) in zip(cells, specs, strict=True)}
+    claims = GRID.render(cells, runs).split("## Claims")[1].split("## Communication")[0]
+    lines = [line for line in claims.splitlines() if line.startswith("- ")]
+    assert all("**not held**" in line for line in lines), lines
+    assert "table1 50%: FedSpaLLM above standalone on wiki, nyt" in claims
+    assert "5/6 matrices" in claims
+
+
+@pytest.mark.parametrize("missing", ["table1-s60"])
+def test_missing_cells_are_reported_not_invented(tmp_path: Path, missing: str) -> None:
+    cells = GRID.cells(args(only="table1,comm"))
+    runs = {c.tag: fake_run(tmp_path, c.tag, c.settings["sparsity"], 30, 31, 1e5) for c in cells if c.tag != missing}
+    text = GRID.render(cells, runs)
+    assert "| 60% | *not run* |" in text and f"- `{missing}`: not run" in text
+    name = runs["table1-s50"].name  # runs sit next to tables.md: linked by a relative path, not the machine's
+    assert f"- `table1-s50`: [`{name}`]({name}/)" in text and str(tmp_path) not in text
+    whole = 4 * model_parameters("embedded") / 1e6  # the model's fp32 size from its config: no weights needed
+    assert f"| layer sampling (r_i = 0.5) | 4.0 | 5.0 | {whole:.1f} | 0.0 |" in text and whole > 500
+
+
+def test_a_table_with_no_finished_cell_still_renders_as_a_table(tmp_path: Path) -> None:
+    cells = GRID.cells(args(only="table1,table2", sparsity="0.5"))
+    runs = {"table1-s50": fake_run(tmp_path, "table1-s50", 0.5, 30, 31, 1e5)}
+    table2 = GRID.render(cells, runs).split("## Table 2: 8 clients")[1].split("## ")[0]
+    assert table2.split() == ["|", "sparsity", "|", "model", "|", "|---|---|", "|", "50%", "|", "*not", "run*", "|"]
+
+
+def test_archive_keeps_the_small_records_and_renders_the_same_tables(tmp_path: Path) -> None:
+    """archive_runs copies what the tables read (not model files, not a record above the size cap); the archive
+    alone renders the same tables."""
+    from tools.grids import ARCHIVE_MAX_BYTES, archive_runs
+
+    cells = GRID.cells(args(sparsity="0.5"))
+    run = fake_run(tmp_path / "runs", "table1-s50", 0.5, fed=30.0, standalone=35.0, random=1e6)
+    (run / "masks.npz").write_bytes(b"0" * (ARCHIVE_MAX_BYTES + 1))
+    (done,) = archive_runs({"table1-s50": run}, tmp_path / "archive")
+    assert sorted(p.name for p in done.iterdir()) == ["config.json", "metrics.jsonl", "sparsity.json", "summary.json"]
+    assert done.name == run.name
+    from_run = GRID.render(cells, {"table1-s50": run})
+    from_archive = GRID.render(cells, {"table1-s50": finished_run(tmp_path / "archive", "fedspallm", "table1-s50")})
+    assert from_archive.replace(str(done), str(run)) == from_run
+
+
+def test_every_archived_record_is_committed() -> None:
+    """.gitignore keeps a run's model files out of docs/runs/ but must let every `ARCHIVED` record in: a record it
+    ignores is missing from a clone, and the tables rendered there silently lose what it holds."""
+    import shutil
+    import subprocess
+
+    from tools.grids import ARCHIVED
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    paths = [f"docs/runs/grid/run/{name}" for name in (*ARCHIVED, "adapter.safetensors")]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
+    assert ignored == ["docs/runs/grid/run/adapter.safetensors"]

@@ -1,0 +1,305 @@
+"""SFT-P's grid: cells from the presets, Tables 1–2 and the four claims from synthetic run directories built to
+hold or to break each claim, missing cells never invented, the figures and the command (no Ray, no real run)."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedprune_app.core.config import RunConfig, per_client
+from fedprune_app.methods.sftp.routing import MASK_NAMES, mask_statistics
+from tools.grids.__main__ import main
+from tools.grids.sftp import GRID, MIXED, PRESETS, tag_of
+from tools.grids.sftp_figures import FIG3, FIG4B, FIG5
+from tools.launch import merged_config
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_EXAMPLES = 30  # the tolerance of the mixed-budget claim: 1/30 = 3.33 points
+# mean accuracy of each cell's clients (client c gets + 0.01·c): +C above NOC, +C/+A above fedflap
+GOOD = {"noc-noa": 0.40, "noc-a": 0.42, "c-noa": 0.45, "c-a": 0.50, "fedflap": 0.35}
+
+
+def args(only: str = "") -> Namespace:
+    return Namespace(only=only)
+
+
+def cell_of(tag: str):
+    return next(c for c in GRID.cells(args()) if c.tag == tag)
+
+
+def keep_ratios(cell) -> str:
+    return MIXED if cell.settings["budget"] == "mixed" else f"{cell.settings['budget']:g}"
+
+
+def agreeing_masks(clients: int = 4, layers: int = 3, d: int = 8) -> dict[int, dict[str, np.ndarray]]:
+    """Coordinates 0–3 kept, 4–7 pruned, and client k flips coordinate k: agreement 4/8, client 0's density 3/8."""
+    out = {}
+    for k in range(clients):
+        mask = np.zeros((layers, d), dtype=bool)
+        mask[:, :4] = True
+        mask[:, k] = ~mask[:, k]
+        out[k] = {n: mask.copy() for n in MASK_NAMES}
+    return out
+
+
+def fake_run(out: Path, cell, acc: float | dict[int, float], model_dir: Path, kept: dict[int, float] | None = None,
+             final_eval: bool = True, masks: bool = False) -> Path:
+    """A run directory as an SFT-P / fedflap run leaves it (only the files the grid reads). Round 0 = dense (40%
+    + 1 point per client); SFT-P's train rows move each client's kept ratio linearly from 1 to its target by the
+    last round; fedflap's round 1 = importance + post hoc (30%), rounds 2..5 recovery."""
+    method = cell.settings["method"]
+    rounds = 5 if method == "fedflap" else 4
+    run = out / f"20260101-000000-{method}-{cell.tag}"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({
+        "method": method, "num-server-rounds": rounds, "sftp-keep-ratios": keep_ratios(cell),
+        "test-examples": TEST_EXAMPLES, "model-name": str(model_dir)}))
+    (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+    target = dict(enumerate(per_client(keep_ratios(cell), 4, float, "k")))
+    accs = acc if isinstance(acc, dict) else {c: acc + 0.01 * c for c in range(4)}
+    kept = {c: target[c] for c in range(4)} | (kept or {})
+    data = {c: f"bigbench:task{c}" for c in range(4)}
+    rows = [{"round": 0, "phase": "evaluate", "client": c, "status": "ok", "acc": 0.40 + 0.01 * c,
+             "kept-ratio-prunable": 1.0, "data": data[c]} for c in range(4)]
+    for t in range(1, rounds + 1):
+        for c in range(4):
+            row = {"round": t, "phase": "train", "client": c, "status": "accepted", "data": data[c]}
+            if method == "sftp":
+                row |= {"bytes-up": 1e5 * (c + 1), "bytes-down": 4e5, "keep-target": target[c],
+                        "kept-ratio-prunable": 1 - (1 - target[c]) * t / rounds}
+            elif t == 1:
+                row |= {"bytes-up": 2e5, "bytes-down": 0}
+            else:
+                row |= {"bytes-up": 3e5, "bytes-down": 3.5e5, "kept-ratio-prunable": target[c]}
+            rows.append(row)
+        if method == "fedflap" and t == 1:
+            rows += [{"round": 1, "phase": "evaluate", "client": c, "status": "ok", "acc": 0.30 + 0.01 * c,
+                      "kept-ratio-prunable": target[c], "data": data[c]} for c in range(4)]
+    rows.append({"round": 2, "phase": "train", "client": 0, "status": "rejected", "bytes-up": 9e12})
+    if final_eval:
+        rows += [{"round": rounds, "phase": "evaluate", "client": c, "status": "ok", "acc": accs[c],
+                  "kept-ratio-prunable": kept[c], "data": data[c]} for c in range(4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if masks:
+        m = agreeing_masks()
+        np.savez_compressed(run / "masks.npz", **{f"client-{k}/{n}": v[n] for k, v in m.items() for n in MASK_NAMES})
+        (run / "masks.json").write_text(json.dumps(mask_statistics(m)) + "\n")
+    return run
+
+
+def score(cell, table: dict[str, float]) -> float | dict[int, float]:
+    """The cell's accuracy; the mixed run scores each client as the uniform run of its budget does."""
+    if cell.settings["budget"] == "mixed":
+        return {c: table["c-a"] + 0.01 * c for c in range(4)}
+    return table[cell.settings["variant"] or cell.settings["method"]]
+
+
+def runs_for(tmp: Path, model_dir: Path, table: dict[str, float] = GOOD, skip: tuple[str, ...] = (),
+             **special) -> dict[str, Path]:
+    """A finished run per cell (except `skip`); `special[tag]` = keyword arguments of fake_run for that cell."""
+    runs = {}
+    for c in GRID.cells(args()):
+        if c.tag not in skip:
+            kwargs = {"acc": score(c, table), "masks": c.tag == "p50-c-a"} | special.get(c.tag.replace("-", "_"), {})
+            runs[c.tag] = fake_run(tmp, c, model_dir=model_dir, **kwargs)
+    return runs
+
+
+def claims_of(text: str) -> list[str]:
+    return [line for line in text.split("## Claims")[1].split("\n## ")[0].splitlines() if line.startswith("- ")]
+
+
+def test_cells_use_valid_presets_once_each() -> None:
+    cells = GRID.cells(args())
+    tags = [c.tag for c in cells]
+    assert len(tags) == len(set(tags)) == 11  # 8 SFT-P + 2 fedflap (Table 1) + the mixed run; shared cells once
+    assert tags == ["p80-noc-noa", "p80-noc-a", "p80-c-noa", "p80-c-a", "p80-fedflap", "p50-noc-noa", "p50-noc-a",
+                    "p50-c-noa", "p50-c-a", "p50-fedflap", "mixed-c-a"]
+    assert cell_of("p50-c-a").settings["groups"] == ("table1", "table2", "figs", "comm")
+    assert cell_of("mixed-c-a").settings["groups"] == ("table2", "figs")
+    for cell in cells:  # every cell's merged config validates, on its method's preset, all 4 clients waited for
+        cfg = RunConfig.from_flower(merged_config(ROOT, list(cell.run_config)))
+        s = cell.settings
+        assert cell.run_config[0] == PRESETS[s["method"]] and cfg.method == s["method"]
+        assert cell.supernodes == int(cfg.min_nodes) == 4 and str(cfg.sftp_keep_ratios) == keep_ratios(cell)
+        if s["method"] == "sftp":
+            assert (bool(cfg.sftp_conditioning), bool(cfg.sftp_adapters)) == (
+                s["variant"].startswith("c-"), s["variant"].endswith("-a"))
+    assert str(RunConfig.from_flower(merged_config(ROOT, list(cell_of("mixed-c-a").run_config))).sftp_keep_ratios) \
+        == "0.8,0.8,0.5,0.5"
+
+
+def test_only_selects_groups_with_the_cells_they_read() -> None:
+    assert [c.tag for c in GRID.cells(args("table2"))] == ["p80-c-a", "p50-c-a", "mixed-c-a"]
+    assert [c.tag for c in GRID.cells(args("figs"))] == ["p80-c-a", "p50-c-a", "mixed-c-a"]
+    assert [c.tag for c in GRID.cells(args("comm"))] == ["p50-noc-noa", "p50-noc-a", "p50-c-noa", "p50-c-a",
+                                                         "p50-fedflap"]
+    assert len(GRID.cells(args("table1"))) == 10
+    with pytest.raises(SystemExit, match="unknown group"):
+        GRID.cells(args("table4"))
+
+
+def test_tables_and_claims_held(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # client 3 of p50-c-a ends exactly 0.02 above its budget (held: the tolerance is inclusive); the mixed run's
+    # 0.8 group scores 3.33 points (one of 30 test examples) below the uniform run (held: within the tolerance)
+    mixed = {c: GOOD["c-a"] + 0.01 * c - (1 / TEST_EXAMPLES if c < 2 else 0.0) for c in range(4)}
+    runs = runs_for(tmp_path, tiny_model_dir, p50_c_a={"kept": {3: 0.52}}, mixed_c_a={"acc": mixed})
+    cells = GRID.cells(args())
+    text = GRID.render(cells, runs)
+    assert "| model | client 0 `task0` | client 1 `task1` | client 2 `task2` | client 3 `task3` | avg | kept" in text
+    block50 = text.split("### 50% pruned (keep 0.5)")[1].split("###")[0]
+    assert "| dense (round 0 of `p50-fedflap`) | 40.00 | 41.00 | 42.00 | 43.00 | 41.50 | 1.000 |" in block50
+    assert "| post hoc (fedflap round 1) | 30.00 | 31.00 | 32.00 | 33.00 | 31.50 | 0.500 |" in block50
+    assert "| fedflap (round 5) | 35.00 | 36.00 | 37.00 | 38.00 | 36.50 | 0.500 |" in block50
+    assert "| SFT-P NOC/NOA | 40.00 | 41.00 | 42.00 | 43.00 | 41.50 | 0.500 |" in block50
+    assert "| SFT-P +C/+A | 50.00 | 51.00 | 52.00 | 53.00 | 51.50 | 0.505 |" in block50
+    assert "| SFT-P +C/NOA | 45.00 | 46.00 | 47.00 | 48.00 | 46.50 | 0.800 |" in text.split("### 50%")[0]
+    # Table 2: the 0.8 group (clients 0, 1) and the 0.5 group (2, 3), mixed vs uniform, kept vs target
+    assert "| +C/+A (20% all) | 50.00 | 51.00 | 50.50 |" in text
+    assert "| +C/+A (mixed) | 46.67 | 47.67 | 47.17 |" in text
+    assert "| +C/+A (50% all) | 52.00 | 53.00 | 52.50 |" in text and "| +C/+A (mixed) | 52.00 | 53.00 | 52.50 |" in text
+    assert "| kept / target (mixed) | 0.800 / 0.80 | 0.800 / 0.80 | |" in text
+    assert "| kept / target (50% all) | 0.500 / 0.50 | 0.520 / 0.50 | |" in text
+    lines = claims_of(text)
+    assert len(lines) == 4 and all("**held**" in line for line in lines), lines
+    assert "`p50-c-a` 0.500/0.50, 0.500/0.50, 0.500/0.50, 0.520/0.50;" in lines[0] and "✗" not in lines[0]
+    assert "+C/+A vs NOC/+A: 51.50 vs 43.50; +C/NOA vs NOC/NOA: 46.50 vs 41.50" in lines[1]
+    assert "+C/+A vs fedflap: 51.50 vs 36.50" in lines[2]
+    assert "= 3.33 points" in lines[3] and "keep 0.8 (clients 0,1) mixed vs uniform: 47.17 vs 50.50" in lines[3]
+    # communication: accepted train rows only (the rejected 9 TB row is not counted), per client, vs fp32 model
+    from transformers import AutoModelForCausalLM
+
+    fp32 = 4 * sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters()) / 1e6
+    assert f"| SFT-P +C/+A (p50-c-a) | 0.250 | 0.100 · 0.200 · 0.300 · 0.400 | 0.400 | {fp32:.1f} |" in text
+    assert "| fedflap (p50-fedflap), recovery rounds 2…R | 0.300 | 0.300 · 0.300 · 0.300 · 0.300 | 0.350 |" in text
+    assert "| fedflap (p50-fedflap), importance round 1 | 0.200 | 0.200 · 0.200 · 0.200 · 0.200 | 0.000 |" in text
+    assert f"{100 * 0.25 / fp32:.2f}% / {100 * 0.4 / fp32:.2f}%" in text
+
+
+def test_each_claim_not_held(tmp_path: Path, tiny_model_dir: Path) -> None:
+    bad = GOOD | {"c-noa": 0.38, "fedflap": 0.55}  # +C/NOA below NOC/NOA; fedflap above +C/+A
+    # the mixed run's 0.5 group two test examples below its uniform run; its client 3 ends 0.021 under budget
+    mixed = {c: GOOD["c-a"] + 0.01 * c - (2 / TEST_EXAMPLES if c >= 2 else 0.0) for c in range(4)}
+    runs = runs_for(tmp_path, tiny_model_dir, bad, mixed_c_a={"acc": mixed, "kept": {3: 0.479}})
+    lines = claims_of(GRID.render(GRID.cells(args()), runs))
+    assert len(lines) == 4 and all("**not held**" in line for line in lines), lines
+    assert "`mixed-c-a` 0.800/0.80, 0.800/0.80, 0.500/0.50, 0.479/0.50 ✗" in lines[0]
+    assert "+C/NOA vs NOC/NOA: 39.50 vs 41.50 ✗" in lines[1] and "+C/+A vs NOC/+A: 51.50 vs 43.50;" in lines[1]
+    assert "+C/+A vs fedflap: 51.50 vs 56.50 ✗" in lines[2]
+    assert "keep 0.5 (clients 2,3) mixed vs uniform: 45.83 vs 52.50 ✗" in lines[3]
+    assert "keep 0.8 (clients 0,1) mixed vs uniform: 50.50 vs 50.50;" in lines[3]
+
+
+def rescore(run: Path, correct: dict[str, dict[int, int]], sizes: dict[int, int]) -> None:
+    """A rescore.json as tools/rescore_accuracy.py writes it: per model and client, the first `correct[model][k]`
+    of `sizes[k]` examples right."""
+    models = {m: {str(k): {"acc": [1.0] * n + [0.0] * (sizes[k] - n), "acc_norm": [0.0] * sizes[k]}
+                  for k, n in per.items()} for m, per in correct.items()}
+    (run / "rescore.json").write_text(json.dumps({
+        "per-source": 100, "models": models, "seconds": 1.0,
+        "clients": {str(k): {"source": f"bigbench:task{k}", "examples": n, "test-split": 30}
+                    for k, n in sizes.items()}}))
+
+
+def test_rescored_tables_and_claims_use_the_per_example_scores(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """In-run +C/+A beats fedflap (51.5 vs 36.5); re-scored on 130/130/130/30 examples fedflap is ahead: the
+    re-scored table shows the re-scored means, the claim flips to not held, and its paired interval is the
+    client-stratified bootstrap of the same per-example differences."""
+    from fedprune_app.llm.evaluation import bootstrap_ci
+
+    runs = runs_for(tmp_path, tiny_model_dir)
+    sizes = {0: 130, 1: 130, 2: 130, 3: 30}
+    rescore(runs["p50-c-a"], {"final": {0: 52, 1: 65, 2: 26, 3: 9}}, sizes)
+    rescore(runs["p50-fedflap"], {"final": {0: 65, 1: 65, 2: 39, 3: 12}, "post-hoc": {0: 13, 1: 13, 2: 13, 3: 3},
+                                  "dense": {0: 78, 1: 78, 2: 78, 3: 15}}, sizes)
+    text = GRID.render(GRID.cells(args()), runs)
+    in_run, rescored = text.split("# Re-scored on more examples per client")
+    assert "+C/+A vs fedflap: 51.50 vs 36.50" in claims_of(in_run)[2] and "**held**" in claims_of(in_run)[2]
+    assert "examples per client: 0: 130, 1: 130, 2: 130, 3: 30" in rescored
+    block50 = rescored.split("### 50% pruned (keep 0.5)")[1].split("###")[0]
+    assert "| dense (round 0 of `p50-fedflap`) | 60.00 | 60.00 | 60.00 | 50.00 | 57.50 | 1.000 |" in block50
+    assert "| post hoc (fedflap round 1) | 10.00 | 10.00 | 10.00 | 10.00 | 10.00 | 0.500 |" in block50
+    assert "| fedflap (round 5) | 50.00 | 50.00 | 30.00 | 40.00 | 42.50 | 0.500 |" in block50
+    assert "| SFT-P +C/+A | 40.00 | 50.00 | 20.00 | 30.00 | 35.00 | 0.500 |" in block50
+    assert "| SFT-P NOC/NOA | – | – | – | – | – |" in block50  # not re-scored: never the in-run numbers
+    lines = [line for line in rescored.split("## Claims (re-scored)")[1].splitlines() if line.startswith("- ")]
+    assert not any("±2%" in line for line in lines)  # the masks' claim is the in-run one
+    flap = next(line for line in lines if "fedflap" in line)
+    a = [1.0] * 52 + [0.0] * 78 + [1.0] * 65 + [0.0] * 65 + [1.0] * 26 + [0.0] * 104 + [1.0] * 9 + [0.0] * 21
+    b = [1.0] * 65 + [0.0] * 65 + [1.0] * 65 + [0.0] * 65 + [1.0] * 39 + [0.0] * 91 + [1.0] * 12 + [0.0] * 18
+    _, lo, hi = bootstrap_ci(a, b, strata=[0] * 130 + [1] * 130 + [2] * 130 + [3] * 30)
+    assert f"+C/+A vs fedflap (Δ 95% CI [{100 * lo:.2f}, {100 * hi:.2f}]): 35.00 vs 42.50 ✗" in flap
+    assert "**not held**" in flap and hi < 0  # −7.5 points, resolved
+    assert "+C beats NOC" in lines[0] and "**not checked**" in lines[0]  # NOC cells not re-scored
+
+
+def test_missing_cells_are_not_checked_never_invented(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # p50-noc-a and the mixed run never ran; fedflap at 50% ran but its last round has no evaluation
+    runs = runs_for(tmp_path, tiny_model_dir, skip=("p50-noc-a", "mixed-c-a"),
+                    p50_fedflap={"acc": 0.99, "final_eval": False})
+    text = GRID.render(GRID.cells(args()), runs)
+    assert "| SFT-P NOC/+A | *not run* |" in text and "| +C/+A (mixed) | *not run* |" in text
+    assert "| fedflap (round 5) | – | – | – | – | – | – |" in text  # never round 1's or round 0's numbers
+    assert "99.00" not in text and "- `mixed-c-a`: not run" in text
+    assert "| SFT-P NOC/+A (p50-noc-a) | *not run* | | | | |" in text
+    lines = claims_of(text)
+    assert len(lines) == 4 and all("**not checked**" in line for line in lines), lines
+    assert "missing: `p50-noc-a`, `mixed-c-a`" in lines[0]
+    assert "missing: +C/+A vs NOC/+A" in lines[1] and "+C/NOA vs NOC/NOA: 46.50 vs 41.50" in lines[1]
+    assert "missing: +C/+A vs fedflap" in lines[2] and "missing: keep 0.8" in lines[3]
+    # one client's final evaluation missing: that run's average is not a four-client average
+    runs["p50-c-a"] = fake_run(tmp_path / "b", cell_of("p50-c-a"), 0.5, tiny_model_dir)
+    rows = (runs["p50-c-a"] / "metrics.jsonl").read_text().splitlines()
+    (runs["p50-c-a"] / "metrics.jsonl").write_text("\n".join(rows[:-1]) + "\n")
+    text = GRID.render(GRID.cells(args("table1")), runs)
+    assert "| SFT-P +C/+A | 50.00 | 51.00 | 52.00 | – | – | 0.500 |" in text
+    assert "`p50-c-a` client 3" in claims_of(text)[0]
+
+
+def test_figures_are_drawn_next_to_the_tables(tmp_path: Path, tiny_model_dir: Path) -> None:
+    cells = GRID.cells(args())
+    runs = runs_for(tmp_path / "runs", tiny_model_dir)
+    section = GRID.figures(cells, runs, tmp_path / "out")
+    for name in (FIG3, FIG4B, FIG5):
+        assert (tmp_path / "out" / name).stat().st_size > 5000 and f"`{name}`" in section
+    assert "mean over layers and masks 0.500" in section and "heatmap layer 1 attn-in" in section
+    assert "per-layer mask density of client 0" in section and "attn-in 0.375–0.375" in section
+    assert "Kept ratio per client and round, mixed:" in section and "| 2 (0.50) | 0.875 | 0.750 | 0.625 | 0.500 |" \
+        in section
+    assert "Kept ratio per client and round, 20% pruned (keep 0.8):" in section
+    (runs["p50-c-a"] / "masks.npz").unlink()  # masks.json alone: the agreement curves, no heatmap
+    section = GRID.figures(cells, runs, tmp_path / "json-only")
+    assert "no masks.npz: no heatmap" in section and (tmp_path / "json-only" / FIG3).is_file()
+    empty = GRID.figures(cells, {}, tmp_path / "none")
+    assert "Figs. 3 and 5 not drawn" in empty and "Fig. 4b not drawn" in empty
+    assert not (tmp_path / "none" / FIG3).exists()
+
+
+def test_command_renders_finished_runs_of_both_methods(tmp_path: Path, tiny_model_dir: Path, capsys) -> None:
+    """`--render-only` finds the fedflap cells under their own run-directory names; the archive re-renders the
+    tables; the other grids are unchanged."""
+    runs_for(tmp_path, tiny_model_dir)
+    archive = tmp_path / "archive"
+    assert main(["sftp", "--out", str(tmp_path), "--render-only", "--archive", str(archive)]) == 0
+    text = (tmp_path / "tables.md").read_text()
+    assert "| fedflap (round 5) | 35.00 | 36.00 | 37.00 | 38.00 | 36.50 | 0.500 |" in text
+    assert all((tmp_path / name).is_file() for name in (FIG3, FIG4B, FIG5)) and f"`{FIG4B}`" in text
+    assert len(list(archive.iterdir())) == 11
+    assert main(["sftp", "--only", "table1", "--out", str(archive), "--render-only", "--archive", "none"]) == 0
+    assert "| SFT-P +C/+A | 50.00 | 51.00 | 52.00 | 53.00 | 51.50 | 0.500 |" in (archive / "tables.md").read_text()
+    code = main(["sftp", "--tags", "p50-c-a", "--out", str(tmp_path / "one"), "--render-only", "--archive", "none"])
+    assert code == 1 and "- `p50-c-a`: not run" in (tmp_path / "one" / "tables.md").read_text()
+    assert main(["fedtpa", "--only", "table2", "--alphas", "0.5", "--out", str(tmp_path / "t"), "--render-only",
+                 "--archive", "none"]) == 1  # the FedTPA grid is unchanged (nothing to render here)
+    capsys.readouterr()
+
+
+def test_tag_of_names_run_directories_apart() -> None:
+    """finished_run globs `*-<method>-<tag>*`: no tag may be another's prefix within one method."""
+    tags = [c.tag for c in GRID.cells(args())]
+    assert not [(a, b) for a in tags for b in tags if a != b and b.startswith(a + "-")]
+    assert tag_of("fedflap", 0.5) == "p50-fedflap" and tag_of("sftp", "mixed", "c-a") == "mixed-c-a"

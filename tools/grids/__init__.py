@@ -1,0 +1,166 @@
+"""Experiment grids: run a method's presets over the settings of the paper's tables, then render the tables
+with each claim marked held / not held, from the runs' own files (summary.json, metrics.jsonl, artefacts).
+
+    python -m tools.grids fedspallm                    # run what is missing, write <out>/tables.md
+    python -m tools.grids fedspallm --only table1,comm # a subset of the cells
+    python -m tools.grids fedspallm --render-only      # re-render from the finished runs
+    python -m tools.grids fedspallm --render-only --out docs/runs/fedspallm  # ... from the archived records
+
+A grid is a list of `Cell`s (presets + overrides + the number of SuperNodes) and a `render` function. Cells whose
+run directory already holds a completed summary.json are not run again, so an interrupted grid resumes.
+Every finished run's small records (`ARCHIVED`: config, summary, metrics, sparsity report, results.md) are copied
+to `docs/runs/<grid>/<run>/` (`--archive`), so the tables can be re-rendered, checked and resumed from a clone
+without the runs' model files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a grid: `group` (e.g. 'table1'), a tag unique in the grid, run configs, SuperNodes."""
+
+    group: str
+    tag: str
+    run_config: tuple[str, ...]
+    supernodes: int
+    settings: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    method: str
+    cells: Callable[[Any], list[Cell]]  # argparse namespace -> cells
+    render: Callable[[list[Cell], dict[str, Path]], str]  # cells, {tag: run dir} -> Markdown
+
+
+def finished_run(out_dir: Path, method: str, tag: str) -> Path | None:
+    """The newest run directory of `tag` under out_dir whose summary.json says completed."""
+    for path in sorted(out_dir.glob(f"*-{method}-{tag}*"), reverse=True):
+        summary = path / "summary.json"
+        if path.name.split(f"-{method}-", 1)[1] in (tag, *(f"{tag}-{i}" for i in range(2, 10))) \
+                and summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
+            return path
+    return None
+
+
+def run_cells(grid: Grid, cells: Sequence[Cell], out_dir: Path, quiet: bool = False) -> dict[str, Path]:
+    """Launch every cell that has no completed run yet (one `flwr run` each); return {tag: run dir}."""
+    from tools.launch import launch
+
+    runs: dict[str, Path] = {}
+    for i, cell in enumerate(cells, 1):
+        done = finished_run(out_dir, grid.method, cell.tag)
+        if done is None:
+            print(f"[grid] {grid.name} {i}/{len(cells)}: {cell.tag} ({cell.supernodes} clients)", flush=True)
+            launched = launch([*cell.run_config, f"run-tag=\"{cell.tag}\" output-dir=\"{out_dir}\""],
+                              f"num-supernodes={cell.supernodes} client-resources-num-cpus=1", quiet=quiet)
+            done = launched.run_dir if launched.code == 0 else None
+            if done is None:
+                print(f"[grid] {cell.tag} failed (status {launched.status}); it is left out of the tables", flush=True)
+        if done is not None:
+            runs[cell.tag] = done
+    return runs
+
+
+def collect_runs(grid: Grid, cells: Sequence[Cell], out_dir: Path) -> dict[str, Path]:
+    return {c.tag: run for c in cells if (run := finished_run(out_dir, grid.method, c.tag)) is not None}
+
+
+def selected_groups(args: Any, groups: Sequence[str], grid_name: str) -> list[str]:
+    """The groups `--only` names (all when empty); SystemExit naming the grid's groups for an unknown one."""
+    only = [g for g in str(getattr(args, "only", "")).split(",") if g] or list(groups)
+    unknown = sorted(set(only) - set(groups))
+    if unknown:
+        raise SystemExit(f"--only: unknown group(s) {unknown}; {grid_name}'s are {', '.join(groups)}")
+    return only
+
+
+ARCHIVED = ("config.json", "summary.json", "metrics.jsonl", "sparsity.json", "results.md", "masks.json", "masks.npz",
+            "rescore.json")
+
+
+def plan(only: Sequence[str], groups: Sequence[str], needs: Iterable[tuple[str, tuple[Any, ...]]]
+         ) -> dict[tuple[Any, ...], tuple[str, ...]]:
+    """{cell key: the selected groups that read it, in `groups` order}, keys in first-needed order: a cell that
+    several groups read is planned (and run) once. `needs`: (group, cell key) pairs."""
+    wanted: dict[tuple[Any, ...], set[str]] = {}
+    for group, key in needs:
+        if group in only:
+            wanted.setdefault(key, set()).add(group)
+    return {key: tuple(sorted(g, key=list(groups).index)) for key, g in wanted.items()}
+
+
+ARCHIVE_MAX_BYTES = 1 << 20  # FedSpaLLM's masks.npz (~15 MB) stays with the run; SFT-P's (~50 kB) is archived
+
+
+def archive_runs(runs: dict[str, Path], dest: Path) -> list[Path]:
+    """Copy each run's `ARCHIVED` files of at most `ARCHIVE_MAX_BYTES` to dest/<run directory name>/ (what the
+    tables are rendered from); returns the archived directories. A run already under dest is left as it is."""
+    out = []
+    for run in runs.values():
+        target = dest / run.name
+        if run.resolve() != target.resolve():
+            target.mkdir(parents=True, exist_ok=True)
+            for name in ARCHIVED:
+                if (run / name).is_file() and (run / name).stat().st_size <= ARCHIVE_MAX_BYTES:
+                    shutil.copy2(run / name, target / name)
+        out.append(target)
+    return out
+
+
+def runs_section(grid_cells: Sequence[Cell], runs: dict[str, Path]) -> list[str]:
+    """'## Runs': each cell's run directory, linked relative to tables.md (a grid's runs sit next to it, in
+    outputs/grids/<grid> and in the committed docs/runs/<grid> alike)."""
+    return ["## Runs", "", *(f"- `{c.tag}`: [`{runs[c.tag].name}`]({runs[c.tag].name}/)" if c.tag in runs
+                             else f"- `{c.tag}`: not run" for c in grid_cells)]
+
+
+def read_config(run_dir: Path) -> dict[str, Any]:
+    """The run config a finished run recorded (config.json)."""
+    return json.loads((run_dir / "config.json").read_text())
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def mark(held: bool | None) -> str:
+    return "**held**" if held else ("**not held**" if held is not None else "**not checked** (cells missing)")
+
+
+@lru_cache(maxsize=8)
+def model_parameters(model_name: str) -> int | None:
+    """N: parameters of the run's base model (tied weights once), counted on the meta device from its config
+    (no weights loaded); None when the model cannot be resolved here."""
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from fedprune_app.llm.models import resolve_model_path
+
+        config = AutoConfig.from_pretrained(resolve_model_path(model_name))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        return sum(p.numel() for p in model.parameters())
+    except Exception:  # noqa: BLE001 - a missing model leaves the column empty, never the table
+        return None
+
+
+def fmt_ppl(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.2e}" if value >= 1e4 else f"{value:.2f}"

@@ -1,0 +1,390 @@
+"""SFT-P's Tables 1–2, its claims and the communication per client and round, on this app (Figs. 3, 4b, 5:
+sftp_figures.py).
+
+Every cell is one run with 4 SuperNodes (`min-nodes = 4`: the round waits for all four clients, the paper's q = 1)
+of `conf/sftp.toml` or `conf/fedflap.toml` with overrides: SFT-P NOC/NOA, NOC/+A, +C/NOA, +C/+A
+(`sftp-conditioning`, `sftp-adapters`) at uniform keep ratios 0.8 ("20% pruning") and 0.5 ("50%"); fedflap at 0.8
+and 0.5 (one run gives the dense model = round 0, post hoc = round 1, fedflap = the last round); +C/+A with mixed
+budgets "0.8,0.8,0.5,0.5" (Table 2). Groups: table1, table2, figs, comm; a cell several groups read runs once.
+
+Every number is read from the runs' own files: accuracy and kept ratio from the `evaluate` rows of metrics.jsonl
+(per client = partition id, on its own test split, in the run's last round, `num-server-rounds` of config.json);
+budgets from config.json's `sftp-keep-ratios`; the kept ratio per round (Fig. 4b) and the bytes from the
+accepted `train` rows; the masks from masks.json / masks.npz (figures).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from fedprune_app.core.config import per_client
+from tools.grids import Cell, model_parameters, plan, read_config, read_metrics, runs_section, selected_groups
+from tools.grids import mark as _mark
+from tools.grids.fedtpa import FigureGrid, judge, paired
+
+PRESETS = {"sftp": "conf/sftp.toml", "fedflap": "conf/fedflap.toml"}
+VARIANTS = {"noc-noa": ("NOC/NOA", False, False), "noc-a": ("NOC/+A", False, True),
+            "c-noa": ("+C/NOA", True, False), "c-a": ("+C/+A", True, True)}  # label, conditioning, adapters
+BUDGETS = (0.8, 0.5)  # keep ratios: 20% and 50% structural pruning
+MIXED = "0.8,0.8,0.5,0.5"  # Table 2: 20% on clients 0-1, 50% on clients 2-3
+GROUPS = ("table1", "table2", "figs", "comm")
+CLIENTS = 4
+BUDGET_TOLERANCE = 0.02  # absolute, on the kept ratio of the prunable projections (Fig. 4b's ±2% band)
+Budget = float | str  # a keep ratio, or "mixed"
+Accuracy = Callable[[dict[str, Path], str, int | None], dict[int, float]]  # (runs, tag, round) -> {client: acc ×100}
+Interval = Callable[[str, str, list[int]], str]  # (tag, other tag, clients) -> " [lo, hi]" of Δ avg, or ""
+
+
+def mark(held: bool | None) -> str:
+    return _mark(held).replace("(cells missing)", "(cells or evaluations missing)")
+
+
+def budget_name(budget: Budget) -> str:
+    return "mixed" if budget == "mixed" else f"p{round(float(budget) * 100)}"
+
+
+def budget_label(budget: Budget) -> str:
+    return "mixed" if budget == "mixed" else f"{round((1 - float(budget)) * 100)}% pruned (keep {float(budget):g})"
+
+
+def tag_of(method: str, budget: Budget, variant: str = "") -> str:
+    return f"{budget_name(budget)}-{variant if method == 'sftp' else 'fedflap'}"
+
+
+def overrides(method: str, budget: Budget, variant: str) -> str:
+    ratios = MIXED if budget == "mixed" else f"{float(budget):g}"
+    parts = [f'sftp-keep-ratios="{ratios}"', f"min-nodes={CLIENTS}"]
+    if method == "sftp":
+        _, conditioning, adapters = VARIANTS[variant]
+        parts += [f"sftp-conditioning={str(conditioning).lower()}", f"sftp-adapters={str(adapters).lower()}"]
+    return " ".join(parts)
+
+
+def cells(args: Any) -> list[Cell]:
+    """The cells the selected groups (`--only`) need; a cell several groups read is run once."""
+    only = selected_groups(args, GROUPS, "SFT-P")
+    needs = [n for b in BUDGETS
+             for n in [*(("table1", ("sftp", b, v)) for v in VARIANTS), ("table1", ("fedflap", b, ""))]]
+    needs += [(g, ("sftp", b, "c-a")) for b in (*BUDGETS, "mixed") for g in ("table2", "figs")]  # figs: 4b every
+    needs += [("comm", ("sftp", 0.5, v)) for v in VARIANTS] + [("comm", ("fedflap", 0.5, ""))]  # +C/+A; 3, 5: 50%
+    return [Cell(groups[0], tag_of(m, b, v), (PRESETS[m], overrides(m, b, v)), CLIENTS,
+                 {"method": m, "budget": b, "variant": v, "groups": groups})
+            for (m, b, v), groups in plan(only, GROUPS, needs).items()]
+
+
+# --- reading the runs -----------------------------------------------------------------------------------------
+
+def last_round(run_dir: Path) -> int:
+    return int(read_config(run_dir)["num-server-rounds"])
+
+
+def evaluations(run_dir: Path, round_: int | None = None) -> dict[int, dict[str, Any]]:
+    """{client: its `evaluate` row} of round `round_` (default the run's last round); failed rows left out."""
+    round_ = last_round(run_dir) if round_ is None else round_
+    return {int(r["client"]): r for r in read_metrics(run_dir)
+            if r.get("phase") == "evaluate" and r.get("status") == "ok" and r.get("round") == round_
+            and isinstance(r.get("client"), int)}
+
+
+def train_rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(run_dir) if r.get("phase") == "train" and r.get("status") == "accepted"]
+
+
+def targets(run_dir: Path) -> dict[int, float]:
+    """{client: target keep ratio p} from the run's `sftp-keep-ratios` (one for all or one per partition)."""
+    values = per_client(str(read_config(run_dir)["sftp-keep-ratios"]), CLIENTS, float, "sftp-keep-ratios")
+    return dict(enumerate(values))
+
+
+def values(rows: dict[int, dict[str, Any]], key: str) -> dict[int, float]:
+    return {c: float(r[key]) for c, r in rows.items() if isinstance(r.get(key), int | float)}
+
+
+def mean_of(per_client_values: dict[int, float], clients: Iterable[int] = range(CLIENTS)) -> float | None:
+    """The mean over `clients`; None unless every one of them has a value (a mean over fewer is not the row's)."""
+    clients = list(clients)
+    if not clients or any(c not in per_client_values for c in clients):
+        return None
+    return sum(per_client_values[c] for c in clients) / len(clients)
+
+
+def accuracy(runs: dict[str, Path], tag: str, round_: int | None = None) -> dict[int, float]:
+    """{client: acc ×100} of cell `tag` in `round_` (default its last round); {} when the cell did not run."""
+    run = runs.get(tag)
+    return {} if run is None else {c: 100 * v for c, v in values(evaluations(run, round_), "acc").items()}
+
+
+def client_names(runs: Iterable[Path]) -> dict[int, str]:
+    """{client: its data source} from the evaluate rows (`bigbench:` dropped)."""
+    names: dict[int, str] = {}
+    for run in runs:
+        for r in read_metrics(run):
+            if r.get("phase") == "evaluate" and isinstance(r.get("client"), int) and r.get("data"):
+                names.setdefault(int(r["client"]), str(r["data"]).removeprefix("bigbench:"))
+    return names
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+# --- tables ---------------------------------------------------------------------------------------------------
+
+def _row(label: str, acc: dict[int, float], kept: dict[int, float]) -> str:
+    kept_mean = sum(kept.values()) / len(kept) if kept else None
+    return (f"| {label} | " + " | ".join(fmt(acc.get(c)) for c in range(CLIENTS))
+            + f" | {fmt(mean_of(acc))} | {fmt(kept_mean, 3)} |")
+
+
+def table1(grid_cells: list[Cell], runs: dict[str, Path], acc: Accuracy = accuracy, heading: str = "",
+           note: str = "") -> list[str]:
+    """Per budget: dense, post hoc, fedflap and the four SFT-P variants; acc ×100 per client (from `acc`: in-run
+    or re-scored), the average over the four clients (– unless all four have one) and the mean kept ratio of the
+    prunable projections."""
+    tags = {c.tag for c in grid_cells}
+    names = client_names(runs.values())
+    head = ("| model | " + " | ".join(f"client {c} `{names.get(c, '?')}`" for c in range(CLIENTS))
+            + " | avg | kept (prunable) |")
+    lines = [f"## Table 1: dense, post hoc, fedflap and the SFT-P variants{heading}", "",
+             note or "Accuracy (%) of each client on its own test split in the run's last round (dense = round 0, "
+             "post hoc = fedflap's round 1: its cut masks before any training). avg: over the four clients. kept: "
+             "the mean kept ratio of the prunable projections of the models evaluated (SFT-P: each client's "
+             "deterministic mask).", ""]
+    for b in BUDGETS:
+        block = [tag_of("fedflap", b), *(tag_of("sftp", b, v) for v in VARIANTS)]
+        if not any(t in tags for t in block):
+            continue
+        lines += [f"### {budget_label(b)}", "", head, "|---|" + "---|" * (CLIENTS + 2)]
+        dense_tag = next((t for t in block if t in runs), None)
+        if dense_tag is None:
+            lines.append("| dense (round 0) | *not run* |")
+        else:
+            rows = evaluations(runs[dense_tag], 0)
+            lines.append(_row(f"dense (round 0 of `{dense_tag}`)", acc(runs, dense_tag, 0),
+                              values(rows, "kept-ratio-prunable")))
+        flap = tag_of("fedflap", b)
+        if flap in runs:
+            for label, round_ in (("post hoc (fedflap round 1)", 1), (f"fedflap (round {last_round(runs[flap])})",
+                                                                       None)):
+                lines.append(_row(label, acc(runs, flap, round_),
+                                  values(evaluations(runs[flap], round_), "kept-ratio-prunable")))
+        elif flap in tags:
+            lines += ["| post hoc | *not run* |", "| fedflap | *not run* |"]
+        for v, (label, _, _) in VARIANTS.items():
+            tag = tag_of("sftp", b, v)
+            if tag in runs:
+                lines.append(_row(f"SFT-P {label}", acc(runs, tag, None),
+                                  values(evaluations(runs[tag]), "kept-ratio-prunable")))
+            elif tag in tags:
+                lines.append(f"| SFT-P {label} | *not run* |")
+        lines.append("")
+    return lines
+
+
+def mixed_groups(runs: dict[str, Path]) -> dict[float, list[int]]:
+    """{keep ratio: clients} of the mixed run (its config.json), or of MIXED when it did not run."""
+    run = runs.get(tag_of("sftp", "mixed", "c-a"))
+    per = targets(run) if run is not None else dict(enumerate(per_client(MIXED, CLIENTS, float, "mixed")))
+    groups: dict[float, list[int]] = defaultdict(list)
+    for client, p in sorted(per.items()):
+        groups[p].append(client)
+    return dict(sorted(groups.items(), reverse=True))
+
+
+def table2(runs: dict[str, Path], acc: Accuracy = accuracy, heading: str = "", note: str = "") -> list[str]:
+    """Uniform vs mixed (+C/+A): per budget group, the group's clients in the mixed run and in the uniform run of
+    their budget; then each client's final kept ratio vs its target."""
+    names = client_names(runs.values())
+    mixed = tag_of("sftp", "mixed", "c-a")
+    lines = [f"## Table 2: SFT-P +C/+A under uniform vs mixed budgets{heading}", "",
+             note or "Accuracy (%) on each client's own test split in the last round; group mean over the group's "
+             "clients. Kept: the client's final kept ratio of the prunable projections / its target p.", ""]
+    for p, clients in mixed_groups(runs).items():
+        uniform = tag_of("sftp", p, "c-a")
+        lines += [f"### Clients {', '.join(map(str, clients))} at {budget_label(p)}", "",
+                  "| setting | " + " | ".join(f"client {c} `{names.get(c, '?')}`" for c in clients)
+                  + " | group mean |", "|---|" + "---|" * (len(clients) + 1)]
+        for label, tag in ((f"+C/+A ({round((1 - p) * 100)}% all)", uniform), ("+C/+A (mixed)", mixed)):
+            if tag not in runs:
+                lines.append(f"| {label} | *not run* |")
+                continue
+            per = acc(runs, tag, None)
+            lines.append(f"| {label} | " + " | ".join(fmt(per.get(c)) for c in clients)
+                         + f" | {fmt(mean_of(per, clients))} |")
+        for label, tag in ((f"kept / target ({round((1 - p) * 100)}% all)", uniform), ("kept / target (mixed)", mixed)):
+            if tag in runs:
+                kept, goal = values(evaluations(runs[tag]), "kept-ratio-prunable"), targets(runs[tag])
+                lines.append(f"| {label} | " + " | ".join(f"{fmt(kept.get(c), 3)} / {goal[c]:.2f}" for c in clients)
+                             + " | |")
+        lines.append("")
+    return lines
+
+
+# --- claims ---------------------------------------------------------------------------------------------------
+
+def budget_claim(grid_cells: list[Cell], runs: dict[str, Path]) -> tuple[bool | None, str]:
+    """Every client of every SFT-P run ends with |kept − p| ≤ BUDGET_TOLERANCE (absolute, prunable ratio): the last
+    round's evaluate rows (each client's deterministic mask, the one compiled and deployed). Not held as soon as
+    one measured client is outside; not checked while a run or a client's final kept ratio is missing."""
+    parts, missing, bad = [], [], False
+    for c in grid_cells:
+        if c.settings["method"] != "sftp":
+            continue
+        run = runs.get(c.tag)
+        if run is None:
+            missing.append(f"`{c.tag}`")
+            continue
+        kept, goal = values(evaluations(run), "kept-ratio-prunable"), targets(run)
+        each = []
+        for client in range(CLIENTS):
+            if client not in kept:
+                missing.append(f"`{c.tag}` client {client}")
+                continue
+            off = abs(kept[client] - goal[client]) > BUDGET_TOLERANCE + 1e-9
+            bad |= off
+            each.append(f"{kept[client]:.3f}/{goal[client]:.2f}" + (" ✗" if off else ""))
+        if each:
+            parts.append(f"`{c.tag}` " + ", ".join(each))
+    held = False if bad else (None if missing or not parts else True)
+    text = "; ".join(parts) + (("; " if parts else "") + "missing: " + ", ".join(missing) if missing else "")
+    return held, text
+
+
+def gt(a: float, b: float) -> bool:
+    return a > b
+
+
+def no_interval(_tag: str, _other: str, _clients: list[int]) -> str:
+    return ""
+
+
+def claims(grid_cells: list[Cell], runs: dict[str, Path], acc: Accuracy = accuracy, interval: Interval = no_interval,
+           tolerance: Callable[[list[int]], float | None] | None = None, heading: str = "",
+           budget: bool = True) -> list[str]:
+    """The claims on the accuracies `acc` gives (in-run or re-scored) and, with `budget`, the budget claim (it
+    reads masks, not accuracies: the same either way). `interval` adds the paired interval of each Δ;
+    `tolerance(clients)` is one example's worth in points for the mixed-budget claim (default 100 / the mixed
+    run's test-examples)."""
+    groups = {g for c in grid_cells for g in c.settings["groups"]}
+    lines = [f"## Claims{heading}", ""]
+    if budget and any(c.settings["method"] == "sftp" for c in grid_cells):
+        held, text = budget_claim(grid_cells, runs)
+        lines.append(f"- Every client ends within ±2% of its budget (|kept − p| ≤ {BUDGET_TOLERANCE} absolute, on the "
+                     "kept ratio of the prunable projections; kept/p per client 0…3 of every SFT-P run, from the last "
+                     f"round's deterministic masks): {mark(held)} ({text}).")
+
+    def avg(tag: str, clients: Iterable[int] = range(CLIENTS)) -> float | None:
+        return mean_of(acc(runs, tag, None), clients)
+
+    def vs(label: str, tag: str, other: str, clients: Iterable[int] = range(CLIENTS)) -> str:
+        return label + paired(interval(tag, other, list(clients)))
+
+    if "table1" in groups:
+        pairs = [(vs(f"{VARIANTS[c][0]} vs {VARIANTS[n][0]}", tag_of("sftp", 0.5, c), tag_of("sftp", 0.5, n)),
+                  avg(tag_of("sftp", 0.5, c)), avg(tag_of("sftp", 0.5, n)), gt)
+                 for c, n in (("c-a", "noc-a"), ("c-noa", "noc-noa"))]
+        held, text = judge(pairs)
+        lines.append(f"- +C beats NOC on the average accuracy at 50%, with adapters and without: {mark(held)} "
+                     f"({text}).")
+        sftp, flap = tag_of("sftp", 0.5, "c-a"), tag_of("fedflap", 0.5)
+        held, text = judge([(vs("+C/+A vs fedflap", sftp, flap), avg(sftp), avg(flap), gt)])
+        lines.append(f"- SFT-P (+C/+A) beats fedflap on the average accuracy at 50%: {mark(held)} ({text}).")
+    if "table2" in groups:
+        mixed = tag_of("sftp", "mixed", "c-a")
+        run = runs.get(mixed)
+        if tolerance is None:
+            in_run = 100 / int(read_config(run)["test-examples"]) if run is not None else None
+            tolerance = lambda _clients: in_run  # noqa: E731
+        pairs, tols = [], []
+        for p, clients in mixed_groups(runs).items():
+            uniform = tag_of("sftp", p, "c-a")
+            tol = tolerance(clients)
+            tols.append("–" if tol is None else f"{tol:.2f}")
+            pairs.append((vs(f"keep {p:g} (clients {','.join(map(str, clients))}) mixed vs uniform", mixed, uniform,
+                             clients), avg(mixed, clients), avg(uniform, clients),
+                          lambda a, b, tol=tol: a >= b - (tol or 0.0) - 1e-9))
+        held, text = judge(pairs)
+        lines.append(f"- Mixed budgets do not hurt either group (each group's mean accuracy in the mixed run ≥ the "
+                     f"same clients' in the uniform run of their budget − one test example's worth, 100/examples "
+                     f"= {' / '.join(dict.fromkeys(tols))} points): {mark(held)} ({text}).")
+    return lines
+
+
+# --- communication --------------------------------------------------------------------------------------------
+
+def _bytes_row(label: str, rows: list[dict[str, Any]], fp32: float | None) -> str:
+    if not rows:
+        return f"| {label} | *no accepted train reply* | | | | |"
+    per: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        if isinstance(r.get("client"), int):
+            per[int(r["client"])].append(float(r["bytes-up"]))
+    up = sum(float(r["bytes-up"]) for r in rows) / len(rows)
+    down = sum(float(r["bytes-down"]) for r in rows) / len(rows)
+    each = " · ".join(f"{sum(per[c]) / len(per[c]) / 1e6:.3f}" if c in per else "–" for c in range(CLIENTS))
+    share = "–" if not fp32 else f"{100 * up / fp32:.2f}% / {100 * down / fp32:.2f}%"
+    return f"| {label} | {up / 1e6:.3f} | {each} | {down / 1e6:.3f} | {fmt(fp32 and fp32 / 1e6, 1)} | {share} |"
+
+
+def communication(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
+    """Bytes up and down per client and round (accepted train replies) of the comm cells vs the model in fp32."""
+    lines = ["## Communication per client and round", "",
+             "| run | up, mean (MB) | up per client 0…3 (MB) | down, mean (MB) | model fp32 (MB) | up / down vs fp32 |",
+             "|---|---|---|---|---|---|"]
+    for c in grid_cells:
+        if "comm" not in c.settings["groups"]:
+            continue
+        method = c.settings["method"]
+        label = f"fedflap ({c.tag})" if method == "fedflap" else f"SFT-P {VARIANTS[c.settings['variant']][0]} ({c.tag})"
+        run = runs.get(c.tag)
+        if run is None:
+            lines.append(f"| {label} | *not run* | | | | |")
+            continue
+        params = model_parameters(str(read_config(run).get("model-name", "embedded")))
+        fp32 = None if params is None else 4.0 * params
+        rows = train_rows(run)
+        if method == "fedflap":
+            lines.append(_bytes_row(f"{label}, recovery rounds 2…R", [r for r in rows if r.get("round") != 1], fp32))
+            lines.append(_bytes_row(f"{label}, importance round 1", [r for r in rows if r.get("round") == 1], fp32))
+        else:
+            lines.append(_bytes_row(label, rows, fp32))
+    lines += ["", "SFT-P: up = the generator Θ and, with +A, the LoRA Φ (fp32) and the metrics; down = the global Θ "
+              "(+ Φ). e_k never travels; the final masks (bool, 4 × layers × d per client) ride once on the last "
+              "evaluation reply and are not counted here. fedflap: round 1 sends nothing down and gets 4 float32 "
+              "(layers × d) importance arrays up; recovery rounds send the LoRA tensors and the fixed bool masks "
+              "down and get the LoRA tensors up. Model fp32: 4 bytes × the base model's parameters (config.json's "
+              "`model-name`, counted from its config; – when the model is not available here)."]
+    return lines
+
+
+def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
+    groups = {g for c in grid_cells for g in c.settings["groups"]}
+    lines = ["# SFT-P on this app: the paper's Tables 1–2, claims and communication", "",
+             "4 clients (one task each, non-IID), every run's numbers read from its metrics.jsonl and config.json. "
+             "Budgets as in the paper: '20%' = keep ratio 0.8 of the prunable projections, '50%' = 0.5. Run "
+             "directories at the end.", ""]
+    if "table1" in groups:
+        lines += table1(grid_cells, runs)
+    if "table2" in groups:
+        lines += table2(runs)
+    lines += claims(grid_cells, runs)
+    if "comm" in groups:
+        lines += ["", *communication(grid_cells, runs)]
+    from tools.grids.sftp_rescored import section
+
+    rescored = section(grid_cells, runs)
+    lines += ["", *rescored] if rescored else []
+    lines += ["", *runs_section(grid_cells, runs)]
+    return "\n".join(lines) + "\n"
+
+
+def _figures(grid_cells: list[Cell], runs: dict[str, Path], out_dir: Path) -> str:
+    from tools.grids.sftp_figures import figures
+
+    return figures(grid_cells, runs, out_dir)
+
+
+GRID = FigureGrid("sftp", "sftp", cells, render, _figures)

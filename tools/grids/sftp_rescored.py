@@ -1,0 +1,95 @@
+"""The SFT-P grid's tables and claims again, on the re-scored accuracies of `tools/rescore_accuracy.py`.
+
+In-run, each client is evaluated on 30 test examples: one example moves its accuracy by 3.3 points, and the
+claims compare averages a few examples apart. The re-scoring evaluates the same final models on each client's
+test split plus up to `--examples` unused examples of its task, per example, so every Δ of the claims gets a
+paired bootstrap interval (resampled within each client: the average over clients stays an average of client
+means, as in the tables).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tools.grids import Cell
+from tools.rescore import RESCORE_FILE
+
+MODEL_OF_ROUND = {None: "final", 0: "dense", 1: "post-hoc"}  # the rows Table 1 reads by round
+
+
+def read_rescore(runs: dict[str, Path], tag: str) -> dict[str, Any] | None:
+    run = runs.get(tag)
+    path = None if run is None else run / RESCORE_FILE
+    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+
+
+def per_example(runs: dict[str, Path], tag: str, round_: int | None = None) -> dict[int, list[float]]:
+    """{client: acc 0/1 per example} of cell `tag`'s model for `round_` (None = final, 0 = dense, 1 = post hoc:
+    the latter two only in fedflap runs); {} when not re-scored."""
+    record = read_rescore(runs, tag)
+    model = (record or {}).get("models", {}).get(MODEL_OF_ROUND.get(round_, ""), {})
+    return {int(k): [float(v) for v in scores["acc"]] for k, scores in model.items()}
+
+
+def rescored_accuracy(runs: dict[str, Path], tag: str, round_: int | None = None) -> dict[int, float]:
+    """{client: acc ×100} re-scored (the `Accuracy` the tables take)."""
+    return {k: 100 * sum(v) / len(v) for k, v in per_example(runs, tag, round_).items() if v}
+
+
+def paired_interval(runs: dict[str, Path]) -> Callable[[str, str, list[int]], str]:
+    """The paired 95% bootstrap interval (×100) of avg(tag) − avg(other) over `clients`, stratified by client;
+    "" unless both cells were re-scored on the same examples."""
+    from fedprune_app.llm.evaluation import bootstrap_ci
+
+    def interval(tag: str, other: str, clients: list[int]) -> str:
+        a, b = per_example(runs, tag), per_example(runs, other)
+        if any(c not in a or c not in b or len(a[c]) != len(b[c]) for c in clients):
+            return ""
+        values = [v for c in clients for v in a[c]]
+        _, lo, hi = bootstrap_ci(values, [v for c in clients for v in b[c]],
+                                 strata=[c for c in clients for _ in a[c]])
+        return f" [{100 * lo:.2f}, {100 * hi:.2f}]"
+
+    return interval
+
+
+def tolerance(grid_cells: list[Cell], runs: dict[str, Path]) -> Callable[[list[int]], float | None]:
+    """One example's worth (points) of a group of clients re-scored: 100 / the fewest examples among them."""
+    sizes: dict[int, int] = {}
+    for c in grid_cells:
+        for k, v in per_example(runs, c.tag).items():
+            sizes[k] = min(sizes.get(k, len(v)), len(v))
+    return lambda clients: (100 / min(sizes[k] for k in clients)) if all(k in sizes for k in clients) else None
+
+
+def section(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
+    """Tables 1–2 and the claims on the re-scored accuracies; nothing while no cell has a rescore.json."""
+    from tools.grids.sftp import claims, table1, table2
+
+    records = {c.tag: r for c in grid_cells if (r := read_rescore(runs, c.tag)) is not None}
+    if not records:
+        return []
+    sizes = sorted({(int(k), int(v["examples"])) for r in records.values() for k, v in r["clients"].items()})
+    groups = {g for c in grid_cells for g in c.settings["groups"]}
+    heading = " (re-scored)"
+    lines = ["# Re-scored on more examples per client", "",
+             "The same final models (SFT-P: each client's compiled model; fedflap: its compiled model, the post hoc "
+             "cut and the dense model) scored by `tools/rescore_accuracy.py` with lm-eval, per example, on each "
+             "client's test split plus up to "
+             f"{max(int(r['per-source']) for r in records.values())} examples of its task that no split of the runs "
+             "read (examples per client: " + ", ".join(f"{k}: {n}" for k, n in dict(sizes).items()) + "; a task "
+             "with none left keeps its test split only). A Δ's interval is a paired 95% bootstrap over the "
+             "examples, resampled within each client. Cells not re-scored show –.", ""]
+    note = ("Accuracy (%) of each client re-scored (see above); dense and post hoc from the fedflap run of the "
+            "budget. kept: as in the in-run table.")
+    if "table1" in groups:
+        lines += table1(grid_cells, runs, rescored_accuracy, heading, note)
+    if "table2" in groups:
+        lines += table2(runs, rescored_accuracy, heading, "Accuracy (%) of each client re-scored (see above); group "
+                        "mean over the group's clients. Kept: as in the in-run table.")
+    lines += claims(grid_cells, runs, rescored_accuracy, paired_interval(runs), tolerance(grid_cells, runs), heading,
+                    budget=False)
+    return lines

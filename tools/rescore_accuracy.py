@@ -1,0 +1,108 @@
+"""Re-score finished SFT-P grid runs (`sftp`, `fedflap`) on more held-out examples per client than they evaluated
+in-run, so that Table 1/2 accuracies built on 30 test examples per client can be checked for noise.
+
+Each client k is scored, with lm-eval zero-shot like in-run, on its own task's test split (the in-run examples)
+plus up to `--examples` examples of that task that no split of the run read (`data.unused_tail`: the seeded
+shuffle's tail after test | val | train; a small task may have none left, then only its test split counts), by
+the model it deploys:
+  sftp     `compiled/client-<k>` (its deterministic mask, LoRA merged; equal to the in-run masked model within
+           float tolerance, see tests/test_routing.py);
+  fedflap  `compiled/` for every client, and the run's two references: `post-hoc` (the base model compiled with
+           the run's masks.npz, no LoRA: fedflap's round 1) and `dense` (the base model: round 0).
+Per-example correctness (acc and acc_norm) goes to `<run>/rescore.json`; the SFT-P grid renders it with paired,
+per-client stratified bootstrap intervals. A run whose rescore.json has the same `--examples` is skipped.
+
+    .venv/bin/python tools/rescore_accuracy.py outputs/grids/sftp/2026* --examples 100
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # lm-eval's progress bars, one set per client and model
+
+from fedprune_app.core.config import RunConfig  # noqa: E402
+from fedprune_app.llm.data import Example, client_data, unused_tail, write_jsonl  # noqa: E402
+from fedprune_app.llm.evaluation import bootstrap_ci, lm_eval_per_example, local_mc_task  # noqa: E402
+from fedprune_app.llm.models import load_base_model, load_tokenizer  # noqa: E402
+from fedprune_app.methods.sftp.routing import compile_model, load_compiled, per_layer_masks  # noqa: E402
+from tools.rescore import rescore_runs  # noqa: E402
+
+METHODS = ("sftp", "fedflap")
+
+
+def evaluated_clients(run_dir: Path) -> list[int]:
+    """The client (partition) ids that evaluated in the run, from its metrics.jsonl."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return sorted({int(r["client"]) for r in rows if r.get("phase") == "evaluate" and isinstance(r.get("client"), int)})
+
+
+def held_out(cfg: RunConfig, client: int, num_clients: int, n: int) -> tuple[str, list[Example], int]:
+    """(source, examples, how many of them are the in-run test split) of one client: its test split, then up to n
+    unused examples of the same source."""
+    data = client_data(cfg, client, num_clients)
+    return data.eval_source, list(data.test) + unused_tail(cfg, data.eval_source, n), len(data.test)
+
+
+def models_of(run_dir: Path, cfg: RunConfig, clients: list[int]) -> dict[str, dict[int, Any]]:
+    """{row: {client: the model it is scored with}} of one run (see the module docstring)."""
+    if cfg.method == "sftp":
+        return {"final": {k: load_compiled(run_dir / "compiled" / f"client-{k}") for k in clients}}
+    final = load_compiled(run_dir / "compiled")
+    base = load_base_model(str(cfg.model_name), str(cfg.model_dtype)).eval()
+    post_hoc = compile_model(base, per_layer_masks(np.load(run_dir / "masks.npz")))
+    return {"final": dict.fromkeys(clients, final), "post-hoc": dict.fromkeys(clients, post_hoc),
+            "dense": dict.fromkeys(clients, base)}
+
+
+def rescore(run_dir: Path, examples: int, batch_size: int) -> dict[str, Any]:
+    """Score one run's models on each client's held-out examples; the record written to rescore.json."""
+    cfg = RunConfig.from_flower(json.loads((run_dir / "config.json").read_text()))
+    clients = evaluated_clients(run_dir)
+    tokenizer = load_tokenizer(str(cfg.model_name))
+    start = time.perf_counter()
+    record: dict[str, Any] = {"per-source": examples, "clients": {}, "models": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        tasks = {}
+        for k in clients:
+            source, rows, n_test = held_out(cfg, k, len(clients), examples)
+            record["clients"][str(k)] = {"source": source, "examples": len(rows), "test-split": n_test}
+            tasks[k] = local_mc_task(f"fedprune_rescore_client_{k}", write_jsonl(Path(tmp) / f"client-{k}.jsonl", rows))
+        for name, per_client in models_of(run_dir, cfg, clients).items():
+            record["models"][name] = {str(k): lm_eval_per_example(model, tokenizer, tasks[k], batch_size)
+                                      for k, model in per_client.items()}
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    return record
+
+
+def skip_reason(run_dir: Path) -> str | None:
+    config = run_dir / "config.json"
+    method = json.loads(config.read_text()).get("method") if config.is_file() else None
+    if method not in METHODS or not (run_dir / "compiled").is_dir():
+        return f"not a finished {' / '.join(METHODS)} run with compiled/"
+    return None
+
+
+def report(run_dir: Path, record: dict[str, Any]) -> None:
+    for name, per_client in record["models"].items():
+        values = [v for k in sorted(per_client) for v in per_client[k]["acc"]]
+        strata = [int(k) for k in sorted(per_client) for _ in per_client[k]["acc"]]
+        mean, lo, hi = bootstrap_ci(values, strata=strata)
+        sizes = "/".join(str(len(per_client[k]["acc"])) for k in sorted(per_client))
+        print(f"{run_dir.name} {name}: mean acc over clients ×100 {100 * mean:.2f} [{100 * lo:.2f}, {100 * hi:.2f}] "
+              f"on {sizes} examples ({record['seconds']} s)", flush=True)
+
+
+def main() -> None:
+    rescore_runs(__doc__.splitlines()[0], "unused examples per client's task, at most", skip_reason, rescore, report)
+
+
+if __name__ == "__main__":
+    main()
