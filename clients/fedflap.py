@@ -78,8 +78,8 @@ class FedFLAPClient(FedITClient):
         start = time.perf_counter()
         model, tokenizer = fedflap_model_for(self.cfg)
         model.eval()
-        batches = list(training_batches(self.data.train, tokenizer, int(self.cfg.batch_size),
-                                        int(self.cfg.fedflap_batches), int(self.cfg.seq_len),
+        batches = list(training_batches(self.data.train, tokenizer, self.cfg.batch_size,
+                                        self.cfg.fedflap_batches, self.cfg.seq_len,
                                         self.seed(server_round)))
         scores = importance_scores(model, batches)
         self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1

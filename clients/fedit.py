@@ -36,7 +36,7 @@ class FedITClient(FederatedClient):
         (adapter tensors + metrics, `extra` metrics added)."""
         report = train_steps(model, tokenizer, self.data.train, self.cfg, seed=self.seed(server_round))
         start = time.perf_counter()
-        val_loss = mean_loss(model, tokenizer, self.data.val, int(self.cfg.seq_len)) if self.data.val else math.nan
+        val_loss = mean_loss(model, tokenizer, self.data.val, self.cfg.seq_len) if self.data.val else math.nan
         self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1
         metrics = MetricRecord({
             "train-loss": report.mean_loss, "val-loss": val_loss, "num-examples": len(self.data.train),

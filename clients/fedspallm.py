@@ -59,13 +59,13 @@ class FedSpaLLMClient(FederatedClient):
         raise NotImplementedError("FedSpaLLM evaluates the global model on the server (server-eval-data)")
 
     def wants_standalone(self) -> bool:
-        return "standalone" in split_list(str(self.cfg.fedspallm_references))
+        return "standalone" in split_list(self.cfg.fedspallm_references)
 
     def scores(self, model: Any, tokenizer: Any) -> dict[str, float]:
         """`ppl/<source>` of `model` on the public held-out texts the server scores (`server-eval-data`)."""
-        return {f"ppl/{source}": perplexity(model, tokenizer, held_out_text(source, self.cfg), int(self.cfg.ppl_window),
-                                            int(self.cfg.ppl_stride), int(self.cfg.eval_ppl_tokens))
-                for source in split_list(str(self.cfg.server_eval_data))}
+        return {f"ppl/{source}": perplexity(model, tokenizer, held_out_text(source, self.cfg), self.cfg.ppl_window,
+                                            self.cfg.ppl_stride, self.cfg.eval_ppl_tokens)
+                for source in split_list(self.cfg.server_eval_data)}
 
     def reference(self, content: RecordDict) -> RecordDict:
         """`standalone` (the paper's baseline): this client prunes every layer of the dense model with only its
@@ -92,8 +92,8 @@ class FedSpaLLMClient(FederatedClient):
         return RecordDict({"metrics": MetricRecord(metrics), "info": self.info()})
 
     def calibration(self, tokenizer: Any, server_round: int) -> list[torch.Tensor]:
-        return calibration_batches(self.data.train, tokenizer, int(self.cfg.calib_segments),
-                                   int(self.cfg.calib_seq_len), self.seed(server_round))
+        return calibration_batches(self.data.train, tokenizer, self.cfg.calib_segments,
+                                   self.cfg.calib_seq_len, self.seed(server_round))
 
     def pruner(self) -> Pruner:
         return pruner_for(self.cfg)

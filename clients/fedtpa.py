@@ -69,9 +69,9 @@ class FedTPAClient(FedITClient):
         """ITPA (Eq. 3): the mean backbone feature of the local data, and the data size for λ_g's weights."""
         start = time.perf_counter()
         model, tokenizer = peft_model_for(self.cfg)  # its adapters are disabled below: the backbone alone
-        n = int(self.cfg.fedtpa_feature_examples) or len(self.data.train)
+        n = self.cfg.fedtpa_feature_examples or len(self.data.train)
         examples = self.data.train[:n]
-        lam = mean_feature(model, tokenizer, examples, int(self.cfg.seq_len), int(self.cfg.eval_batch_size))
+        lam = mean_feature(model, tokenizer, examples, self.cfg.seq_len, self.cfg.eval_batch_size)
         metrics = MetricRecord({"num-examples": len(self.data.train), "partition-id": self.partition_id,
                                 "feature-examples": len(examples), "seconds": time.perf_counter() - start})
         return RecordDict({"features": to_record({"lambda": lam}), "metrics": metrics})
@@ -85,10 +85,10 @@ class FedTPAClient(FedITClient):
         server_round, beta = int(config["server-round"]), float(config["beta"])
         model, tokenizer = self.load(content)
         modules = lora_modules(model)
-        warmup = int(self.cfg.fedtpa_warmup_steps)
+        warmup = self.cfg.fedtpa_warmup_steps
         seed = self.seed(server_round)
         # warm-up: ordinary LoRA training while Eq. 6 accumulates
-        tracker = ContributionTracker(modules, float(self.cfg.fedtpa_ema_decay), self.ema_state())
+        tracker = ContributionTracker(modules, self.cfg.fedtpa_ema_decay, self.ema_state())
         with tracker:
             warm = train_steps(model, tokenizer, self.data.train, self.cfg, seed=seed, steps=warmup)
         self.context.state[EMA_RECORD] = to_record({k: v.cpu().numpy() for k, v in tracker.ema.items()})
@@ -97,13 +97,13 @@ class FedTPAClient(FedITClient):
         keep = prune_log(scores, beta)
         layer_scores = layer_contributions(scores, keep)
         # fine-tuning the reconfigured adapters for the remaining steps
-        rest = int(self.cfg.local_steps) - warmup
+        rest = self.cfg.local_steps - warmup
         with pruned_adapters(list(modules.values()), keep):
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
             fine = (train_steps(model, tokenizer, self.data.train, self.cfg, seed=seed + 7919, steps=rest)
                     if rest > 0 else None)
         start = time.perf_counter()
-        val_loss = mean_loss(model, tokenizer, self.data.val, int(self.cfg.seq_len)) if self.data.val else math.nan
+        val_loss = mean_loss(model, tokenizer, self.data.val, self.cfg.seq_len) if self.data.val else math.nan
         state = get_adapter_state(model)
         kept: dict[str, np.ndarray] = {}
         for j, layer in enumerate(modules):

@@ -30,7 +30,7 @@ class FlexLoRAClient(FedITClient):
     name = "flexlora"
 
     def rank(self) -> int:
-        ranks = per_client(str(self.cfg.flexlora_ranks), self.num_partitions, int, "flexlora-ranks")
+        ranks = per_client(self.cfg.flexlora_ranks, self.num_partitions, int, "flexlora-ranks")
         return int(ranks[self.partition_id])
 
     def model_at(self, state: dict[str, np.ndarray], rank: int) -> tuple[Any, Any]:

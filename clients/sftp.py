@@ -66,36 +66,36 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     `sftp-lora-lr` cosine-annealed over all rounds' steps (step (round−1)·E + t of R·E), wd `weight-decay`.
     `embedding_state` holds e_k's AdamW moments/step ({} at first) and is updated in place.
     """
-    steps, total_steps = int(cfg.local_steps), int(cfg.num_server_rounds) * int(cfg.local_steps)
+    steps, total_steps = cfg.local_steps, cfg.num_server_rounds * cfg.local_steps
     lora = [p for p in model.parameters() if p.requires_grad]
     groups: list[dict[str, Any]] = [{"params": list(generator.parameters())}]
     if embedding is not None:
         groups.append({"params": [embedding]})
     if lora:
-        groups.append({"params": lora, "lr": float(cfg.sftp_lora_lr), "weight_decay": float(cfg.weight_decay)})
-    opt = torch.optim.AdamW(groups, lr=float(cfg.sftp_generator_lr),
-                            weight_decay=float(cfg.sftp_generator_weight_decay))
+        groups.append({"params": lora, "lr": cfg.sftp_lora_lr, "weight_decay": cfg.weight_decay})
+    opt = torch.optim.AdamW(groups, lr=cfg.sftp_generator_lr,
+                            weight_decay=cfg.sftp_generator_weight_decay)
     if embedding is not None and embedding_state:
         opt.state[embedding] = {k: v.clone() for k, v in embedding_state.items()}
     params = [p for g in groups for p in g["params"]]
     config, target = model.config, keep_ratio * prunable_parameters(model.config)
-    tau, bias, lam = float(cfg.sftp_gate_tau), float(cfg.sftp_gate_bias), float(cfg.sftp_lambda)
+    tau, bias, lam = cfg.sftp_gate_tau, cfg.sftp_gate_bias, cfg.sftp_lambda
     gate_rng = torch.Generator().manual_seed(seed)  # CPU: the same gates for a seed on any device
     device = model_device(model)
     report, start = LocalReport(), time.perf_counter()
     model.train()
     generator.train()
     try:
-        for t, batch in enumerate(training_batches(examples, tokenizer, int(cfg.batch_size), steps, int(cfg.seq_len),
+        for t, batch in enumerate(training_batches(examples, tokenizer, cfg.batch_size, steps, cfg.seq_len,
                                                    seed)):
             if lora:
-                groups[-1]["lr"] = cosine_lr(float(cfg.sftp_lora_lr), (server_round - 1) * steps + t, total_steps)
+                groups[-1]["lr"] = cosine_lr(cfg.sftp_lora_lr, (server_round - 1) * steps + t, total_steps)
             masks = layer_masks(reinmax_binary(generator(embedding), tau, bias, gate_rng))
             set_masks(model, masks)
             clm = model(**to_device(batch, device)).loss
             penalty = budget_penalty(kept_parameters(config, masks), target)
             loss = clm + lam * penalty
-            optimizer_step(loss, params, opt, float(cfg.max_grad_norm), "sftp-generator-lr")
+            optimizer_step(loss, params, opt, cfg.max_grad_norm, "sftp-generator-lr")
             report.clm.append(clm.item())
             report.penalty.append(penalty.item())
             report.objective.append(loss.item())
@@ -141,7 +141,7 @@ class SFTPClient(FederatedClient):
         if not self.cfg.sftp_conditioning:
             return None, {}
         if EMBEDDING_RECORD not in self.context.state.array_records:
-            init = torch.randn(int(self.cfg.sftp_embed_dim), generator=torch.Generator().manual_seed(self.seed(0)))
+            init = torch.randn(self.cfg.sftp_embed_dim, generator=torch.Generator().manual_seed(self.seed(0)))
             self.context.state[EMBEDDING_RECORD] = ArrayRecord({"embedding": init})
         stored = self.context.state.array_records[EMBEDDING_RECORD].to_torch_state_dict()
         state = {k: v.to(device) for k, v in stored.items() if k != "embedding"}
@@ -171,10 +171,10 @@ class SFTPClient(FederatedClient):
             self.store_embedding(embedding, state)
         self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1
         with torch.no_grad():
-            masks = layer_masks(deterministic_mask(generator(embedding), float(self.cfg.sftp_gate_bias)))
+            masks = layer_masks(deterministic_mask(generator(embedding), self.cfg.sftp_gate_bias))
             set_masks(model, masks)
             try:
-                val_loss = mean_loss(model, tokenizer, self.data.val, int(self.cfg.seq_len)) if self.data.val \
+                val_loss = mean_loss(model, tokenizer, self.data.val, self.cfg.seq_len) if self.data.val \
                     else math.nan
             finally:
                 set_masks(model, None)
@@ -201,7 +201,7 @@ class SFTPClient(FederatedClient):
         if server_round > 0:
             embedding, _ = self.embedding(model_device(model))
             with torch.no_grad():
-                masks = layer_masks(deterministic_mask(generator(embedding), float(self.cfg.sftp_gate_bias)))
+                masks = layer_masks(deterministic_mask(generator(embedding), self.cfg.sftp_gate_bias))
         set_masks(model, masks)
         try:
             with torch.no_grad():
@@ -212,6 +212,6 @@ class SFTPClient(FederatedClient):
                                 "partition-id": self.partition_id, "keep-target": self.keep_ratio,
                                 "seconds": time.perf_counter() - start})
         reply = RecordDict({"metrics": metrics, "info": self.info()})
-        if masks is not None and server_round == int(self.cfg.num_server_rounds):
+        if masks is not None and server_round == self.cfg.num_server_rounds:
             reply["masks"] = to_record({k: v.bool().cpu().numpy() for k, v in stacked_masks(masks).items()})
         return reply

@@ -19,10 +19,10 @@ app = ClientApp()
 
 def make_client(context: Context):  # -> FederatedClient
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
-    if int(cfg.torch_threads):
-        torch.set_num_threads(int(cfg.torch_threads))
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
     quiet_libraries()
-    return registry.client_class(str(cfg.method))(cfg, context)
+    return registry.client_class(cfg.method)(cfg, context)
 
 
 def _restored(msg: Message, context: Context):  # -> FederatedClient

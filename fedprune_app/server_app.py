@@ -37,8 +37,8 @@ log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --st
 def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
                       ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
     """Perplexity of the global model on the held-out text of each `server-eval-data` source, every round."""
-    sources = split_list(str(cfg.server_eval_data))
-    if not sources or int(cfg.eval_ppl_tokens) == 0:
+    sources = split_list(cfg.server_eval_data)
+    if not sources or cfg.eval_ppl_tokens == 0:
         return None
     texts = {source: held_out_text(source, cfg) for source in sources}
 
@@ -47,8 +47,8 @@ def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirec
         metrics: dict[str, float] = {}
         for source, text in texts.items():
             start = time.perf_counter()
-            ppl = perplexity(model, tokenizer, text, int(cfg.ppl_window), int(cfg.ppl_stride),
-                             int(cfg.eval_ppl_tokens))
+            ppl = perplexity(model, tokenizer, text, cfg.ppl_window, cfg.ppl_stride,
+                             cfg.eval_ppl_tokens)
             run.log({"round": server_round, "phase": "server-evaluate", "data": source, "ppl": ppl,
                      "seconds": time.perf_counter() - start})
             log.info("[fedprune] round %d: server perplexity on %s = %.2f", server_round, source, ppl)
@@ -60,12 +60,12 @@ def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirec
 
 def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory) -> None:
     """Perplexity of each of the strategy's comparison models on the same held-out texts."""
-    sources = split_list(str(cfg.server_eval_data))
+    sources = split_list(cfg.server_eval_data)
     for name, build in strategy.reference_models().items():
         model, tokenizer = build()
         for source in sources:
-            ppl = perplexity(model, tokenizer, held_out_text(source, cfg), int(cfg.ppl_window), int(cfg.ppl_stride),
-                             int(cfg.eval_ppl_tokens))
+            ppl = perplexity(model, tokenizer, held_out_text(source, cfg), cfg.ppl_window, cfg.ppl_stride,
+                             cfg.eval_ppl_tokens)
             run.log({"phase": "reference", "model": name, "data": source, "ppl": ppl})
             log.info("[fedprune] reference %s: perplexity on %s = %.2f", name, source, ppl)
 
@@ -73,13 +73,13 @@ def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirect
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
-    checkpoint = load_checkpoint(cfg) if str(cfg.resume_from) else None  # checked before anything is loaded
+    checkpoint = load_checkpoint(cfg) if cfg.resume_from else None  # checked before anything is loaded
     quiet_libraries()
-    seed_everything(int(cfg.seed))
+    seed_everything(cfg.seed)
     run = RunDirectory.create(cfg)
     log.info("[fedprune] %s: run directory %s", cfg.method, run.path)
     try:
-        strategy = registry.strategy_class(str(cfg.method))(cfg, recorder=run.log)
+        strategy = registry.strategy_class(cfg.method)(cfg, recorder=run.log)
         strategy.run_key = checkpoint.run_key if checkpoint else run.path.name
         initial = strategy.initial_arrays()
         first_round = 1
@@ -91,15 +91,15 @@ def main(grid: Grid, context: Context) -> None:
         initial_ready = time.time() - run.started
 
         def on_round_end(server_round: int, arrays: ArrayRecord) -> None:
-            every = int(cfg.checkpoint_every)
-            if every and (server_round % every == 0 or server_round == int(cfg.num_server_rounds)):
+            every = cfg.checkpoint_every
+            if every and (server_round % every == 0 or server_round == cfg.num_server_rounds):
                 save_checkpoint(run.path, server_round, strategy.run_key, numpy_state(arrays), strategy.state_dict())
 
         result = strategy.start(
             grid=grid,
             initial_arrays=initial,
-            num_rounds=int(cfg.num_server_rounds),
-            timeout=float(cfg.round_timeout),
+            num_rounds=cfg.num_server_rounds,
+            timeout=cfg.round_timeout,
             train_config=ConfigRecord(),
             evaluate_config=ConfigRecord(),
             evaluate_fn=server_evaluation(cfg, strategy, run),

@@ -85,7 +85,7 @@ class FedSpaLLMStrategy(FederatedStrategy):
         """r_i per node: its node-config `resources` when it set one (learnt by `identify`), else
         `fedspallm-resources` (one value for all, or one per partition id; by position among the sampled nodes
         when a node did not say its id)."""
-        configured = str(self.cfg.fedspallm_resources)
+        configured = self.cfg.fedspallm_resources
         n_items = len(split_list(configured))
         out = []
         for position, node in enumerate(node_ids):
@@ -155,10 +155,10 @@ class FedSpaLLMStrategy(FederatedStrategy):
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         """Eq. 5–7 per sampled matrix over the clients that sampled it (their arrays were folded in by `absorb`);
         matrices no accepted client sampled keep their previous global weights."""
-        n, m = int(self.cfg.prune_n), int(self.cfg.prune_m)
+        n, m = self.cfg.prune_n, self.cfg.prune_m
         for key, acc in self.l0.items():
             merged, pruned_count = acc.merged(self.global_state[key].dtype)
-            self.global_state[key], _ = expand_masks(merged, pruned_count, acc.clients, float(self.cfg.sparsity), n, m)
+            self.global_state[key], _ = expand_masks(merged, pruned_count, acc.clients, self.cfg.sparsity, n, m)
         self.l0 = {}
         return to_record({"global-round": np.array([server_round], dtype=np.int64)})
 
@@ -172,11 +172,11 @@ class FedSpaLLMStrategy(FederatedStrategy):
           the pruner on the pooled calibration data of all clients, i.e. every client's round-1 segments
           together — the upper reference a federation cannot run."""
         refs: dict[str, Any] = {}
-        names = split_list(str(self.cfg.fedspallm_references))
-        sparsity = float(self.cfg.sparsity)
+        names = split_list(self.cfg.fedspallm_references)
+        sparsity = self.cfg.sparsity
         if "random" in names:
             def random_model() -> tuple[Any, Any]:
-                rng = np.random.default_rng(int(self.cfg.seed))
+                rng = np.random.default_rng(self.cfg.seed)
                 dense, _, _ = prunable_weights(self.cfg)
                 return model_with_weights(self.cfg, {k: random_prune(v, sparsity, rng) for k, v in dense.items()})
             refs["random"] = random_model
@@ -188,15 +188,15 @@ class FedSpaLLMStrategy(FederatedStrategy):
         model, tokenizer = dense_model(self.cfg)
         n = max(1, self.num_connected)
         batches = [b for pid in range(n) for b in calibration_batches(
-            client_data(self.cfg, pid, n).train, tokenizer, int(self.cfg.calib_segments), int(self.cfg.calib_seq_len),
-            client_seed(int(self.cfg.seed), 1, pid))]
+            client_data(self.cfg, pid, n).train, tokenizer, self.cfg.calib_segments, self.cfg.calib_seq_len,
+            client_seed(self.cfg.seed, 1, pid))]
         log.info("[fedprune] reference centralized: pruning on the pooled calibration data of %d clients", n)
         prune_sequentially(model, batches, range(self.num_layers), pruner_for(self.cfg))
         return model, tokenizer
 
     def client_references(self) -> list[str]:
         """`standalone` (the paper's baseline): each client prunes the whole model with its own data alone."""
-        return [name for name in split_list(str(self.cfg.fedspallm_references)) if name == "standalone"]
+        return [name for name in split_list(self.cfg.fedspallm_references) if name == "standalone"]
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
         return save_pruned(self.cfg, self.global_state, out_dir)

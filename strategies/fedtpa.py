@@ -57,7 +57,7 @@ class FedTPAStrategy(FedITStrategy):
         self.losses: dict[int, tuple[float, float]] = {}       # partition id -> (train, val) loss of its last round
         self.sent_beta: dict[int, float] = {}                  # node id -> β sent this round
         self.layers: list[str] = []
-        self.rank = int(cfg.lora_rank)
+        self.rank = cfg.lora_rank
         self.hidden_size = 0
 
     def initial_arrays(self) -> ArrayRecord:
@@ -80,7 +80,7 @@ class FedTPAStrategy(FedITStrategy):
     def prepare(self, grid: Grid, timeout: float) -> None:
         """Eq. 3–5: ask every connected node for its mean feature vector, set the initial β per partition
         (not again in a resumed run: its β come from the checkpoint)."""
-        if not bool(self.cfg.fedtpa_itpa) or self.beta:
+        if not self.cfg.fedtpa_itpa or self.beta:
             return
         nodes = self.sample(grid, 1.0)
         query = [Message(content=RecordDict({"config": ConfigRecord({"server-round": 0})}),
@@ -104,7 +104,7 @@ class FedTPAStrategy(FedITStrategy):
             rows.append(row)
         if feats:
             distances = cosine_distances(np.stack(feats), sizes)
-            betas = initial_betas(distances, float(self.cfg.fedtpa_beta_min))
+            betas = initial_betas(distances, self.cfg.fedtpa_beta_min)
             for pid, d, b in zip(pids, distances, betas, strict=True):
                 self.beta[pid] = float(b)
                 next(r for r in rows if r.get("client") == pid).update(distance=float(d), beta=float(b))
@@ -186,7 +186,7 @@ class FedTPAStrategy(FedITStrategy):
             padded.append(state)
             scores.append(extra["layer-scores"].numpy())
             sizes.append(float(flat_metrics(reply)["num-examples"]))
-        if bool(self.cfg.fedtpa_lcwa):
+        if self.cfg.fedtpa_lcwa:
             merged = lcwa(padded, np.stack(scores), self.layers, sizes)
         else:
             merged = weighted_average(padded, sizes)
@@ -196,7 +196,7 @@ class FedTPAStrategy(FedITStrategy):
     def adjust_betas(self, replies: list[RecordDict]) -> None:
         """Eq. 9 per partition, from this round's losses against its previous round's (β^t = the partition's
         state, which is what its node was sent unless the node was new)."""
-        delta = float(self.cfg.fedtpa_delta) if bool(self.cfg.fedtpa_dapr) else 0.0
+        delta = self.cfg.fedtpa_delta if self.cfg.fedtpa_dapr else 0.0
         for reply in replies:
             m = flat_metrics(reply)
             pid, train, val = int(m["partition-id"]), float(m["train-loss"]), float(m["val-loss"])

@@ -47,7 +47,7 @@ class FlexLoRAStrategy(FedITStrategy):
     def __init__(self, cfg: RunConfig, recorder: Any = None) -> None:
         super().__init__(cfg.replace(lora_rank=max_rank(cfg)), recorder)
         self.r_max = max_rank(cfg)
-        self.alpha = float(cfg.lora_alpha)
+        self.alpha = cfg.lora_alpha
         self.partition_rank: dict[int, int] = {}  # partition id -> the rank its last reply reported
         self.layers: list[str] = []
 

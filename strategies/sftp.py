@@ -59,7 +59,7 @@ class SFTPStrategy(FederatedStrategy):
     def initial_arrays(self) -> ArrayRecord:
         """Θ^(0) (seeded by `seed`; all-ones initial masks) and, with adapters, Φ^(0) (B = 0: the dense model)."""
         model, _ = routed_model_for(self.cfg)
-        state = get_generator_state(generator_for(self.cfg, model.config, seed=int(self.cfg.seed)))
+        state = get_generator_state(generator_for(self.cfg, model.config, seed=self.cfg.seed))
         if self.cfg.sftp_adapters:
             state |= initial_adapter_state(model)
         return ArrayRecord(state)
@@ -109,7 +109,7 @@ class SFTPStrategy(FederatedStrategy):
         model, tokenizer, generator = self.load(arrays)
         with torch.no_grad():
             logits = generator(generator.shared_input)
-        set_masks(model, layer_masks(deterministic_mask(logits, float(self.cfg.sftp_gate_bias))))
+        set_masks(model, layer_masks(deterministic_mask(logits, self.cfg.sftp_gate_bias)))
         return model, tokenizer
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
@@ -120,8 +120,8 @@ class SFTPStrategy(FederatedStrategy):
         artefacts: dict[str, str] = {}
         (out_dir / "generator").mkdir(parents=True, exist_ok=True)
         save_file(get_generator_state(generator), str(out_dir / "generator" / "generator.safetensors"))
-        gen_config = {**generator.config(), "gate-bias": float(self.cfg.sftp_gate_bias),
-                      "gate-tau": float(self.cfg.sftp_gate_tau), "key-prefix": GENERATOR_PREFIX}
+        gen_config = {**generator.config(), "gate-bias": self.cfg.sftp_gate_bias,
+                      "gate-tau": self.cfg.sftp_gate_tau, "key-prefix": GENERATOR_PREFIX}
         (out_dir / "generator" / "config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
         artefacts["generator"] = "generator"
         if self.cfg.sftp_adapters:
@@ -150,9 +150,9 @@ class SFTPStrategy(FederatedStrategy):
         from fedprune_app.llm.models import load_base_model
         from fedprune_app.methods.sftp.speed import speed_table, weights
 
-        dense = load_base_model(str(self.cfg.model_name), str(self.cfg.model_dtype), "none", str(self.cfg.device))
+        dense = load_base_model(self.cfg.model_name, self.cfg.model_dtype, "none", self.cfg.device)
         models = {"dense": dense, **compiled}
-        prefill = int(self.cfg.sftp_speed_prefill)
+        prefill = self.cfg.sftp_speed_prefill
         if prefill > 0:
             table = speed_table(models, int(dense.config.vocab_size), dense.config.eos_token_id, prefill=prefill)
         else:

@@ -80,7 +80,7 @@ def run_server(cfg: RunConfig, grid: LocalGrid) -> tuple[Path, BaseException | N
     from fedprune_app.core.rundir import resolve_output_dir
     from fedprune_app.server_app import main
 
-    root = resolve_output_dir(str(cfg.output_dir))
+    root = resolve_output_dir(cfg.output_dir)
     before = set(root.iterdir()) if root.exists() else set()
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg.to_dict())
     raised: BaseException | None = None

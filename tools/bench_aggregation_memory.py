@@ -65,7 +65,7 @@ def hold_then_aggregate(strategy: FedSpaLLMStrategy, replies: list[Message]) -> 
                 ms.append(arrays[key + MASK_SUFFIX].numpy())
     for key, (ws, ms) in by_key.items():
         merged, pruned = l0_aggregate(ws, ms)
-        strategy.global_state[key], _ = expand_masks(merged, pruned, len(ws), float(strategy.cfg.sparsity))
+        strategy.global_state[key], _ = expand_masks(merged, pruned, len(ws), strategy.cfg.sparsity)
 
 
 def streaming(strategy: FedSpaLLMStrategy, sent: list[Message]) -> None:

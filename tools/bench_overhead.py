@@ -32,19 +32,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def plain_loop(cfg: RunConfig, clients: int) -> dict[str, object]:
     """FedIT without Flower: for each round, each client trains from the global adapter; FedAvg."""
-    torch.set_num_threads(int(cfg.torch_threads))
+    torch.set_num_threads(cfg.torch_threads)
     start = time.perf_counter()
     model, tokenizer = peft_model_for(cfg)
     data = [client_data(cfg, i, clients) for i in range(clients)]
     global_state = get_adapter_state(model)
     setup = time.perf_counter() - start
     rounds = []
-    for server_round in range(1, int(cfg.num_server_rounds) + 1):
+    for server_round in range(1, cfg.num_server_rounds + 1):
         t0 = time.perf_counter()
         states, weights = [], []
         for pid, d in enumerate(data):
             set_adapter_state(model, global_state)
-            seed = int(cfg.seed) * 1_000_003 + server_round * 1009 + pid  # as FederatedClient.seed
+            seed = cfg.seed * 1_000_003 + server_round * 1009 + pid  # as FederatedClient.seed
             train_steps(model, tokenizer, d.train, cfg, seed=seed)
             states.append({k: v.numpy() for k, v in get_adapter_state(model).items()})
             weights.append(len(d.train))

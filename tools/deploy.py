@@ -353,11 +353,11 @@ def deploy(run_configs: Sequence[str], nodes: Sequence[NodeSpec], app_dir: Path 
 
     values = launch.merged_config(app_dir, [f"min-nodes={len(nodes)}", *run_configs])
     cfg = RunConfig.from_flower(values, methods=launch._methods())
-    if int(cfg.min_nodes) > len(nodes):
+    if cfg.min_nodes > len(nodes):
         raise ConfigError(f"run-config key 'min-nodes' is {cfg.min_nodes} but only {len(nodes)} SuperNodes start")
     for spec in nodes:  # the ClientApp would raise the same error, after the whole start-up
         NodeConfig.from_flower(parse_config_args([spec.node_config()]))
-    out_root = resolve_output_dir(str(cfg.output_dir))
+    out_root = resolve_output_dir(cfg.output_dir)
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
     code, status = 1, "not started"
     with LocalFederation(keep=True) as fed:  # the logs are read below

@@ -167,7 +167,7 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
     """Run one simulation and clean up after it."""
     values = merged_config(app_dir, run_configs)
     cfg = RunConfig.from_flower(values, methods=_methods())
-    out_root = resolve_output_dir(str(cfg.output_dir))
+    out_root = resolve_output_dir(cfg.output_dir)
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
     flwr = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if flwr is None:

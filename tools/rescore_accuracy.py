@@ -56,7 +56,7 @@ def models_of(run_dir: Path, cfg: RunConfig, clients: list[int]) -> dict[str, di
     if cfg.method == "sftp":
         return {"final": {k: load_compiled(run_dir / "compiled" / f"client-{k}") for k in clients}}
     final = load_compiled(run_dir / "compiled")
-    base = load_base_model(str(cfg.model_name), str(cfg.model_dtype)).eval()
+    base = load_base_model(cfg.model_name, cfg.model_dtype).eval()
     post_hoc = compile_model(base, per_layer_masks(np.load(run_dir / "masks.npz")))
     return {"final": dict.fromkeys(clients, final), "post-hoc": dict.fromkeys(clients, post_hoc),
             "dense": dict.fromkeys(clients, base)}
@@ -66,7 +66,7 @@ def rescore(run_dir: Path, examples: int, batch_size: int) -> dict[str, Any]:
     """Score one run's models on each client's held-out examples; the record written to rescore.json."""
     cfg = RunConfig.from_flower(json.loads((run_dir / "config.json").read_text()))
     clients = evaluated_clients(run_dir)
-    tokenizer = load_tokenizer(str(cfg.model_name))
+    tokenizer = load_tokenizer(cfg.model_name)
     start = time.perf_counter()
     record: dict[str, Any] = {"per-source": examples, "clients": {}, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,7 +30,7 @@ def rescore(run_dir: Path, examples: int, batch_size: int) -> dict:
     held = unused_examples(cfg, examples)
     model, tokenizer = load_run(run_dir)
     start = time.perf_counter()
-    answers = generate(model, tokenizer, [e["prompt"] for e in held], int(cfg.gen_max_new_tokens), batch_size)
+    answers = generate(model, tokenizer, [e["prompt"] for e in held], cfg.gen_max_new_tokens, batch_size)
     scores = rouge_l_scores(answers, [e["response"] for e in held])
     return {"examples": len(held), "per-source": examples, "rouge-l": sum(scores) / len(scores), "scores": scores,
             "answers": answers, "seconds": round(time.perf_counter() - start, 1)}

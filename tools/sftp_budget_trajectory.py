@@ -38,21 +38,21 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     args = parser.parse_args()
     cfg = RunConfig.from_flower(merged_config(APP_DIR, [args.preset, *([args.run_config] if args.run_config else [])]))
-    torch.set_num_threads(int(cfg.torch_threads))
+    torch.set_num_threads(cfg.torch_threads)
     model, tokenizer = routed_model_for(cfg)
     data = client_data(cfg, args.client, args.partitions)
-    generator = generator_for(cfg, model.config, seed=int(cfg.seed))
-    embedding = torch.nn.Parameter(torch.randn(int(cfg.sftp_embed_dim),
-                                               generator=torch.Generator().manual_seed(int(cfg.seed) + args.client)))
+    generator = generator_for(cfg, model.config, seed=cfg.seed)
+    embedding = torch.nn.Parameter(torch.randn(cfg.sftp_embed_dim,
+                                               generator=torch.Generator().manual_seed(cfg.seed + args.client)))
     state: dict[str, torch.Tensor] = {}
     p = keep_ratio_of(cfg, args.client, args.partitions)
     total = prunable_parameters(model.config)
     print(f"client {args.client}: p = {p}, lambda = {cfg.sftp_lambda}, generator lr = {cfg.sftp_generator_lr}, "
           f"tau = {cfg.sftp_gate_tau}, {cfg.num_server_rounds} rounds x {cfg.local_steps} steps", flush=True)
-    for r in range(1, int(cfg.num_server_rounds) + 1):
-        report = local_training(model, tokenizer, generator, embedding, state, data.train, cfg, p, int(cfg.seed) + r, r)
+    for r in range(1, cfg.num_server_rounds + 1):
+        report = local_training(model, tokenizer, generator, embedding, state, data.train, cfg, p, cfg.seed + r, r)
         with torch.no_grad():
-            mask = layer_masks(deterministic_mask(generator(embedding), float(cfg.sftp_gate_bias)))
+            mask = layer_masks(deterministic_mask(generator(embedding), cfg.sftp_gate_bias))
             kept = float(kept_parameters(model.config, mask)) / total
         print(f"round {r}: clm {sum(report.clm) / len(report.clm):.3f}  penalty {report.penalty[0]:.3f} -> "
               f"{report.penalty[-1]:.3f}  deterministic kept {kept:.3f}  ({report.seconds:.0f} s)", flush=True)

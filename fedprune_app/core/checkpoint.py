@@ -68,7 +68,7 @@ def save_checkpoint(run_dir: Path, server_round: int, run_key: str, arrays: dict
 def load_checkpoint(cfg: RunConfig) -> Checkpoint:
     """The checkpoint `resume-from` names, after checking (before any model is loaded) that it exists, that the
     run config matches the interrupted run's (keys other than RESUME_FREE_KEYS) and that rounds remain."""
-    given = resolve_output_dir(str(cfg.resume_from))  # a relative path resolves as `output-dir` does
+    given = resolve_output_dir(cfg.resume_from)  # a relative path resolves as `output-dir` does
     run_dir = given.parent if given.name == "checkpoint" else given
     path = run_dir / "checkpoint" / STATE_FILE
     if not path.is_file():
@@ -83,7 +83,7 @@ def load_checkpoint(cfg: RunConfig) -> Checkpoint:
                           f"{detail}; only {', '.join(RESUME_FREE_KEYS)} may change")
     with open(path, "rb") as f:
         state = pickle.load(f)  # noqa: S301 - the user's own run wrote it
-    if state["round"] >= int(cfg.num_server_rounds):
+    if state["round"] >= cfg.num_server_rounds:
         raise ConfigError(f"run-config key 'resume-from': {run_dir.name} has already completed round "
                           f"{state['round']} of num-server-rounds = {cfg.num_server_rounds}; raise num-server-rounds "
                           "to continue it")

@@ -53,7 +53,7 @@ class FederatedClient:
 
     def seed(self, server_round: int) -> int:
         """A seed distinct per (run seed, round, client)."""
-        return client_seed(int(self.cfg.seed), server_round, self.partition_id)
+        return client_seed(self.cfg.seed, server_round, self.partition_id)
 
     def identity(self) -> RecordDict:
         """The answer to the server's `{"query": "identity"}`: partition id and node-config `resources`
@@ -108,7 +108,7 @@ def local_file_data(cfg: RunConfig, partition_id: int, data_path: str) -> Client
     """A device's own JSONL file (node-config `data-path`) as this client's data, split like any `client-data`
     source (`jsonl:` reader, seeded test | val | train split of `data.source_splits`, the same sizes).
     The file's name (not its path) is what replies report as the client's data."""
-    splits = source_splits(f"jsonl:{data_path}", int(cfg.seed), int(cfg.test_examples), int(cfg.val_examples),
-                           int(cfg.max_train_examples))
+    splits = source_splits(f"jsonl:{data_path}", cfg.seed, cfg.test_examples, cfg.val_examples,
+                           cfg.max_train_examples)
     return ClientData(partition_id, splits.train, splits.val, splits.test, f"data-path:{Path(data_path).name}",
                       splits.test_path, Counter(e["source"] for e in splits.train))

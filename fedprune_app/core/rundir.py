@@ -45,8 +45,8 @@ class RunDirectory:
     @classmethod
     def create(cls, cfg: RunConfig) -> RunDirectory:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        name = "-".join(p for p in (stamp, str(cfg.method), str(cfg.run_tag)) if p)
-        root = resolve_output_dir(str(cfg.output_dir))
+        name = "-".join(p for p in (stamp, cfg.method, cfg.run_tag) if p)
+        root = resolve_output_dir(cfg.output_dir)
         path = root / name
         suffix = 1
         while path.exists():

@@ -22,9 +22,9 @@ or resume). It fills in what all methods share and leaves a few small hooks:
 
 `start` (Flower's signature plus `first_round` / `on_round_end` for resume and checkpoints) asks every connected
 node who it is (`identify`: partition id, node-config `resources`), so sampling and per-client state follow
-partition ids, not the node ids Flower draws at random; then `prepare`, round 0 (every client scores the untouched model), and per
-round train -> federated evaluate -> server evaluate -> `on_round_end` (the checkpoint). A resumed run enters the
-loop at `first_round` with the checkpoint's arrays and state.
+partition ids, not the node ids Flower draws at random; then `prepare`, round 0 (every client scores the untouched
+model), and per round train -> federated evaluate -> server evaluate -> `on_round_end` (the checkpoint). A resumed
+run enters the loop at `first_round` with the checkpoint's arrays and state.
 
 Failed replies (a ClientApp that raised, a timeout) and malformed ones are dropped, logged with the node id and
 counted. A round is aggregated only when at least `min-replies` replies are usable; otherwise it is sent again
@@ -71,12 +71,12 @@ class FederatedStrategy(Strategy):
     checks, per-client logging, retries and checkpoints. Subclasses override the hooks listed above."""
 
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
-        self.fraction_train = float(cfg.fraction_train)
-        self.fraction_evaluate = float(cfg.fraction_evaluate)
-        self.min_available_nodes = int(cfg.min_nodes)
+        self.fraction_train = cfg.fraction_train
+        self.fraction_evaluate = cfg.fraction_evaluate
+        self.min_available_nodes = cfg.min_nodes
         self.cfg = cfg
         self.record = recorder or (lambda row: None)
-        self.rng = random.Random(int(cfg.seed))
+        self.rng = random.Random(cfg.seed)
         self.sent: dict[int, dict[str, tuple[tuple[int, ...], str]]] = {}  # node -> {key: (shape, dtype)} sent
         self.bytes_down: dict[int, int] = {}  # node -> tensor bytes of its train payload this round
         self.num_connected = 0  # nodes connected at the last sampling (= partitions in a simulation)
@@ -152,7 +152,7 @@ class FederatedStrategy(Strategy):
         """Flower's hook: log what this strategy runs with."""
         log.info("[fedprune] %s: fraction-train %g, fraction-evaluate %g, min-nodes %d, min-replies %d",
                  type(self).__name__, self.fraction_train, self.fraction_evaluate, self.min_available_nodes,
-                 int(self.cfg.min_replies))
+                 self.cfg.min_replies)
 
     # --- the template ------------------------------------------------------------------------------------
     def partition_order(self, node_id: int) -> tuple[int, int]:
@@ -180,7 +180,7 @@ class FederatedStrategy(Strategy):
         like across rounds) and evaluation never advances the training sampler's RNG."""
         nodes = self.connected(grid)
         k = max(1, min(len(nodes), round(self.fraction_evaluate * len(nodes))))
-        return sorted(random.Random(f"{int(self.cfg.seed)}:evaluate").sample(nodes, k), key=self.partition_order)
+        return sorted(random.Random(f"{self.cfg.seed}:evaluate").sample(nodes, k), key=self.partition_order)
 
     def identify(self, grid: Grid) -> None:
         """Ask every connected node for its partition id and node-config `resources` (`query` message
@@ -313,7 +313,7 @@ class FederatedStrategy(Strategy):
                     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Send the train messages and aggregate once at least `min-replies` replies are usable; below that,
         send the round again (a fresh sample) up to `round-retries` times, then raise `RoundFailed`."""
-        need, attempts = int(self.cfg.min_replies), int(self.cfg.round_retries) + 1
+        need, attempts = self.cfg.min_replies, self.cfg.round_retries + 1
         for attempt in range(1, attempts + 1):
             messages = list(self.configure_train(server_round, arrays, config, grid))
             if not messages:  # fraction-train = 0: nothing to train
@@ -383,7 +383,7 @@ class FederatedStrategy(Strategy):
         metrics are logged as `reference` rows (one per client; results.md reports the mean over clients)."""
         for name in self.client_references():
             log.info("[fedprune] reference %s: every client builds it from its own data", name)
-            config = ConfigRecord({"reference": name, **self.message_config(int(self.cfg.num_server_rounds) + 1)})
+            config = ConfigRecord({"reference": name, **self.message_config(self.cfg.num_server_rounds + 1)})
             messages = [Message(content=RecordDict({"config": config}),
                                 message_type=f"{MessageType.EVALUATE}.reference", dst_node_id=node_id)
                         for node_id in self.sample(grid, 1.0)]
@@ -403,8 +403,8 @@ class FederatedStrategy(Strategy):
 
     def evaluates(self, server_round: int) -> bool:
         """Round 0 and the last round always; every `eval-every` rounds in between."""
-        every = int(self.cfg.eval_every)
-        return server_round in (0, int(self.cfg.num_server_rounds)) or (every > 0 and server_round % every == 0)
+        every = self.cfg.eval_every
+        return server_round in (0, self.cfg.num_server_rounds) or (every > 0 and server_round % every == 0)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:

@@ -211,10 +211,10 @@ def split_source(examples: list[Example], seed: int, n_test: int, n_val: int, ma
 def unused_tail(cfg: RunConfig, source: str, n: int) -> list[Example]:
     """Up to `n` examples of `source` that no split of a run with `cfg` reads: the tail of the seeded shuffle after
     test | val | train (split_source's order); fewer, or none, when the source has no more."""
-    used = int(cfg.test_examples) + int(cfg.val_examples) + int(cfg.max_train_examples)
-    if not int(cfg.max_train_examples):
+    used = cfg.test_examples + cfg.val_examples + cfg.max_train_examples
+    if not cfg.max_train_examples:
         raise ConfigError("re-scoring on unused examples needs max-train-examples > 0 (0 = every example trains)")
-    return seeded_shuffle(load_source(source), int(cfg.seed))[used:used + n]
+    return seeded_shuffle(load_source(source), cfg.seed)[used:used + n]
 
 
 def unused_examples(cfg: RunConfig, n: int) -> list[Example]:
@@ -222,10 +222,10 @@ def unused_examples(cfg: RunConfig, n: int) -> list[Example]:
     by every client and from the same distribution as the test split, so a finished run can be re-scored on more
     examples than it evaluated; a source with fewer than `n` left is refused."""
     out: list[Example] = []
-    for source in split_list(str(cfg.client_data)):
+    for source in split_list(cfg.client_data):
         tail = unused_tail(cfg, source, n)
         if len(tail) < n:
-            used = int(cfg.test_examples) + int(cfg.val_examples) + int(cfg.max_train_examples)
+            used = cfg.test_examples + cfg.val_examples + cfg.max_train_examples
             raise ConfigError(f"data source '{source}' has {len(tail)} unused examples; re-scoring on {n} needs "
                               f"at least test + val + train + {n} = {used + n} examples")
         out += tail
@@ -310,11 +310,11 @@ def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> Clien
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
-    sources = split_list(str(cfg.client_data))
+    sources = split_list(cfg.client_data)
 
     def load(names: list[str]) -> dict[str, Splits]:
-        return {s: source_splits(s, int(cfg.seed), int(cfg.test_examples), int(cfg.val_examples),
-                                 int(cfg.max_train_examples)) for s in names}
+        return {s: source_splits(s, cfg.seed, cfg.test_examples, cfg.val_examples,
+                                 cfg.max_train_examples) for s in names}
 
     if cfg.partitioner == "by-source":  # a client reads only its own sources
         splits = load(sources[partition_id::num_partitions] or [sources[partition_id % len(sources)]])
@@ -331,14 +331,14 @@ def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> Clien
     else:
         splits = load(sources)
         pool = [e for s in sources for e in splits[s].train]
-        idx = partition_pool(pool, num_partitions, str(cfg.partitioner), float(cfg.dirichlet_alpha), int(cfg.seed))
+        idx = partition_pool(pool, num_partitions, cfg.partitioner, cfg.dirichlet_alpha, cfg.seed)
         train = [pool[i] for i in idx[partition_id]]
         counts = Counter(e["source"] for e in train)
         mine = [counts.most_common(1)[0][0]] if counts else [sources[0]]
         val = splits[mine[0]].val
-    if float(cfg.local_val_fraction) > 0:  # the client's own train/val split (FedTPA §IV-A4: 8:2)
-        train, val = local_split(train, float(cfg.local_val_fraction), int(cfg.val_examples),
-                                 int(cfg.seed) * 1009 + partition_id)
+    if cfg.local_val_fraction > 0:  # the client's own train/val split (FedTPA §IV-A4: 8:2)
+        train, val = local_split(train, cfg.local_val_fraction, cfg.val_examples,
+                                 cfg.seed * 1009 + partition_id)
     if not train:
         raise ConfigError(f"client {partition_id} received no training examples; lower the number of clients, "
                           "raise max-train-examples or dirichlet-alpha")

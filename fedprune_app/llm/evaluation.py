@@ -209,8 +209,8 @@ def generate(model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_t
 
 def eval_task_for(cfg: RunConfig, data: ClientData, num_partitions: int) -> str | dict[str, Any] | None:
     """The lm-eval task a client is scored on: `eval-tasks` if set, else its own multiple-choice test split."""
-    if str(cfg.eval_tasks).strip():
-        return per_client(str(cfg.eval_tasks), num_partitions, str, "eval-tasks")[data.partition_id]
+    if cfg.eval_tasks.strip():
+        return per_client(cfg.eval_tasks, num_partitions, str, "eval-tasks")[data.partition_id]
     if data.test and data.test[0]["choices"] and data.test_path is not None:
         slug = "".join(c if c.isalnum() else "_" for c in data.eval_source)
         return local_mc_task(f"fedprune_{slug}", data.test_path)
@@ -224,17 +224,17 @@ def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: Run
     metrics: dict[str, float] = {}
     task = eval_task_for(cfg, data, num_partitions)
     if task is not None:
-        res = lm_eval_accuracy(model, tokenizer, [task], int(cfg.eval_batch_size),
-                               include_path=str(cfg.eval_include_path))
+        res = lm_eval_accuracy(model, tokenizer, [task], cfg.eval_batch_size,
+                               include_path=cfg.eval_include_path)
         metrics.update(next(iter(res.values())))
     if data.test and data.test[0]["prompt"]:  # questions / instructions: perplexity of the answers
-        metrics["ppl"] = math.exp(mean_loss(model, tokenizer, data.test, int(cfg.seq_len), int(cfg.eval_batch_size)))
-    elif data.test and int(cfg.eval_ppl_tokens) > 0:  # plain text: sliding-window perplexity
-        metrics["ppl"] = perplexity(model, tokenizer, text_of(data.test), int(cfg.ppl_window), int(cfg.ppl_stride),
-                                    int(cfg.eval_ppl_tokens))
+        metrics["ppl"] = math.exp(mean_loss(model, tokenizer, data.test, cfg.seq_len, cfg.eval_batch_size))
+    elif data.test and cfg.eval_ppl_tokens > 0:  # plain text: sliding-window perplexity
+        metrics["ppl"] = perplexity(model, tokenizer, text_of(data.test), cfg.ppl_window, cfg.ppl_stride,
+                                    cfg.eval_ppl_tokens)
     if data.test and not data.test[0]["choices"] and data.test[0]["prompt"]:
-        preds = generate(model, tokenizer, [e["prompt"] for e in data.test], int(cfg.gen_max_new_tokens),
-                         int(cfg.eval_batch_size))
+        preds = generate(model, tokenizer, [e["prompt"] for e in data.test], cfg.gen_max_new_tokens,
+                         cfg.eval_batch_size)
         metrics["rouge-l"] = rouge_l(preds, [e["response"] for e in data.test])
     return metrics
 
@@ -246,7 +246,7 @@ def held_out_text(source: str, cfg: RunConfig) -> str:
 
     if source.startswith("ppl:"):
         return perplexity_set_text(source[4:])
-    splits = source_splits(source, int(cfg.seed), int(cfg.test_examples), int(cfg.val_examples),
-                           int(cfg.max_train_examples))
+    splits = source_splits(source, cfg.seed, cfg.test_examples, cfg.val_examples,
+                           cfg.max_train_examples)
     return text_of(splits.test)
 

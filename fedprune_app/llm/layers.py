@@ -60,7 +60,7 @@ def _cached_model(model_name: str, dtype: str, device: str = "auto") -> tuple[nn
 
 def dense_model(cfg: RunConfig) -> tuple[nn.Module, Any]:
     """The process's cached base model with its dense prunable weights restored (pruning mutates it)."""
-    model, tokenizer, dense = _cached_model(str(cfg.model_name), str(cfg.model_dtype), str(cfg.device))
+    model, tokenizer, dense = _cached_model(cfg.model_name, cfg.model_dtype, cfg.device)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, weight in dense.items():

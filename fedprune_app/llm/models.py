@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedprune_app.core.config import DEVICE_PATTERN, KEY_BY_NAME, ConfigError, RunConfig, split_list
+from fedprune_app.core.config import DEVICE_PATTERN, ConfigError, RunConfig, key_named, split_list
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -24,7 +24,7 @@ def resolve_device(cfg: RunConfig | str) -> torch.device:
     when torch.cuda.is_available() else cpu. Asking for CUDA where none is visible raises ConfigError."""
     value = str(cfg.device if isinstance(cfg, RunConfig) else cfg)
     if not DEVICE_PATTERN.fullmatch(value):
-        raise ConfigError(f"run-config key 'device' must be {KEY_BY_NAME['device'].allowed()}, got {value!r}")
+        raise ConfigError(f"run-config key 'device' must be {key_named('device').allowed()}, got {value!r}")
     if value == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if value == "cpu":
@@ -110,9 +110,9 @@ def lora_config(cfg: RunConfig, rank: int | None = None):  # -> peft.LoraConfig
 
     return LoraConfig(
         r=int(rank or cfg.lora_rank),
-        lora_alpha=float(cfg.lora_alpha),
-        lora_dropout=float(cfg.lora_dropout),
-        target_modules=split_list(str(cfg.lora_target_modules)),
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=split_list(cfg.lora_target_modules),
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -172,7 +172,7 @@ def cached_peft_model(model_name: str, dtype: str, quantization: str, lora_key: 
     from fedprune_app.core.config import RunConfig
 
     cfg = RunConfig.from_flower(json.loads(lora_key))
-    model = add_lora(load_base_model(model_name, dtype, quantization, device), cfg, seed=int(cfg.seed))
+    model = add_lora(load_base_model(model_name, dtype, quantization, device), cfg, seed=cfg.seed)
     return model, load_tokenizer(model_name)
 
 
@@ -180,8 +180,8 @@ def peft_model_for(cfg: RunConfig) -> tuple[nn.Module, object]:
     """The cached LoRA model + tokenizer for this run config."""
     lora_keys = ("lora-rank", "lora-alpha", "lora-dropout", "lora-target-modules", "seed")
     key = json.dumps({k: cfg[k] for k in lora_keys}, sort_keys=True)
-    return cached_peft_model(str(cfg.model_name), str(cfg.model_dtype), str(cfg.model_quantization), key,
-                             str(cfg.device))
+    return cached_peft_model(cfg.model_name, cfg.model_dtype, cfg.model_quantization, key,
+                             cfg.device)
 
 
 def load_run(run_dir: str | Path, device: str | None = None) -> tuple[nn.Module, object]:

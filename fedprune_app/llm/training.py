@@ -56,16 +56,16 @@ def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], c
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters (did you add LoRA adapters?)")
-    opt = torch.optim.AdamW(params, lr=float(cfg.learning_rate), weight_decay=float(cfg.weight_decay))
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     report = TrainReport()
     start = time.perf_counter()
     device = model_device(model)
     model.train()
     torch.manual_seed(seed)
-    for batch in training_batches(examples, tokenizer, int(cfg.batch_size), int(steps or cfg.local_steps),
-                                  int(cfg.seq_len), seed):
+    for batch in training_batches(examples, tokenizer, cfg.batch_size, int(steps or cfg.local_steps),
+                                  cfg.seq_len, seed):
         loss = model(**to_device(batch, device)).loss
-        optimizer_step(loss, params, opt, float(cfg.max_grad_norm), "learning-rate")
+        optimizer_step(loss, params, opt, cfg.max_grad_norm, "learning-rate")
         report.losses.append(loss.item())
     model.eval()
     report.seconds = time.perf_counter() - start

@@ -66,13 +66,13 @@ def test_cells_use_valid_presets_once_each() -> None:
     for cell in cells:  # every cell's merged config validates, on the method's preset, 5 clients waited for
         cfg = RunConfig.from_flower(merged_config(ROOT, list(cell.run_config)))
         s = cell.settings
-        assert cfg.method == s["method"] and cell.supernodes == int(cfg.min_nodes) == 5
+        assert cfg.method == s["method"] and cell.supernodes == cfg.min_nodes == 5
         assert cfg.partitioner == ("iid" if s["alpha"] == float("inf") else "dirichlet")
         if cfg.partitioner == "dirichlet":
-            assert float(cfg.dirichlet_alpha) == s["alpha"]
-        assert (bool(cfg.fedtpa_lcwa), bool(cfg.fedtpa_itpa), bool(cfg.fedtpa_dapr)) == (
+            assert cfg.dirichlet_alpha == s["alpha"]
+        assert (cfg.fedtpa_lcwa, cfg.fedtpa_itpa, cfg.fedtpa_dapr) == (
             s["variant"] != "fedavg", s["variant"] != "no-itpa", s["variant"] != "no-dapr")
-        assert float(cfg.fraction_evaluate) == 0.2
+        assert cfg.fraction_evaluate == 0.2
 
 
 def test_only_selects_groups_with_the_cells_they_read() -> None:

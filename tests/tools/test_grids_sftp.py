@@ -125,9 +125,9 @@ def test_cells_use_valid_presets_once_each() -> None:
         cfg = RunConfig.from_flower(merged_config(ROOT, list(cell.run_config)))
         s = cell.settings
         assert cell.run_config[0] == PRESETS[s["method"]] and cfg.method == s["method"]
-        assert cell.supernodes == int(cfg.min_nodes) == 4 and str(cfg.sftp_keep_ratios) == keep_ratios(cell)
+        assert cell.supernodes == cfg.min_nodes == 4 and cfg.sftp_keep_ratios == keep_ratios(cell)
         if s["method"] == "sftp":
-            assert (bool(cfg.sftp_conditioning), bool(cfg.sftp_adapters)) == (
+            assert (cfg.sftp_conditioning, cfg.sftp_adapters) == (
                 s["variant"].startswith("c-"), s["variant"].endswith("-a"))
     assert str(RunConfig.from_flower(merged_config(ROOT, list(cell_of("mixed-c-a").run_config))).sftp_keep_ratios) \
         == "0.8,0.8,0.5,0.5"

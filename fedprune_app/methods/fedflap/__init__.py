@@ -1,5 +1,7 @@
 """fedflap: FLAP-style importance over the routed bus coordinates, one global cut."""
 
 from fedprune_app.core.registry import register_method
+from fedprune_app.methods.fedflap.config import FedFLAPConfig
+from fedprune_app.methods.sftp.config import SFTPConfig
 
-register_method("fedflap")
+register_method("fedflap", config=(FedFLAPConfig, SFTPConfig))

@@ -179,7 +179,7 @@ def kept_cost(masks: Mapping[str, np.ndarray], costs: Mapping[str, int]) -> int:
 
 def single_keep_ratio(cfg: RunConfig) -> float:
     """The one budget p of `sftp-keep-ratios` (several equal values are accepted); ConfigError otherwise."""
-    values = {float(v) for v in split_list(str(cfg.sftp_keep_ratios))}
+    values = {float(v) for v in split_list(cfg.sftp_keep_ratios)}
     if len(values) != 1:
         raise ConfigError("method 'fedflap' cuts one global mask: run-config key 'sftp-keep-ratios' must hold a "
                           f"single keep ratio, got {cfg.sftp_keep_ratios!r}")

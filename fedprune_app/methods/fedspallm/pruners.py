@@ -267,8 +267,8 @@ def make_pruner(kind: str, sparsity: float, prunen: int = 0, prunem: int = 0, bl
 
 def pruner_for(cfg: Any) -> Pruner:
     """The pruner a run config asks for (`pruner`, `sparsity`, `prune-n`/`prune-m`, SparseGPT's block/damping)."""
-    return make_pruner(str(cfg.pruner), float(cfg.sparsity), int(cfg.prune_n), int(cfg.prune_m),
-                       int(cfg.sparsegpt_blocksize), float(cfg.sparsegpt_percdamp))
+    return make_pruner(cfg.pruner, cfg.sparsity, cfg.prune_n, cfg.prune_m,
+                       cfg.sparsegpt_blocksize, cfg.sparsegpt_percdamp)
 
 
 def sparsity_of(mask: torch.Tensor) -> float:

@@ -1,5 +1,6 @@
 """FedTPA: rank pruning (client) and ITPA / LCWA / DAPR (server)."""
 
 from fedprune_app.core.registry import register_method
+from fedprune_app.methods.fedtpa.config import FedTPAConfig
 
-register_method("fedtpa")
+register_method("fedtpa", config=FedTPAConfig)

@@ -1,5 +1,6 @@
 """FlexLoRA: full dW averaging and SVD back to each client's rank."""
 
 from fedprune_app.core.registry import register_method
+from fedprune_app.methods.flexlora.config import FlexLoRAConfig
 
-register_method("flexlora")
+register_method("flexlora", config=FlexLoRAConfig)

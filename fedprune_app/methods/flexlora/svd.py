@@ -42,7 +42,7 @@ def svd_factors(delta: np.ndarray, rank: int, alpha: float) -> tuple[np.ndarray,
 
 def max_rank(cfg: RunConfig) -> int:
     """r_max: the largest rank in `flexlora-ranks` (the global adapter's rank)."""
-    return max(int(v) for v in split_list(str(cfg.flexlora_ranks)))
+    return max(int(v) for v in split_list(cfg.flexlora_ranks))
 
 
 

@@ -1,5 +1,6 @@
 """SFT-P: routed masks, the mask generator, compiled models, speed."""
 
 from fedprune_app.core.registry import register_method
+from fedprune_app.methods.sftp.config import SFTPConfig
 
-register_method("sftp")
+register_method("sftp", config=SFTPConfig)

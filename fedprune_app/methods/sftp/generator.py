@@ -145,8 +145,8 @@ def generator_for(cfg: RunConfig, model_config: Any, seed: int | None = None,
         if seed is not None:
             torch.manual_seed(seed)
         generator = MaskGenerator(int(model_config.num_hidden_layers), int(model_config.hidden_size),
-                                  int(cfg.sftp_embed_dim), int(cfg.sftp_generator_hidden),
-                                  bool(cfg.sftp_conditioning))
+                                  cfg.sftp_embed_dim, cfg.sftp_generator_hidden,
+                                  cfg.sftp_conditioning)
     return generator.to(device)
 
 
@@ -202,8 +202,8 @@ def routed_model_for(cfg: RunConfig) -> tuple[nn.Module, Any]:
     and the adapter state before every use. The backbone is frozen."""
     keys = ("lora-rank", "lora-alpha", "lora-dropout", "lora-target-modules", "seed")
     lora_key = json.dumps({k: cfg[k] for k in keys}, sort_keys=True) if cfg.sftp_adapters else ""
-    return _cached_routed_model(str(cfg.model_name), str(cfg.model_dtype), str(cfg.model_quantization), lora_key,
-                                str(cfg.device))
+    return _cached_routed_model(cfg.model_name, cfg.model_dtype, cfg.model_quantization, lora_key,
+                                cfg.device)
 
 
 def backbone_parameters(model: nn.Module) -> int:
@@ -215,7 +215,7 @@ def keep_ratio_of(cfg: RunConfig, partition_id: int, num_partitions: int) -> flo
     """p of client `partition_id` from `sftp-keep-ratios` (one value for all clients or one per client)."""
     from fedprune_app.core.config import per_client
 
-    return per_client(str(cfg.sftp_keep_ratios), num_partitions, float, "sftp-keep-ratios")[partition_id]
+    return per_client(cfg.sftp_keep_ratios, num_partitions, float, "sftp-keep-ratios")[partition_id]
 
 
 def cosine_lr(base: float, step: int, total: int) -> float:

@@ -215,7 +215,7 @@ def test_standalone_reference_is_each_clients_own_full_pruning(fedspallm_cfg, fl
     model, tok = dense_model(cfg)
     batches = calibration_batches(client_data(cfg, 1, 3).train, tok, 4, 32, client_seed(0, 1, 1))
     prune_sequentially(model, batches, [0, 1], pruner_for(cfg))
-    source = str(cfg.server_eval_data)
+    source = cfg.server_eval_data
     expected = perplexity(model, tok, held_out_text(source, cfg), 64, 64, 128)
     assert next(r["ppl"] for r in ok if r["client"] == 1) == pytest.approx(expected, rel=1e-5)
     dense_ppl = perplexity(*dense_model(cfg), held_out_text(source, cfg), 64, 64, 128)

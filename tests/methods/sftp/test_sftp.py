@@ -93,7 +93,7 @@ def test_initial_state_is_theta_and_phi_and_routes_dense(setup) -> None:
     model, _, generator = client.load(content(initial, 1))
     embedding, _ = client.embedding()
     with torch.no_grad():
-        assert deterministic_mask(generator(embedding), float(cfg.sftp_gate_bias)).min() == 1.0
+        assert deterministic_mask(generator(embedding), cfg.sftp_gate_bias).min() == 1.0
 
 
 def test_embedding_stays_private_and_persists_across_rounds(round_one) -> None:

@@ -1,0 +1,22 @@
+"""fedflap's run-config keys (its budgets are SFT-P's `sftp-keep-ratios`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fedprune_app.core.config import ConfigSection, key
+
+
+@dataclass(frozen=True)
+class FedFLAPConfig(ConfigSection):
+    """The federated FLAP-style baseline."""
+
+    title: ClassVar[str] = "fedflap"
+
+    fedflap_batches: int = key(
+        8,
+        "fedflap (federated FLAP-style baseline): training batches (batch-size x seq-len) "
+        "each client runs through the dense model in round 1 to score the bus coordinates.",
+        minimum=1,
+    )

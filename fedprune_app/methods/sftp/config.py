@@ -1,0 +1,71 @@
+"""SFT-P's run-config keys (Table 4 of the paper unless a key says otherwise)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fedprune_app.core.config import ConfigError, ConfigSection, RunConfig, key, split_list
+
+
+@dataclass(frozen=True)
+class SFTPConfig(ConfigSection):
+    """SFT-P: budgets, gates, generator, adapters."""
+
+    title: ClassVar[str] = "SFT-P"
+
+    sftp_keep_ratios: str = key(
+        "0.5",
+        "SFT-P per-client target keep ratio p in (0, 1] of the prunable projections "
+        "(0.8 = '20% pruning'); one value for all clients or one per partition, e.g. '0.8,0.8,0.5,0.5'.",
+    )
+    sftp_conditioning: bool = key(
+        True,
+        "SFT-P client conditioning (+C): the generator reads the client's private "
+        "embedding e_k; false = NOC (one shared fixed input, the same masks for every client).",
+    )
+    sftp_adapters: bool = key(
+        True,
+        "SFT-P adapter co-training (+A): LoRA (lora-* keys) trained and federated with the generator; false = NOA.",
+    )
+    sftp_lambda: float = key(16.0, "SFT-P budget regulariser weight lambda (Eq. 13).", minimum=0.0)
+    sftp_gate_bias: float = key(3.0, "SFT-P gate bias c in pi0 = sigmoid(s + c) (Eq. 12).", minimum=-20.0, maximum=20.0)
+    sftp_gate_tau: float = key(
+        0.4,
+        "SFT-P ReinMax temperature tau (Eq. 12; the reference implementation wants >= 1, the paper uses 0.4).",
+        minimum=1e-3,
+    )
+    sftp_embed_dim: int = key(
+        16, "SFT-P dimension of the private client embedding e_k (and the layer embedding).", minimum=1
+    )
+    sftp_generator_hidden: int = key(32, "SFT-P hidden units of the 2-layer MLP mask generator.", minimum=1)
+    sftp_generator_lr: float = key(
+        1e-3, "SFT-P AdamW learning rate of the generator and e_k (no schedule).", minimum=0.0
+    )
+    sftp_generator_weight_decay: float = key(0.05, "SFT-P AdamW weight decay of the generator and e_k.", minimum=0.0)
+    sftp_lora_lr: float = key(
+        2e-5, "SFT-P LoRA learning rate (cosine-annealed over all rounds' local steps).", minimum=0.0
+    )
+    sftp_aggregation: str = key(
+        "equal",
+        "SFT-P FedAvg weights of Theta and Phi (Eq. 15): equal per client (Table 4) or by the clients' num-examples.",
+        choices=("equal", "num-examples"),
+    )
+    sftp_speed_prefill: int = key(
+        512,
+        "SFT-P: after the run, time each client's compiled model against the dense "
+        "one (prefill of this many tokens, batch 1, and 32 greedy tokens; medians of 3) for results.md's "
+        "'Compiled models' table; 0 = sizes only.",
+        minimum=0,
+    )
+
+    def check(self, cfg: RunConfig) -> None:
+        try:
+            ratios = [float(v) for v in split_list(self.sftp_keep_ratios)]
+        except ValueError:
+            ratios = []
+        if not ratios or not all(0 < r <= 1 for r in ratios):
+            raise ConfigError(
+                "run-config key 'sftp-keep-ratios' must be comma-separated keep ratios in (0, 1] "
+                f"(one, or one per client), got {self.sftp_keep_ratios!r}"
+            )
