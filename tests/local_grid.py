@@ -18,6 +18,7 @@ from flwr.app import Context, Error, Message, MessageType, RecordDict
 
 from fedprune_app.client_app import app
 from fedprune_app.core.config import RunConfig
+from tests.conformance import conformance_of
 from tests.conftest import small_config
 
 
@@ -93,23 +94,11 @@ def run_server(cfg: RunConfig, grid: LocalGrid) -> tuple[Path, BaseException | N
     return created[0], raised
 
 
-# small per-method settings for runs on the tiny model (4 partitions)
-METHOD_CONFIGS: dict[str, dict[str, Any]] = {
-    "fedit": {},
-    "fedflap": {"sftp-keep-ratios": "0.5", "fedflap-batches": 2},
-    "fedtpa": {"local-steps": 3, "fedtpa-warmup-steps": 1, "fedtpa-feature-examples": 4},
-    "flexlora": {"flexlora-ranks": "2,4,3,4"},
-    "sftp": {"sftp-keep-ratios": "0.5", "local-steps": 2},
-    "fedspallm": {"client-data": "squad_shifts:nyt,squad_shifts:reddit,squad_shifts:amazon_reviews,"
-                                 "squad_shifts:squaddev", "calib-segments": 2, "calib-seq-len": 32,
-                  "fedspallm-resources": "0.5"},
-}
-
-
 def method_config(tiny_model_dir: Path, tmp_path: Path, method: str, **extra: Any) -> RunConfig:
-    """A 3-round run of `method` on the tiny model that a test can afford: half the clients train per round, half
-    are evaluated (on 4 examples: lm-eval's forward through the 49k-token vocabulary is most of a run's time)."""
+    """A 3-round run of `method` (its settings from tests/methods/<m>/__init__.py) on the tiny model that a test
+    can afford: half the clients train per round, half are evaluated (on 4 examples: lm-eval's forward through
+    the 49k-token vocabulary is most of a run's time)."""
     settings = {"method": method, "output-dir": str(tmp_path / "runs"), "num-server-rounds": 3,
                 "fraction-train": 0.5, "fraction-evaluate": 0.5, "test-examples": 4,
-                **METHOD_CONFIGS[method], **{k.replace("_", "-"): v for k, v in extra.items()}}
+                **conformance_of(method).settings, **{k.replace("_", "-"): v for k, v in extra.items()}}
     return small_config(tiny_model_dir, **settings)

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from fedprune_app.core import registry
 from fedprune_app.core.config import ConfigError
 from fedprune_app.core.strategy import RoundFailed
 from tests.conftest import small_config
-from tests.local_grid import METHOD_CONFIGS, LocalGrid, method_config, run_server
+from tests.local_grid import LocalGrid, method_config, run_server
 
 TIMING = ("seconds", "started-at", "time")
 
@@ -68,9 +69,7 @@ def test_the_same_clients_evaluate_every_round_and_evaluation_leaves_training_sa
     assert trained[0] == trained[1]
 
 
-@pytest.mark.parametrize("method", sorted(METHOD_CONFIGS))
-def test_interrupted_and_resumed_run_gives_the_uninterrupted_summary(method: str, tiny_model_dir: Path,
-                                                                     tmp_path: Path, flower_ids: None) -> None:
+def check_resume(method: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     """Killed while round 2 trains, resumed from the round-1 checkpoint on fresh nodes (new ids, empty
     context.state): the final summary equals the uninterrupted run's (clients' private state restored on device)."""
     state_dirs = {p: {"state-dir": str(tmp_path / f"device-{p}")} for p in range(4)}
@@ -84,6 +83,12 @@ def test_interrupted_and_resumed_run_gives_the_uninterrupted_summary(method: str
     assert err is None, err
     assert comparable(summary(resumed)) == comparable(summary(whole))
     assert [r["phase"] for r in rows(resumed)] == [r["phase"] for r in rows(whole)]
+
+
+@pytest.mark.parametrize("method", registry.names())
+def test_interrupted_and_resumed_run_gives_the_uninterrupted_summary(method: str, tiny_model_dir: Path,
+                                                                     tmp_path: Path, flower_ids: None) -> None:
+    check_resume(method, tiny_model_dir, tmp_path)
 
 
 def test_resume_checks_the_config_before_any_work(tiny_model_dir: Path, tmp_path: Path) -> None:

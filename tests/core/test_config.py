@@ -10,7 +10,9 @@ import pytest
 
 from fedprune_app.core import registry
 from fedprune_app.core.config import ConfigError, RunConfig, all_keys, defaults, per_client
-from tools import launch
+from fedprune_app.methods.flexlora.config import FlexLoRAConfig
+from fedprune_app.methods.sftp.config import SFTPConfig
+from tools import config_keys, launch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,11 +86,28 @@ def test_launcher_merges_presets_and_overrides_in_order(tmp_path: Path) -> None:
 
 
 def test_presets_are_valid() -> None:
-    for preset in sorted((ROOT / "conf").glob("*.toml")):
-        RunConfig.from_flower(launch.merged_config(ROOT, [str(preset)]), methods=registry.names())
+    """Every preset validates and says which method it runs; every registered method has a preset."""
+    presets = sorted((ROOT / "conf").glob("*.toml"))
+    methods = {RunConfig.from_flower(launch.merged_config(ROOT, [str(p)])).method for p in presets}
+    assert methods == set(registry.names()), f"presets run {sorted(methods)}, registry has {registry.names()}"
+    for name in registry.names():
+        assert (ROOT / "conf" / f"{name}.toml").is_file(), f"method {name!r} has no conf/{name}.toml"
 
 
-def test_readme_documents_every_key_with_its_default() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_key_reference_and_pyproject_are_generated_from_the_typed_configs() -> None:
+    """`python -m tools.config_keys --write` output is what is committed; a changed default is caught."""
+    assert config_keys.drift() == []
+    text = (ROOT / "pyproject.toml").read_text()
+    assert config_keys.with_block(text) == text
+    assert config_keys.with_block(text.replace("lora-rank = 16", "lora-rank = 8")) == text
+    page = (ROOT / "docs" / "config.md").read_text()
     for key in all_keys():
-        assert f"| `{key.name}` | `{key.default!r}` |" in readme, f"README lacks the row of {key.name}"
+        assert f"| `{key.name}` | `{config_keys.toml_value(key.default)}` |" in page, f"docs/config.md lacks {key.name}"
+
+
+def test_every_key_belongs_to_exactly_one_section() -> None:
+    names = [k.name for k in all_keys()]
+    assert len(names) == len(set(names))
+    cfg = RunConfig.from_flower({"sftp-lambda": 4, "flexlora-ranks": "2,4"})
+    assert cfg.section(SFTPConfig).sftp_lambda == 4.0 and isinstance(cfg.section(SFTPConfig).sftp_lambda, float)
+    assert cfg.section(FlexLoRAConfig).flexlora_ranks == "2,4" and cfg.sftp_lambda == 4.0

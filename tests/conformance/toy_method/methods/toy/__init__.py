@@ -1,0 +1,7 @@
+"""toy: FedIT's LoRA with a server learning rate (the README's "Adding a method", proved by a test)."""
+
+from fedprune_app.methods.toy.config import ToyConfig
+
+from fedprune_app.core.registry import register_method
+
+register_method("toy", config=ToyConfig)

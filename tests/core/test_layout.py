@@ -1,0 +1,60 @@
+"""The import rules of the layout (README "Layout"), read from every import statement (function-level ones too)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module a file imports (absolute names; `from a import b` counts as `a` and `a.b`)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def files(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def offenders(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p} imports {m}" for p in paths
+            for m in sorted(imports_of(p))
+            if any(m == f or m.startswith(f + ".") for f in forbidden)]
+
+
+RULES = {
+    "clients never import strategies": (("clients",), ("strategies",)),
+    "strategies never import clients": (("strategies",), ("clients",)),
+    "the app never imports tooling or tests": (("fedprune_app", "strategies", "clients"), ("tools", "tests")),
+    "core and llm import no method, strategy or client": (
+        ("fedprune_app/core", "fedprune_app/llm"), ("fedprune_app.methods", "strategies", "clients")),
+    "the LLM library imports no flwr": (("fedprune_app/llm",), ("flwr",)),
+    "method packages import no side": (("fedprune_app/methods",), ("strategies", "clients", "fedprune_app.server_app",
+                                                                   "fedprune_app.client_app")),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_import_rule(rule: str) -> None:
+    folders, forbidden = RULES[rule]
+    paths = files(*folders)
+    assert paths, f"no files under {folders}"
+    assert offenders(paths, forbidden) == []
+
+
+def test_the_rule_checker_sees_function_level_imports(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from strategies.sftp import SFTPStrategy\n    import flwr.app\n")
+    assert offenders([bad], ("strategies",)) and offenders([bad], ("flwr",))
+    assert not offenders([bad], ("clients",))
+
