@@ -30,13 +30,8 @@ from fedprune_app.methods.fedflap.importance import (
     importance_scores,
     masks_from_arrays,
 )
-from fedprune_app.methods.sftp.generator import backbone_parameters, kept_ratios
-from fedprune_app.methods.sftp.routing import (
-    LayerMasks,
-    kept_parameters,
-    prunable_parameters,
-    set_masks,
-)
+from fedprune_app.methods.sftp.generator import model_kept_ratios
+from fedprune_app.methods.sftp.routing import LayerMasks, set_masks
 
 
 @register_client("fedflap")
@@ -56,11 +51,6 @@ class FedFLAPClient(FedITClient):
         set_masks(model, masks)
         return model, tokenizer, masks
 
-    def kept(self, model: nn.Module, masks: list[LayerMasks] | None) -> dict[str, float]:
-        total = prunable_parameters(model.config)
-        kept = float(total if masks is None else kept_parameters(model.config, masks))
-        return kept_ratios(kept, total, backbone_parameters(model))
-
     def train(self, content: RecordDict) -> RecordDict:
         server_round = int(content.config_records["config"]["server-round"])
         if server_round == 1:
@@ -69,7 +59,7 @@ class FedFLAPClient(FedITClient):
         if masks is None:
             raise ValueError("fedflap recovery round without the global masks (fedflap-mask.*) in the arrays")
         try:
-            return self.local_round(model, tokenizer, server_round, **self.kept(model, masks))
+            return self.local_round(model, tokenizer, server_round, **model_kept_ratios(model, masks))
         finally:
             set_masks(model, None)
 
@@ -96,6 +86,6 @@ class FedFLAPClient(FedITClient):
             scores = evaluate_client(model, tokenizer, self.data, self.cfg, self.num_partitions)
         finally:
             set_masks(model, None)
-        metrics = MetricRecord({**scores, **self.kept(model, masks), "num-examples": len(self.data.test),
+        metrics = MetricRecord({**scores, **model_kept_ratios(model, masks), "num-examples": len(self.data.test),
                                 "partition-id": self.partition_id, "seconds": time.perf_counter() - start})
         return RecordDict({"metrics": metrics, "info": self.info()})

@@ -22,26 +22,22 @@ from fedprune_app.core.protocol import to_record
 from fedprune_app.core.registry import register_client
 from fedprune_app.llm.data import Example, training_batches
 from fedprune_app.llm.evaluation import evaluate_client, mean_loss
-from fedprune_app.llm.models import get_adapter_state, model_device, set_adapter_state
+from fedprune_app.llm.models import get_adapter_state, model_device
 from fedprune_app.llm.training import optimizer_step, to_device
 from fedprune_app.methods.sftp.generator import (
-    GENERATOR_PREFIX,
     MaskGenerator,
-    backbone_parameters,
-    budget_penalty,
     cosine_lr,
     deterministic_mask,
-    generator_for,
     get_generator_state,
     keep_ratio_of,
-    kept_ratios,
     layer_masks,
+    model_kept_ratios,
     reinmax_binary,
-    routed_model_for,
-    set_generator_state,
+    routed_model_with,
+    sftp_objective,
     stacked_masks,
 )
-from fedprune_app.methods.sftp.routing import kept_parameters, prunable_parameters, set_masks
+from fedprune_app.methods.sftp.routing import LayerMasks, kept_parameters, prunable_parameters, set_masks
 
 EMBEDDING_RECORD = "sftp-embedding"
 
@@ -60,7 +56,8 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
                    embedding_state: dict[str, Tensor], examples: list[Example], cfg: RunConfig, keep_ratio: float,
                    seed: int, server_round: int) -> LocalReport:
     """Alg. 1's inner loop: per step, g = ReinMax gates of h_Θ(e_k) (Eq. 10–12), L = CLM + λ·R(T(g), p·T_total)
-    (Eq. 13–14), one AdamW step on (Θ, e_k, Φ) with the gradient clipped jointly to `max-grad-norm`.
+    (Eq. 13–14, `sftp_objective`), one AdamW step on (Θ, e_k, Φ) with the gradient clipped jointly to
+    `max-grad-norm`.
 
     AdamW lr `sftp-generator-lr`, wd `sftp-generator-weight-decay` for Θ and e_k (constant); LoRA lr
     `sftp-lora-lr` cosine-annealed over all rounds' steps (step (round−1)·E + t of R·E), wd `weight-decay`.
@@ -78,7 +75,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     if embedding is not None and embedding_state:
         opt.state[embedding] = {k: v.clone() for k, v in embedding_state.items()}
     params = [p for g in groups for p in g["params"]]
-    config, target = model.config, keep_ratio * prunable_parameters(model.config)
+    config, total = model.config, prunable_parameters(model.config)
     tau, bias, lam = cfg.sftp_gate_tau, cfg.sftp_gate_bias, cfg.sftp_lambda
     gate_rng = torch.Generator().manual_seed(seed)  # CPU: the same gates for a seed on any device
     device = model_device(model)
@@ -93,8 +90,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
             masks = layer_masks(reinmax_binary(generator(embedding), tau, bias, gate_rng))
             set_masks(model, masks)
             clm = model(**to_device(batch, device)).loss
-            penalty = budget_penalty(kept_parameters(config, masks), target)
-            loss = clm + lam * penalty
+            loss, penalty = sftp_objective(clm, kept_parameters(config, masks), keep_ratio, total, lam)
             optimizer_step(loss, params, opt, cfg.max_grad_norm, "sftp-generator-lr")
             report.clm.append(clm.item())
             report.penalty.append(penalty.item())
@@ -126,14 +122,7 @@ class SFTPClient(FederatedClient):
 
     def load(self, content: RecordDict) -> tuple[nn.Module, Any, MaskGenerator]:
         """The routed model with the message's Φ loaded, and h_Θ with its Θ."""
-        model, tokenizer = routed_model_for(self.cfg)
-        model.eval()  # dropout off outside local_training, whatever an earlier use left
-        arrays = content.array_records["arrays"].to_torch_state_dict()
-        generator = generator_for(self.cfg, model.config, device=model_device(model))
-        set_generator_state(generator, arrays)
-        if self.cfg.sftp_adapters:
-            set_adapter_state(model, {k: v for k, v in arrays.items() if not k.startswith(GENERATOR_PREFIX)})
-        return model, tokenizer, generator
+        return routed_model_with(self.cfg, content.array_records["arrays"].to_torch_state_dict())
 
     def embedding(self, device: torch.device | str = "cpu") -> tuple[nn.Parameter | None, dict[str, Tensor]]:
         """(e_k, its AdamW state) from `context.state`, on `device` (the model's); e_k ~ N(0, I) seeded by
@@ -155,10 +144,10 @@ class SFTPClient(FederatedClient):
         self.context.state[EMBEDDING_RECORD] = ArrayRecord(arrays)
         self.private["embedding-step"] = float(state["step"])
 
-    def kept(self, model: nn.Module, masks: list[dict[str, Tensor]] | None) -> dict[str, float]:
-        total = prunable_parameters(model.config)
-        kept = float(total if masks is None else kept_parameters(model.config, masks))
-        return kept_ratios(kept, total, backbone_parameters(model))
+    def own_masks(self, generator: MaskGenerator, embedding: nn.Parameter | None) -> list[LayerMasks]:
+        """This client's deterministic mask 1[σ(h_Θ(e_k) + c) > 0.5], one LayerMasks per decoder layer."""
+        with torch.no_grad():
+            return layer_masks(deterministic_mask(generator(embedding), self.cfg.sftp_gate_bias))
 
     def train(self, content: RecordDict) -> RecordDict:
         start = time.perf_counter()
@@ -170,8 +159,8 @@ class SFTPClient(FederatedClient):
         if embedding is not None:
             self.store_embedding(embedding, state)
         self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1
+        masks = self.own_masks(generator, embedding)
         with torch.no_grad():
-            masks = layer_masks(deterministic_mask(generator(embedding), self.cfg.sftp_gate_bias))
             set_masks(model, masks)
             try:
                 val_loss = mean_loss(model, tokenizer, self.data.val, self.cfg.seq_len) if self.data.val \
@@ -184,7 +173,7 @@ class SFTPClient(FederatedClient):
         metrics = MetricRecord({
             "num-examples": len(self.data.train), "partition-id": self.partition_id, "keep-target": self.keep_ratio,
             "train-loss": _mean(report.objective), "clm-loss": _mean(report.clm), "penalty": _mean(report.penalty),
-            "val-loss": val_loss, **self.kept(model, masks), "train-seconds": report.seconds,
+            "val-loss": val_loss, **model_kept_ratios(model, masks), "train-seconds": report.seconds,
             "seconds": time.perf_counter() - start,
         })
         return RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics, "info": self.info()})
@@ -199,16 +188,14 @@ class SFTPClient(FederatedClient):
         model, tokenizer, generator = self.load(content)
         masks = None
         if server_round > 0:
-            embedding, _ = self.embedding(model_device(model))
-            with torch.no_grad():
-                masks = layer_masks(deterministic_mask(generator(embedding), self.cfg.sftp_gate_bias))
+            masks = self.own_masks(generator, self.embedding(model_device(model))[0])
         set_masks(model, masks)
         try:
             with torch.no_grad():
                 scores = evaluate_client(model, tokenizer, self.data, self.cfg, self.num_partitions)
         finally:
             set_masks(model, None)
-        metrics = MetricRecord({**scores, **self.kept(model, masks), "num-examples": len(self.data.test),
+        metrics = MetricRecord({**scores, **model_kept_ratios(model, masks), "num-examples": len(self.data.test),
                                 "partition-id": self.partition_id, "keep-target": self.keep_ratio,
                                 "seconds": time.perf_counter() - start})
         reply = RecordDict({"metrics": metrics, "info": self.info()})

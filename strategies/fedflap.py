@@ -23,7 +23,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.protocol import flat_metrics, numpy_state
+from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import to_record, weighted_average
 from fedprune_app.core.strategy import FederatedStrategy, Recorder
@@ -158,7 +158,11 @@ class FedFLAPStrategy(FederatedStrategy):
         for msg in replies:
             if not msg.has_error():
                 m = flat_metrics(msg.content)
-                self.scores.setdefault(str(server_round), {})[str(m.get("partition-id"))] = {
+                try:
+                    client = str(parse_partition_id(m.get("partition-id")))
+                except ValueError:
+                    continue  # the base class logs the reply (client None); fedflap.json holds clients only
+                self.scores.setdefault(str(server_round), {})[client] = {
                     k: float(v) for k, v in m.items() if k in ("acc", "acc_norm", "ppl", "kept-ratio-prunable")}
         return super().aggregate_evaluate(server_round, replies)
 

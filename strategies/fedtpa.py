@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.protocol import flat_metrics, numpy_state
+from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import to_record, weighted_average
 from fedprune_app.core.strategy import log
@@ -133,9 +133,11 @@ class FedTPAStrategy(FedITStrategy):
 
     @staticmethod
     def metrics_problem(metrics: dict[str, Any], losses: bool = True) -> str | None:
-        pid, n = metrics.get("partition-id"), metrics.get("num-examples")
-        if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
-            return "reply lacks a non-negative int 'partition-id' metric"
+        try:
+            parse_partition_id(metrics.get("partition-id"))
+        except ValueError as err:
+            return f"reply metric {err}"
+        n = metrics.get("num-examples")
         if not isinstance(n, int | float) or not n > 0:
             return "reply lacks a positive 'num-examples' metric"
         if losses:

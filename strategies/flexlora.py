@@ -20,7 +20,7 @@ import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.protocol import flat_metrics, numpy_state
+from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import to_record
 from fedprune_app.core.strategy import log
@@ -97,12 +97,13 @@ class FlexLoRAStrategy(FedITStrategy):
         for layer in self.layers:
             if (problem := factor_problem(layer, arrays, sent, rank)) is not None:
                 return problem
-        n, pid = metrics.get("num-examples"), metrics.get("partition-id")
+        n = metrics.get("num-examples")
         if not isinstance(n, int | float) or not n > 0:
             return "reply lacks a positive 'num-examples' metric"
-        if not isinstance(pid, int) or pid < 0:
-            return "reply lacks a non-negative int 'partition-id' metric"
-        self.partition_rank[pid] = rank
+        try:
+            self.partition_rank[parse_partition_id(metrics.get("partition-id"))] = rank
+        except ValueError as err:
+            return f"reply metric {err}"
         return None
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:

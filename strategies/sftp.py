@@ -23,11 +23,11 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.protocol import flat_metrics, numpy_state
+from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import to_record, weighted_average
-from fedprune_app.core.strategy import FederatedStrategy, Recorder
-from fedprune_app.llm.models import initial_adapter_state, model_device, set_adapter_state
+from fedprune_app.core.strategy import FederatedStrategy, Recorder, log
+from fedprune_app.llm.models import initial_adapter_state
 from fedprune_app.methods.sftp.generator import (
     GENERATOR_PREFIX,
     deterministic_mask,
@@ -35,7 +35,7 @@ from fedprune_app.methods.sftp.generator import (
     get_generator_state,
     layer_masks,
     routed_model_for,
-    set_generator_state,
+    routed_model_with,
 )
 from fedprune_app.methods.sftp.routing import (
     MASK_NAMES,
@@ -89,19 +89,17 @@ class SFTPStrategy(FederatedStrategy):
         replies = list(replies)
         for msg in replies:
             if not msg.has_error() and "masks" in msg.content.array_records:
-                client = int(flat_metrics(msg.content)["partition-id"])
+                try:
+                    client = parse_partition_id(flat_metrics(msg.content).get("partition-id"))
+                except ValueError as err:
+                    log.warning("final masks of node %d dropped: %s", msg.metadata.src_node_id, err)
+                    continue
                 self.final_masks[client] = numpy_state(msg.content.array_records["masks"])
         return super().aggregate_evaluate(server_round, replies)
 
     def load(self, arrays: ArrayRecord) -> tuple[Any, Any, Any]:
-        model, tokenizer = routed_model_for(self.cfg)
-        model.eval()
-        state = arrays.to_torch_state_dict()
-        generator = generator_for(self.cfg, model.config, device=model_device(model))
-        set_generator_state(generator, state)
-        if self.cfg.sftp_adapters:
-            set_adapter_state(model, {k: v for k, v in state.items() if not k.startswith(GENERATOR_PREFIX)})
-        return model, tokenizer, generator
+        """The routed model with the global Φ, and h_Θ with the global Θ."""
+        return routed_model_with(self.cfg, arrays.to_torch_state_dict())
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
         """Backbone + Φ routed by the generator's mask for the shared fixed input (the zero embedding): every

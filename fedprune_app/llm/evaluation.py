@@ -137,17 +137,6 @@ def lm_eval_per_example(model: nn.Module, tokenizer: Any, task: str | dict[str, 
     return {m: [float(s[m]) for s in samples] for m in ("acc", "acc_norm")}
 
 
-def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
-    """Length of the longest common subsequence (dynamic programming)."""
-    prev = [0] * (len(b) + 1)
-    for x in a:
-        cur = [0]
-        for j, y in enumerate(b):
-            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
-        prev = cur
-    return prev[-1]
-
-
 def rouge_l_scores(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
     """Rouge-L F1 per example (rouge-score's tokenizer and stemmer, as in the papers' instruction-tuning tables)."""
     from rouge_score import rouge_scorer

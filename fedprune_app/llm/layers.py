@@ -17,17 +17,25 @@ from fedprune_app.llm.data import Example, pack_text
 from fedprune_app.llm.models import load_base_model, load_tokenizer
 
 
+def _is_decoder_block(layer: nn.Module) -> bool:
+    """A decoder block: it has `self_attn` and `mlp` (LLaMA family, also SFT-P's compiled layers, whose skipped
+    submodules are None), or it holds nn.Linear layers (OPT's `self_attn` + `fc1`/`fc2`, ...)."""
+    return (hasattr(layer, "self_attn") and hasattr(layer, "mlp")) or any(
+        isinstance(m, nn.Linear) for m in layer.modules())
+
+
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The model's stack of decoder layers: the longest ModuleList whose every element holds nn.Linear layers
-    (LLaMA/Qwen/Mistral `model.layers`, OPT `model.decoder.layers`, GPT-2-style `transformer.h`, ...)."""
+    """The model's stack of decoder layers, peft-wrapped or not: the longest ModuleList (the first of equal
+    length) whose every element is a decoder block (`_is_decoder_block`): LLaMA/Qwen/Mistral `model.layers`,
+    OPT `model.decoder.layers`, an SFT-P compiled model's layers (a fully skipped one included)."""
     best: nn.ModuleList | None = None
     for module in model.modules():
-        if isinstance(module, nn.ModuleList) and len(module) and all(
-                any(isinstance(m, nn.Linear) for m in layer.modules()) for layer in module):
+        if isinstance(module, nn.ModuleList) and len(module) and all(_is_decoder_block(layer) for layer in module):
             if best is None or len(module) > len(best):
                 best = module
     if best is None:
-        raise ValueError(f"found no decoder layers (a ModuleList of blocks with nn.Linear) in {type(model).__name__}")
+        raise ValueError(f"found no decoder layers (a ModuleList of blocks with self_attn and mlp, or with "
+                         f"nn.Linear) in {type(model).__name__}")
     return best
 
 

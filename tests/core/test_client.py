@@ -10,7 +10,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from fedprune_app.client_app import app
 from fedprune_app.llm.models import get_adapter_state, peft_model_for
+from strategies.fedit import FedITStrategy
 from tests.conftest import small_config
+from tests.local_grid import LocalGrid
 
 
 @pytest.fixture()
@@ -65,11 +67,20 @@ def test_evaluate_call_scores_the_clients_own_task(setup) -> None:
 
 
 def test_a_bad_message_becomes_an_error_reply_not_a_crash(setup) -> None:
-    """Flower turns a raising ClientApp into an error reply; the strategy drops it (see test_strategy)."""
-    cfg, context, initial = setup
-    broken = ArrayRecord({k: v for k, v in list(initial.items())[1:]})
-    with pytest.raises(KeyError, match="adapter state lacks 1 tensors"):
-        app(_message(broken, MessageType.TRAIN), context)
+    """A train message without one adapter tensor: the ClientApp raises, naming the tensor; the node's runtime
+    turns a raising ClientApp into an error reply carrying the exception's text (Flower's SuperNode does;
+    LocalGrid does the same in this process); the strategy logs that reply as rejected with the reason and keeps
+    the global state (no aggregate, no exception), so the run goes on."""
+    cfg, _, initial = setup
+    missing = sorted(initial)[0]
+    broken = ArrayRecord({k: v for k, v in initial.items() if k != missing})
+    rows: list[dict] = []
+    strategy, grid = FedITStrategy(cfg, recorder=rows.append), LocalGrid(cfg, 1, ids=[7])
+    replies = list(grid.send_and_receive(strategy.configure_train(1, broken, ConfigRecord(), grid)))
+    assert len(replies) == 1 and replies[0].has_error()
+    assert "adapter state lacks 1 tensors" in replies[0].error.reason and missing in replies[0].error.reason
+    assert strategy.aggregate_train(1, replies) == (None, None)
+    assert [(r["node"], r["status"]) for r in rows] == [(7, "rejected")] and missing in rows[0]["problem"]
 
 
 def test_instruction_clients_are_scored_with_rouge_l(tiny_model_dir: Path) -> None:

@@ -75,11 +75,13 @@ def test_resolve_with_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_device("cuda:2")
 
 
-def test_asking_for_cuda_without_cuda_fails_at_load(tiny_model_dir: Path) -> None:
-    """The clear error comes from the model loaders (here: no CUDA in this torch), not from config parsing."""
+def test_asking_for_cuda_without_cuda_fails_at_load(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clear error comes from the model loaders (CUDA's absence faked, so a GPU machine runs the same test),
+    not from config parsing."""
     from fedprune_app.llm.layers import dense_model
     from fedprune_app.methods.sftp.generator import routed_model_for
 
+    fake_cuda(monkeypatch, 0)
     cfg = small_config(tiny_model_dir, device="cuda")  # parses
     for load in (lambda: load_base_model(str(tiny_model_dir), device="cuda"), lambda: peft_model_for(cfg),
                  lambda: dense_model(cfg), lambda: routed_model_for(cfg.replace(method="sftp"))):

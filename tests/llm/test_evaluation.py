@@ -13,7 +13,6 @@ from fedprune_app.llm.data import normalize_record
 from fedprune_app.llm.evaluation import (
     bootstrap_ci,
     generate,
-    lcs_length,
     lm_eval_accuracy,
     lm_eval_per_example,
     local_mc_task,
@@ -123,8 +122,7 @@ def test_lm_eval_reads_task_yamls_from_an_include_path(tiny, tmp_path: Path) -> 
 
 def test_rouge_l_is_the_lcs_f1() -> None:
     pred, ref = "the cat sat on a mat", "the cat was sitting on the mat"
-    lcs = lcs_length(pred.split(), ref.split())
-    assert lcs == 4  # the cat on mat
+    lcs = 4  # by hand: "the cat ... on ... mat" (stemming makes "sat" and "sitting" "sat" and "sit")
     p, r = lcs / 6, lcs / 7
     assert rouge_l([pred], [ref]) == pytest.approx(2 * p * r / (p + r))
     assert rouge_l(["same words here"], ["same words here"]) == pytest.approx(1.0)

@@ -11,13 +11,13 @@ from torch import Tensor, nn
 
 from fedprune_app.core.config import ConfigError, RunConfig, split_list
 from fedprune_app.core.replies import weighted_average
+from fedprune_app.llm.layers import decoder_layers
 from fedprune_app.llm.models import model_device
 from fedprune_app.methods.sftp.generator import routed_model_for
 from fedprune_app.methods.sftp.routing import (
     MASK_NAMES,
     LayerMasks,
-    _dims,
-    decoder_layers,
+    bus_dims,
     per_layer_masks,
     set_masks,
 )
@@ -139,7 +139,7 @@ def standardise(scores: np.ndarray) -> np.ndarray:
 
 def coordinate_costs(config: Any) -> dict[str, int]:
     """Parameters one kept bus coordinate of each mask adds to `routing.kept_parameters` (all lanes non-empty)."""
-    _, attn_in, attn_out, ffn_in, ffn_out = _dims(config)
+    _, attn_in, attn_out, ffn_in, ffn_out = bus_dims(config)
     return {"attn-in": attn_in, "attn-out": attn_out, "ffn-in": ffn_in, "ffn-out": ffn_out}
 
 
@@ -170,11 +170,6 @@ def cut_masks(scores: Mapping[str, np.ndarray], costs: Mapping[str, int], target
         spent += int(cost[i])
     parts = keep.reshape(len(names), layers, d)
     return {n: parts[j].copy() for j, n in enumerate(names)}
-
-
-def kept_cost(masks: Mapping[str, np.ndarray], costs: Mapping[str, int]) -> int:
-    """`routing.kept_parameters` of stacked masks (every lane non-empty, as `cut_masks` guarantees)."""
-    return int(sum(int(masks[n].sum()) * costs[n] for n in masks))
 
 
 def single_keep_ratio(cfg: RunConfig) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from fedprune_app.core.config import RunConfig
+from fedprune_app.llm.models import model_device, set_adapter_state
 from fedprune_app.methods.sftp.routing import MASK_NAMES, LayerMasks, kept_parameters, prunable_parameters
 
 GENERATOR_PREFIX = "mask-generator."  # Θ's tensors in a message; Φ (LoRA) keeps peft's names
@@ -89,9 +90,12 @@ def budget_penalty(kept: Tensor, target: float | Tensor) -> Tensor:
     return torch.log(torch.maximum(kept, target) / torch.minimum(kept, target))
 
 
-def sftp_objective(clm_loss: Tensor, kept: Tensor, keep_ratio: float, total: int, lam: float) -> Tensor:
-    """Eq. 13: L_k = L_CLM + λ·R(T(g_k), p·T_total)."""
-    return clm_loss + lam * budget_penalty(kept, keep_ratio * total)
+def sftp_objective(clm_loss: Tensor, kept: Tensor, keep_ratio: float, total: int, lam: float
+                   ) -> tuple[Tensor, Tensor]:
+    """Eq. 13: (L_k, R) with L_k = L_CLM + λ·R(T(g_k), p·T_total) and R the budget penalty of Eq. 14 (returned
+    too: the client reports it). The client's local training minimises exactly this L_k."""
+    penalty = budget_penalty(kept, keep_ratio * total)
+    return clm_loss + lam * penalty, penalty
 
 
 def kept_ratios(kept: float, prunable_total: int, model_total: int) -> dict[str, float]:
@@ -206,9 +210,29 @@ def routed_model_for(cfg: RunConfig) -> tuple[nn.Module, Any]:
                                 cfg.device)
 
 
+def routed_model_with(cfg: RunConfig, state: Mapping[str, Tensor]) -> tuple[nn.Module, Any, MaskGenerator]:
+    """The routed model (`routed_model_for`, in eval mode) with Φ from `state` when `sftp-adapters`, and h_Θ with
+    the Θ (`mask-generator.*`) of `state`, on the model's device: what a client loads from a message and the
+    server from the global arrays."""
+    model, tokenizer = routed_model_for(cfg)
+    model.eval()  # dropout off outside local training, whatever an earlier use left
+    generator = generator_for(cfg, model.config, device=model_device(model))
+    set_generator_state(generator, state)
+    if cfg.sftp_adapters:
+        set_adapter_state(model, {k: v for k, v in state.items() if not k.startswith(GENERATOR_PREFIX)})
+    return model, tokenizer, generator
+
+
 def backbone_parameters(model: nn.Module) -> int:
     """N: parameters of the backbone (LoRA tensors excluded, tied weights counted once)."""
     return sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
+
+
+def model_kept_ratios(model: nn.Module, masks: Sequence[LayerMasks] | None) -> dict[str, float]:
+    """`kept_ratios` of a routed model under `masks` (None = dense): what SFT-P's and fedflap's clients report."""
+    total = prunable_parameters(model.config)
+    kept = float(total if masks is None else kept_parameters(model.config, masks))
+    return kept_ratios(kept, total, backbone_parameters(model))
 
 
 def keep_ratio_of(cfg: RunConfig, partition_id: int, num_partitions: int) -> float:

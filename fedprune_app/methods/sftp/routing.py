@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fedprune_app.llm.layers import decoder_layers
+
 MASK_NAMES = ("attn-in", "attn-out", "ffn-in", "ffn-out")
 LayerMasks = dict[str, torch.Tensor]
 FORMAT = "fedprune-compiled/1"
@@ -92,15 +94,6 @@ class _RoutedLayer:
 _ROUTED_CLASSES: dict[type, type] = {}
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The stack of decoder layers (first ModuleList whose every block has `self_attn` and `mlp`)."""
-    for module in model.modules():
-        if isinstance(module, nn.ModuleList) and len(module) and all(
-                hasattr(layer, "self_attn") and hasattr(layer, "mlp") for layer in module):
-            return module
-    raise ValueError(f"no decoder layers with self_attn and mlp in {type(model).__name__}")
-
-
 def install_routing(model: nn.Module) -> None:
     """Patch every decoder layer (its class becomes a subclass with the masked forward, §3.1 Eq. 3–6) of a HF
     LLaMA-family causal LM, peft-wrapped or not. With no masks set it is exactly the original layer."""
@@ -132,8 +125,10 @@ def set_masks(model: nn.Module, masks: Sequence[LayerMasks | None] | None) -> No
 
 # ---------------------------------------------------------------- parameter accounting T(g) (Eq. 13)
 
-def _dims(config: Any) -> tuple[int, int, int, int, int]:
-    """(d, q_out + k_out + v_out, o_in, gate_out + up_out, down_in)."""
+def bus_dims(config: Any) -> tuple[int, int, int, int, int]:
+    """(d, q_out + k_out + v_out, o_in, gate_out + up_out, down_in): the weights one kept bus coordinate keeps
+    in an attention input lane (q/k/v rows), its output lane (o columns), an FFN input lane (gate/up rows) and
+    its output lane (down columns)."""
     d = int(config.hidden_size)
     head_dim = int(getattr(config, "head_dim", None) or d // config.num_attention_heads)
     kv = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
@@ -147,7 +142,7 @@ def kept_parameters(config: Any, masks: Sequence[LayerMasks]) -> Tensor:
     Per layer: attn |in|·(q_out + k_out + v_out) + |out|·o_in; ffn |in|·(gate_out + up_out) + |out|·down_in,
     |in| = g.sum(). A submodule with an empty lane counts 0 (the compiled model drops it; the indicator is a
     constant). Norm weights and biases are not counted (O(d) each; `prunable_parameters` likewise)."""
-    _, attn_in, attn_out, ffn_in, ffn_out = _dims(config)
+    _, attn_in, attn_out, ffn_in, ffn_out = bus_dims(config)
     total = torch.zeros((), device=masks[0]["attn-in"].device if masks else "cpu")
     for g in masks:
         for m, per_in, per_out in (("attn", attn_in, attn_out), ("ffn", ffn_in, ffn_out)):
@@ -159,7 +154,7 @@ def kept_parameters(config: Any, masks: Sequence[LayerMasks]) -> Tensor:
 
 def prunable_parameters(config: Any) -> int:
     """T_total: `kept_parameters` at all-ones masks (q/k/v/o/gate/up/down weights of every decoder layer)."""
-    d, attn_in, attn_out, ffn_in, ffn_out = _dims(config)
+    d, attn_in, attn_out, ffn_in, ffn_out = bus_dims(config)
     return int(config.num_hidden_layers) * d * (attn_in + attn_out + ffn_in + ffn_out)
 
 

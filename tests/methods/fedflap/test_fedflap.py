@@ -12,6 +12,7 @@ import torch
 from flwr.app import MessageType
 
 from fedprune_app.core.config import ConfigError
+from fedprune_app.llm.layers import decoder_layers
 from fedprune_app.llm.models import set_adapter_state
 from fedprune_app.methods.fedflap.importance import (
     IMPORTANCE_PREFIX,
@@ -21,15 +22,14 @@ from fedprune_app.methods.fedflap.importance import (
     cut_masks,
     fedflap_model_for,
     importance_scores,
-    kept_cost,
     masks_from_arrays,
     standardise,
 )
 from fedprune_app.methods.sftp.routing import (
     MASK_NAMES,
-    decoder_layers,
     kept_parameters,
     load_compiled,
+    per_layer_masks,
     prunable_parameters,
     set_masks,
 )
@@ -120,6 +120,11 @@ def test_standardise_per_row() -> None:
     assert (z[1] == 0).all()
 
 
+def kept_of(config: Any, stacked: dict[str, np.ndarray]) -> int:
+    """T(g) of stacked (layers × d) masks by SFT-P's `kept_parameters`."""
+    return int(kept_parameters(config, per_layer_masks(stacked)))
+
+
 @pytest.mark.parametrize("p", [0.2, 0.5, 0.8, 1.0])
 def test_cut_reaches_the_budget_and_keeps_the_top_scores(p: float, model: Any) -> None:
     config = model.config
@@ -129,9 +134,7 @@ def test_cut_reaches_the_budget_and_keeps_the_top_scores(p: float, model: Any) -
     costs = coordinate_costs(config)
     target = p * prunable_parameters(config)
     masks = cut_masks(scores, costs, target)
-    cost = kept_cost(masks, costs)
-    tensors = [{n: torch.from_numpy(masks[n][i]) for n in MASK_NAMES} for i in range(layers)]
-    assert cost == int(kept_parameters(config, tensors))  # the same accounting as SFT-P's budget
+    cost = kept_of(config, masks)  # SFT-P's budget accounting
     assert cost <= target + 1e-6 and target - cost < max(costs.values())
     assert all(masks[n][i].any() for n in MASK_NAMES for i in range(layers))
     # brute force: the non-forced kept coordinates are exactly a prefix of the global descending order
@@ -173,7 +176,7 @@ def test_whole_tiny_run(tiny_model_dir: Path, tmp_path: Path, flower_ids: None) 
     model, _ = fedflap_model_for(cfg)
     layers, d = int(model.config.num_hidden_layers), int(model.config.hidden_size)
     costs, total = coordinate_costs(model.config), prunable_parameters(model.config)
-    assert 0.5 * total - max(costs.values()) < kept_cost(saved, costs) <= 0.5 * total
+    assert 0.5 * total - max(costs.values()) < kept_of(model.config, saved) <= 0.5 * total
     final: dict[str, torch.Tensor] = {}
     for msg, reply in grid.exchanges:
         assert not reply.has_error(), reply.error.reason
@@ -200,7 +203,7 @@ def test_whole_tiny_run(tiny_model_dir: Path, tmp_path: Path, flower_ids: None) 
     assert evaluated == {0, 1, 3}
     table = json.loads((run / "fedflap.json").read_text())
     assert {"dense", "post-hoc", "fedflap"} <= set(table) and table["rounds"]["post-hoc"] == "1"
-    assert table["post-hoc"]["mean"]["kept-ratio-prunable"] == pytest.approx(kept_cost(saved, costs) / total)
+    assert table["post-hoc"]["mean"]["kept-ratio-prunable"] == pytest.approx(kept_of(model.config, saved) / total)
     assert "| post-hoc (1) |" in (run / "fedflap.md").read_text()
     # the compiled model = the masked model with the final LoRA
     set_adapter_state(model, {k: v for k, v in final.items() if not k.startswith(MASK_PREFIX)})

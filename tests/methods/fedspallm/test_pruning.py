@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
+from fedprune_app.llm.layers import decoder_layers
 from fedprune_app.methods.fedspallm.pruners import (
     capture_layer0_inputs,
-    decoder_layers,
     magnitude_prune,
     make_pruner,
     prune_sequentially,

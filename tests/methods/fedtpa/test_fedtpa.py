@@ -34,6 +34,7 @@ from fedprune_app.methods.fedtpa.rank_pruning import (
 )
 from strategies.fedtpa import FedTPAStrategy
 from tests.conftest import small_config
+from tests.fake_grid import FakeGrid
 
 # --- Eq. 6 and the dimension scores -------------------------------------------------------------------------
 
@@ -167,14 +168,6 @@ def test_itpa_maps_distances_linearly_onto_beta_min_to_one() -> None:
 
 
 # --- the strategy with hand-built replies ---------------------------------------------------------------------
-
-class FakeGrid:
-    def __init__(self, nodes: list[int]) -> None:
-        self.nodes = nodes
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.nodes)
-
 
 @pytest.fixture()
 def strategy(tiny_model_dir: Path, flower_ids: None) -> FedTPAStrategy:
@@ -378,9 +371,12 @@ def test_data_extensions_for_the_instruction_presets(tiny_model_dir: Path) -> No
     assert ni_category("subtask043_essential_terms_answering_incomplete_questions") == "essential_terms"
     assert ni_category("subtask046_miscellaenous_question_typing") == "misc"
     pool = [{"source": "ni", "category": c} for c in ["a"] * 30 + ["b"] * 30]
-    parts = partition_pool(pool, 2, "dirichlet", 0.05, seed=0)  # by category, although all share one source
+    parts = partition_pool(pool, 2, "dirichlet", 0.05, seed=1)  # by category, although all share one source
     assert sorted(i for p in parts for i in p) == list(range(60))
-    assert any({pool[i]["category"] for i in p} == {"a"} or len(p) > 40 for p in parts)
+    # the Dirichlet label is the category: the same split as if the categories were the sources, not the split
+    # of the one shared source
+    assert parts == partition_pool([{"source": e["category"]} for e in pool], 2, "dirichlet", 0.05, seed=1)
+    assert parts != partition_pool([{"source": "ni"} for _ in pool], 2, "dirichlet", 0.05, seed=1)
     train = [{"i": i} for i in range(10)]
     rest, val = local_split(train, 0.2, 0, seed=3)
     assert len(val) == 2 and len(rest) == 8 and sorted(e["i"] for e in rest + val) == list(range(10))

@@ -17,6 +17,7 @@ from fedprune_app.llm.models import get_adapter_state, peft_model_for
 from fedprune_app.methods.flexlora.svd import average_deltas, fit_rank, lora_delta, svd_factors
 from strategies.flexlora import FlexLoRAStrategy
 from tests.conftest import small_config
+from tests.fake_grid import FakeGrid
 
 ALPHA = 32.0
 
@@ -81,14 +82,6 @@ def test_fit_rank_keeps_delta_w_when_truncating_or_growing() -> None:
 
 # --- the strategy ---------------------------------------------------------------------------------------------
 
-class FakeGrid:
-    def __init__(self, nodes: list[int]) -> None:
-        self.nodes = nodes
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.nodes)
-
-
 def _reply(to: Message, rank: int, pid: int, seed: int, layers_like: ArrayRecord, **tamper: object) -> Message:
     rng = np.random.default_rng(seed)
     state = {}
@@ -147,6 +140,10 @@ def test_strategy_rejects_malformed_replies_without_changing_state(tiny_model_di
         "reported rank differs": _reply(sent, 2, 0, 1, initial, reported=3),
         "non-finite": _reply(sent, 2, 0, 1, initial, arrays={key_a: nan}),
     }
+    for name, pid in (("partition id a bool", True), ("partition id a string", "0"), ("negative partition id", -1)):
+        good = _reply(sent, 2, 0, 1, initial).content  # a ConfigRecord entry overrides the metric of that name
+        bad[name] = Message(content=RecordDict({**dict(good.items()), "info": ConfigRecord({"partition-id": pid})}),
+                            reply_to=sent)
     for name, msg in bad.items():
         assert strategy.aggregate_train(1, [msg]) == (None, None), name
         assert strategy.partition_rank == {} and strategy.node_partition == {}, name

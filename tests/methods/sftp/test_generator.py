@@ -109,7 +109,8 @@ def test_budget_penalty_is_zero_at_target_and_symmetric_in_log_ratio() -> None:
 
 def test_objective_is_clm_plus_lambda_penalty() -> None:
     clm, kept = torch.tensor(2.5), torch.tensor(300.0)
-    got = sftp_objective(clm, kept, keep_ratio=0.5, total=1000, lam=16.0)
+    got, penalty = sftp_objective(clm, kept, keep_ratio=0.5, total=1000, lam=16.0)
+    assert penalty.item() == pytest.approx(math.log(500 / 300), rel=1e-6)
     assert got.item() == pytest.approx(2.5 + 16 * math.log(500 / 300), rel=1e-6)
 
 

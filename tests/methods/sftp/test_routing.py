@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from fedprune_app.llm.layers import decoder_layers
 from fedprune_app.llm.models import add_lora, load_base_model
 from fedprune_app.methods.sftp.routing import (
     MASK_NAMES,
@@ -257,6 +258,26 @@ def test_save_load_round_trip(model: nn.Module, tmp_path: Path) -> None:
     assert torch.equal(_logits(loaded, ids), _logits(compiled, ids))
     assert {n: p.shape for n, p in loaded.named_parameters()} == {n: p.shape for n, p in compiled.named_parameters()}
     assert loaded.model.layers[1].mlp is None
+
+
+def test_a_fully_skipped_layer_compiles_saves_and_loads(model: nn.Module, tmp_path: Path) -> None:
+    """A layer whose four lanes are all empty keeps no nn.Linear (self_attn and mlp are None); it is still one of
+    the compiled model's decoder layers, so the model saves, loads and computes what the masked model does."""
+    masks = random_masks(2, uniform(0.5), seed=5)
+    for name in MASK_NAMES:
+        masks[0][name].zero_()
+    ids = _ids()
+    install_routing(model)
+    set_masks(model, masks)
+    masked = _logits(model, ids)
+    set_masks(model, None)
+    compiled = compile_model(model, masks)
+    assert compiled.model.layers[0].self_attn is None and compiled.model.layers[0].mlp is None
+    assert decoder_layers(compiled) is compiled.model.layers
+    save_compiled(compiled, tmp_path / "compiled")
+    loaded = load_compiled(tmp_path / "compiled")
+    assert loaded.model.layers[0].self_attn is None and loaded.model.layers[0].mlp is None
+    torch.testing.assert_close(_logits(loaded, ids), masked, atol=1e-4, rtol=1e-5)
 
 
 def _greedy_without_cache(model: nn.Module, ids: torch.Tensor, steps: int) -> torch.Tensor:

@@ -32,6 +32,7 @@ from fedprune_app.methods.sftp.routing import (
 )
 from strategies.sftp import SFTPStrategy
 from tests.conftest import small_config
+from tests.fake_grid import FakeGrid
 
 ROUNDS = 2
 
@@ -153,6 +154,76 @@ def test_local_training_moves_the_kept_ratio_to_the_budget(tiny_model_dir: Path)
     assert all(layer.routing_masks is None for layer in model.base_model.model.model.layers)  # left dense
 
 
+def _eq13_by_hand(model: torch.nn.Module, masks: list[dict[str, torch.Tensor]], batch: dict[str, torch.Tensor],
+                  keep_ratio: float) -> tuple[float, float]:
+    """(CLM, R) of one step computed here, not by the code under test: CLM = mean next-token cross-entropy of the
+    routed model's logits under `masks` over the labelled tokens; R = |log(T(g) / (p·T_total))| (Eq. 13–14) with
+    T counted from the weight shapes of the peft-wrapped LLaMA's projections (rows of q/k/v and gate/up per kept
+    input lane, columns of o and down per kept output lane)."""
+    set_masks(model, masks)
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    finally:
+        set_masks(model, None)
+    labels = batch["labels"][:, 1:].reshape(-1)
+    clm = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels, ignore_index=-100)
+    kept = total = 0
+    for layer, g in zip(model.base_model.model.model.layers, masks, strict=True):
+        a, f = layer.self_attn, layer.mlp
+        w = {name: getattr(m, "base_layer", m).weight.shape for name, m in (
+            ("q", a.q_proj), ("k", a.k_proj), ("v", a.v_proj), ("o", a.o_proj), ("gate", f.gate_proj),
+            ("up", f.up_proj), ("down", f.down_proj))}
+        n = {name: int(g[name].sum()) for name in MASK_NAMES}
+        assert min(n.values()) > 0  # no empty lane (that would drop a whole submodule from T)
+        kept += n["attn-in"] * (w["q"][0] + w["k"][0] + w["v"][0]) + n["attn-out"] * w["o"][1]
+        kept += n["ffn-in"] * (w["gate"][0] + w["up"][0]) + n["ffn-out"] * w["down"][1]
+        total += sum(s[0] * s[1] for s in w.values())
+    return clm.item(), abs(np.log(kept / (keep_ratio * total)))
+
+
+def test_the_reported_training_loss_is_eq_13(tiny_model_dir: Path, flower_ids: None,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the client reports as its training objective (one local step: the loss at the Θ, Φ, e_k it received)
+    is Eq. 13, L = CLM + λ·R, recomputed here from the step's own sampled gates and batch, for two λ: a client
+    that dropped λ, the penalty or the log ratio, or trained on another loss, reports another number."""
+    import clients.sftp as sftp_client
+
+    seen: dict[str, list] = {"masks": [], "batches": []}
+    real_set_masks, real_batches = sftp_client.set_masks, sftp_client.training_batches
+
+    def recording_set_masks(model: torch.nn.Module, masks: list | None) -> None:
+        if masks is not None:
+            seen["masks"].append([{k: v.detach().clone() for k, v in g.items()} for g in masks])
+        real_set_masks(model, masks)
+
+    def recording_batches(*args: object, **kwargs: object):
+        for batch in real_batches(*args, **kwargs):
+            seen["batches"].append({k: v.clone() for k, v in batch.items()})
+            yield batch
+
+    monkeypatch.setattr(sftp_client, "set_masks", recording_set_masks)
+    monkeypatch.setattr(sftp_client, "training_batches", recording_batches)
+    reported = {}
+    for lam in (1.0, 16.0):
+        cfg = sftp_config(tiny_model_dir, local_steps=1, lora_dropout=0.0, sftp_lambda=lam)
+        initial = SFTPStrategy(cfg).initial_arrays()
+        seen["masks"].clear()
+        seen["batches"].clear()
+        client = make_client(cfg)  # partition 1: p = 0.5
+        metrics = client.train(content(initial, 1)).metric_records["metrics"]
+        assert len(seen["batches"]) == 1 and len(seen["masks"]) == 2  # the step's gates, then the val-loss mask
+        model, _, _ = client.load(content(initial, 1))  # Φ as received (the step moved the cached model's)
+        clm, penalty = _eq13_by_hand(model, seen["masks"][0], seen["batches"][0], client.keep_ratio)
+        assert penalty > 0.1  # far enough from the budget that λ changes the objective
+        assert metrics["clm-loss"] == pytest.approx(clm, rel=1e-4)
+        assert metrics["penalty"] == pytest.approx(penalty, rel=1e-4)
+        assert metrics["train-loss"] == pytest.approx(clm + lam * penalty, rel=1e-4)
+        reported[lam] = (metrics["train-loss"], penalty)
+    (low, penalty), (high, _) = reported[1.0], reported[16.0]
+    assert high - low == pytest.approx(15.0 * penalty, rel=1e-3)
+
+
 def test_only_the_final_evaluation_carries_the_masks(round_one) -> None:
     cfg, initial, client, reply, _ = round_one
     trained = reply.array_records["arrays"]
@@ -202,7 +273,7 @@ def test_final_masks_become_compiled_models(tiny_model_dir: Path, flower_ids: No
     layers, d = model.config.num_hidden_layers, model.config.hidden_size
     rng = np.random.default_rng(1)
     masks = {pid: {n: rng.random((layers, d)) < 0.6 for n in MASK_NAMES} for pid in (0, 1)}
-    sent = list(strategy.configure_evaluate(ROUNDS, initial, ConfigRecord(), _Grid([10, 11])))
+    sent = list(strategy.configure_evaluate(ROUNDS, initial, ConfigRecord(), FakeGrid([10, 11])))
     replies = [Message(RecordDict({"metrics": MetricRecord({"acc": 0.5, "num-examples": 4, "partition-id": pid}),
                                    "masks": to_record(masks[pid])}), reply_to=m)
                for pid, m in zip((0, 1), sent, strict=True)]
@@ -256,14 +327,6 @@ def test_a_keep_ratio_per_client(tiny_model_dir: Path) -> None:
     assert [make_client(cfg, pid).keep_ratio for pid in range(4)] == [0.8, 0.5, 0.5, 0.5]
     with pytest.raises(ConfigError, match="sftp-keep-ratios"):
         _ = make_client(cfg.replace(sftp_keep_ratios="0.5,0.6"), 0).keep_ratio
-
-
-class _Grid:
-    def __init__(self, nodes: list[int]) -> None:
-        self.nodes = nodes
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.nodes)
 
 
 def test_client_app_dispatches_to_sftp(setup) -> None:
