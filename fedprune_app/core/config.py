@@ -24,6 +24,7 @@ import difflib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -413,6 +414,28 @@ def _node_number(node_config: Mapping[str, Any], key: str, default: float | None
         raise ConfigError(f"node-config key '{key}' must be {NODE_KEYS[key]}, got {value!r}") from None
 
 
+def parse_partition_id(value: Any, num_partitions: int | None = None, *, text: bool = False) -> int:
+    """A partition id, validated: an int, not a bool (with `text`, also an int written as a string, as Flower's
+    Ray proxy passes node-config values), in [0, num_partitions), or >= 0 where the number of partitions is not
+    known (a reply's `partition-id` metric, checked by the server). Raises ValueError saying what it accepts and
+    what it got. The one rule for a node's config and for the replies."""
+    allowed = "a non-negative int" if num_partitions is None else f"an int in [0, {num_partitions})"
+    problem = ValueError(f"'partition-id' must be {allowed}, got {value!r}")
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        pid = int(value)
+    elif text and isinstance(value, str):
+        try:
+            pid = int(value.strip())
+        except ValueError:
+            raise problem from None
+    else:
+        raise problem
+    if pid < 0 or (num_partitions is not None and pid >= num_partitions):
+        raise problem
+    return pid
+
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """A SuperNode's validated node config. `data_path` is the resolved JSONL path (None = use the embedded
@@ -436,11 +459,10 @@ class NodeConfig:
         num = _node_number(node_config, "num-partitions", 1, int)
         if num < 1:
             raise ConfigError(f"node-config key 'num-partitions' must be {NODE_KEYS['num-partitions']}, got {num}")
-        pid = _node_number(node_config, "partition-id", 0, int)
-        if not 0 <= pid < num:
-            raise ConfigError(
-                f"node-config key 'partition-id' must be an int in [0, {num}) (num-partitions = {num}), got {pid}"
-            )
+        try:
+            pid = parse_partition_id(node_config.get("partition-id", 0), num, text=True)
+        except ValueError as err:
+            raise ConfigError(f"node-config key {err} (num-partitions = {num})") from None
         data_path = node_config.get("data-path")
         if data_path is not None and not isinstance(data_path, str):
             raise ConfigError(f"node-config key 'data-path' must be {NODE_KEYS['data-path']}, got {data_path!r}")

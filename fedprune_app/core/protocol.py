@@ -3,37 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from numbers import Integral
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
+from fedprune_app.core.config import parse_partition_id as parse_partition_id  # the one rule, re-exported
+
 
 def to_record(state: Mapping[str, np.ndarray]) -> ArrayRecord:
     """{name: ndarray} as an ArrayRecord (any dtype, bool masks included)."""
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in state.items()})
-
-
-def parse_partition_id(value: Any, num_partitions: int | None = None, *, text: bool = False) -> int:
-    """A partition id, validated: an int, not a bool (with `text`, also an int written as a string, as Flower's
-    Ray proxy passes node-config values), in [0, num_partitions), or >= 0 where the number of partitions is not
-    known (a reply's `partition-id` metric, checked by the server). Raises ValueError saying what it accepts and
-    what it got. The one rule for a node's config and for the replies."""
-    allowed = "a non-negative int" if num_partitions is None else f"an int in [0, {num_partitions})"
-    problem = ValueError(f"'partition-id' must be {allowed}, got {value!r}")
-    if isinstance(value, Integral) and not isinstance(value, bool):
-        pid = int(value)
-    elif text and isinstance(value, str):
-        try:
-            pid = int(value.strip())
-        except ValueError:
-            raise problem from None
-    else:
-        raise problem
-    if pid < 0 or (num_partitions is not None and pid >= num_partitions):
-        raise problem
-    return pid
 
 
 def numpy_state(record: ArrayRecord) -> dict[str, np.ndarray]:

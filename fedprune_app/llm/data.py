@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from fedprune_app.core.config import ConfigError, RunConfig, split_list
+from fedprune_app.core.config import ConfigError, RunConfig, parse_partition_id, split_list
 
 Example = dict[str, Any]
 MC_PROMPT = "Question: {question}\nAnswer:"
@@ -308,8 +308,7 @@ def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> Clien
     iid / dirichlet: the training examples of all sources are pooled and partitioned by Flower Datasets; a
     client is evaluated on the test split of the source it holds most of.
     """
-    if not 0 <= partition_id < num_partitions:
-        raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
+    parse_partition_id(partition_id, num_partitions)  # ValueError naming what it accepts
     sources = split_list(cfg.client_data)
 
     def load(names: list[str]) -> dict[str, Splits]:
