@@ -24,6 +24,7 @@ from fedprune_app.llm.data import Example, training_batches
 from fedprune_app.llm.evaluation import evaluate_client, mean_loss
 from fedprune_app.llm.models import get_adapter_state, model_device
 from fedprune_app.llm.training import optimizer_step, to_device
+from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     MaskGenerator,
     cosine_lr,
@@ -84,7 +85,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     generator.train()
     try:
         for t, batch in enumerate(training_batches(examples, tokenizer, cfg.batch_size, steps, cfg.seq_len,
-                                                   seed)):
+                                                   seed, targets=cfg.section(SFTPConfig).sftp_loss_on)):
             if lora:
                 groups[-1]["lr"] = cosine_lr(cfg.sftp_lora_lr, (server_round - 1) * steps + t, total_steps)
             masks = layer_masks(reinmax_binary(generator(embedding), tau, bias, gate_rng))

@@ -348,16 +348,23 @@ def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> Clien
 
 # --- tokens -------------------------------------------------------------------------------------------
 
-def encode(tokenizer: Any, example: Example, seq_len: int) -> tuple[list[int], list[int]]:
-    """Token ids and labels (-100 on the prompt) of prompt + ' ' + response + eos, truncated to seq_len: a too
-    long example loses the head of its prompt first (so the response, the training target, is kept)."""
+TARGETS = ("answer", "sequence")  # what a prompted example's labels cover (see `encode`)
+
+
+def encode(tokenizer: Any, example: Example, seq_len: int, targets: str = "answer") -> tuple[list[int], list[int]]:
+    """Token ids and labels of prompt + ' ' + response + eos, truncated to seq_len: a too long example loses the
+    head of its prompt first (so the response is kept). `targets`: 'answer' = labels -100 on the prompt (the
+    loss is on the response only, instruction tuning); 'sequence' = every token is a target (the plain causal LM
+    loss on the whole text)."""
+    if targets not in TARGETS:
+        raise ValueError(f"targets must be one of {TARGETS}, got {targets!r}")
     prompt_ids = tokenizer(example["prompt"], add_special_tokens=True)["input_ids"] if example["prompt"] else []
     joiner = " " if example["prompt"] else ""
     full_ids = tokenizer(example["prompt"] + joiner + example["response"], add_special_tokens=True)["input_ids"]
     if tokenizer.eos_token_id is not None:
         full_ids = full_ids + [tokenizer.eos_token_id]
     n_prompt = len(prompt_ids) if full_ids[:len(prompt_ids)] == prompt_ids else len(prompt_ids) - 1
-    labels = [-100] * n_prompt + full_ids[n_prompt:]
+    labels = list(full_ids) if targets == "sequence" else [-100] * n_prompt + full_ids[n_prompt:]
     cut = min(max(0, len(full_ids) - seq_len), n_prompt)
     return full_ids[cut:][:seq_len], labels[cut:][:seq_len]
 
@@ -387,17 +394,18 @@ def pack_text(examples: Sequence[Example], tokenizer: Any, seq_len: int) -> list
     return [(b, list(b)) for b in blocks if len(b) >= 2]
 
 
-def training_items(examples: Sequence[Example], tokenizer: Any, seq_len: int) -> list[tuple[list[int], list[int]]]:
-    """What a training step samples from: each prompted example encoded alone (loss on its response),
-    plain text packed into full seq_len blocks."""
-    prompted = [encode(tokenizer, e, seq_len) for e in examples if e["prompt"]]
+def training_items(examples: Sequence[Example], tokenizer: Any, seq_len: int, targets: str = "answer"
+                   ) -> list[tuple[list[int], list[int]]]:
+    """What a training step samples from: each prompted example encoded alone (loss on its response, or on
+    every token with targets='sequence'), plain text packed into full seq_len blocks."""
+    prompted = [encode(tokenizer, e, seq_len, targets) for e in examples if e["prompt"]]
     return prompted + pack_text([e for e in examples if not e["prompt"]], tokenizer, seq_len)
 
 
 def training_batches(examples: Sequence[Example], tokenizer: Any, batch_size: int, steps: int, seq_len: int,
-                     seed: int) -> Iterator[dict[str, torch.Tensor]]:
+                     seed: int, targets: str = "answer") -> Iterator[dict[str, torch.Tensor]]:
     """`steps` batches drawn epoch by epoch from a seeded permutation of the training items."""
-    items = training_items(examples, tokenizer, seq_len)
+    items = training_items(examples, tokenizer, seq_len, targets)
     if not items:
         raise ValueError("no training items: the client's examples are empty")
     rng = random.Random(seed)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedprune_app.core.config import ConfigError, RunConfig
 from fedprune_app.llm.data import (
@@ -151,6 +152,30 @@ def test_encode_masks_the_prompt(tiny_model_dir: Path) -> None:
     batch = next(training_batches([ex, text_example("s", "a b c")], tok, 2, 1, 64, seed=0))
     assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape
     assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()
+
+
+def test_whole_sequence_targets_every_token_and_answer_targets_only_the_response(tiny_model_dir: Path) -> None:
+    """targets='sequence': every non-pad token is a target (labels == input ids); 'answer': only the response."""
+    tok = load_tokenizer(str(tiny_model_dir))
+    long = normalize_record("s", {"question": "Where is the cat sitting today? " * 6, "choices": ["on the mat", "no"],
+                                  "label": 0})
+    short = normalize_record("s", {"question": "Is the sky blue?", "choices": ["no", "yes"], "label": 1})
+    for ex in (short, long):
+        ids_s, labels_s = encode(tok, ex, 24, "sequence")
+        ids_a, labels_a = encode(tok, ex, 24, "answer")
+        assert ids_s == ids_a and labels_s == ids_s  # the same tokens; every one a target
+        n_answer = sum(t != -100 for t in labels_a)
+        assert 0 < n_answer < len(ids_a) and labels_a[-n_answer:] == ids_a[-n_answer:]
+        assert all(t == -100 for t in labels_a[:-n_answer])
+    batches = {t: next(training_batches([short, long], tok, 2, 1, 24, seed=0, targets=t))
+               for t in ("sequence", "answer")}
+    seq, ans = batches["sequence"], batches["answer"]
+    assert torch.equal(seq["input_ids"], ans["input_ids"])
+    real = seq["attention_mask"] == 1
+    assert torch.equal(seq["labels"][real], seq["input_ids"][real]) and (seq["labels"][~real] == -100).all()
+    assert (ans["labels"] != -100).sum() < real.sum()
+    with pytest.raises(ValueError, match="targets must be one of"):
+        encode(tok, short, 24, "prompt")
 
 
 def test_plain_text_is_packed_into_full_blocks(tiny_model_dir: Path) -> None:

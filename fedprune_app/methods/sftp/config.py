@@ -28,6 +28,13 @@ class SFTPConfig(ConfigSection):
         True,
         "SFT-P adapter co-training (+A): LoRA (lora-* keys) trained and federated with the generator; false = NOA.",
     )
+    sftp_loss_on: str = key(
+        "sequence",
+        "What L_CLM of Eq. 13 is computed on: 'sequence' = every token of prompt + response (§3.3: 'the standard "
+        "causal language modeling loss on client k's local corpus (next-token prediction)'); 'answer' = the "
+        "response only (FedIT's instruction-tuning labels; SFT-P's objective before 2026-11-25).",
+        choices=("sequence", "answer"),
+    )
     sftp_lambda: float = key(16.0, "SFT-P budget regulariser weight lambda (Eq. 13).", minimum=0.0)
     sftp_gate_bias: float = key(3.0, "SFT-P gate bias c in pi0 = sigmoid(s + c) (Eq. 12).", minimum=-20.0, maximum=20.0)
     sftp_gate_tau: float = key(

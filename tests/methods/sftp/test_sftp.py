@@ -224,6 +224,34 @@ def test_the_reported_training_loss_is_eq_13(tiny_model_dir: Path, flower_ids: N
     assert high - low == pytest.approx(15.0 * penalty, rel=1e-3)
 
 
+@pytest.mark.parametrize("loss_on", ["sequence", "answer", None])
+def test_the_client_trains_on_the_configured_targets(loss_on: str | None, tiny_model_dir: Path, flower_ids: None,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """L_CLM (Eq. 13) is on every token by default (§3.3's causal LM loss on the local corpus); `sftp-loss-on =
+    'answer'` puts it on the responses only."""
+    import clients.sftp as sftp_client
+
+    batches: list[dict[str, torch.Tensor]] = []
+    real_batches = sftp_client.training_batches
+
+    def recording_batches(*args: object, **kwargs: object):
+        for batch in real_batches(*args, **kwargs):
+            batches.append(batch)
+            yield batch
+
+    monkeypatch.setattr(sftp_client, "training_batches", recording_batches)
+    cfg = sftp_config(tiny_model_dir, local_steps=2, **({} if loss_on is None else {"sftp_loss_on": loss_on}))
+    make_client(cfg).train(content(SFTPStrategy(cfg).initial_arrays(), 1))
+    assert len(batches) == 2
+    for batch in batches:
+        real = batch["attention_mask"] == 1
+        targets = batch["labels"] != -100
+        if loss_on == "answer":
+            assert targets.sum() < real.sum() and not (targets & ~real).any()
+        else:
+            assert torch.equal(targets, real) and torch.equal(batch["labels"][real], batch["input_ids"][real])
+
+
 def test_only_the_final_evaluation_carries_the_masks(round_one) -> None:
     cfg, initial, client, reply, _ = round_one
     trained = reply.array_records["arrays"]
