@@ -111,12 +111,13 @@ def main(grid: Grid, context: Context) -> None:
         score_references(cfg, strategy, run)
         strategy.score_client_references(grid)
         run.finish("completed", {"artefacts": artefacts, "initial-state-seconds": round(initial_ready, 3)})
-    except BaseException:
+    except BaseException as err:
         error = traceback.format_exc()[-4000:]
+        message = f"{type(err).__name__}: {err}".strip()  # what `tools.launch` prints as the run's error
         try:
-            run.finish("failed", {"error": error})
+            run.finish("failed", {"error": error, "error-message": message})
         finally:
-            log.error("[fedprune] run failed; see %s/summary.json", run.path)
+            log.error("[fedprune] run failed: %s (see %s/summary.json)", message, run.path)
         raise
     print((run.path / "results.md").read_text(), flush=True)
     log.info("[fedprune] run directory: %s", run.path)

@@ -11,7 +11,8 @@ One invocation, everything under a fresh work directory (its own FLWR_HOMEs, cer
    authentication; the CSV `--auth-list-public-keys` of older releases is refused);
 4. N `flower-supernode`s (TLS, own private key, `--node-config "partition-id=i num-partitions=N
    [data-path=...] [resources=...]"`), then waits until the SuperLink lists all N online;
-5. `flwr run <app> local-deployment --stream --run-config <merged, validated config>`;
+5. `flwr run <app> local-deployment --stream --run-config <merged config>`, after the launcher's preflight checks
+   against the N SuperNodes (`tools/preflight.py`: a bad config fails before anything starts);
 6. the run's status (`flwr list --format json`) and its run directory's summary.json;
 7. stops every process it started, with their descendants and sessions (SuperExec, ServerApp, ClientApps),
    by PID, whatever happened.
@@ -34,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedprune_app.core.config import ConfigError, RunConfig
-from fedprune_app.core.rundir import resolve_output_dir
+from fedprune_app.core.config import ConfigError
 from fedprune_app.core.runtime import OFFLINE_ENV
 from tools import launch
+from tools.processes import free_port, stop_processes, wait_for_port
 
 CONNECTION = "local-deployment"
 CERTIFICATE_CONF = """[req]
@@ -159,66 +160,6 @@ def node_specs(n: int, data_paths: Sequence[str | None] = (), resources: Sequenc
     return [NodeSpec(i, n, nth(data_paths, i) or None, nth(resources, i)) for i in range(n)]
 
 
-# --- processes -------------------------------------------------------------------------------------------
-
-def process_family(pids: Sequence[int], marker: str = "") -> set[int]:
-    """`pids` (each started in a session of its own), their descendants, every process in their sessions or
-    their descendants' (SuperExec and the apps it starts run in sessions of their own; a SuperExec outlives
-    a SuperNode that exits), and every process whose environment holds `marker` ("KEY=value")."""
-    table = launch._proc_table()
-    family = {p for p in pids if p in table}
-    frontier = set(family)
-    while frontier:
-        frontier = {pid for pid, (ppid, _, _) in table.items() if ppid in frontier} - family
-        family |= frontier
-    sessions = ({table[pid][1] for pid in family} | set(pids)) - {os.getsid(0)}
-    family |= {pid for pid, (_, sid, _) in table.items() if sid in sessions}
-    if marker:
-        for pid in set(table) - family - {os.getpid()}:
-            try:
-                if marker.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                    family.add(pid)
-            except OSError:
-                pass
-    return family
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
-def stop_processes(procs: Sequence[subprocess.Popen], marker: str = "", grace: float = 10.0) -> set[int]:
-    """TERM, then KILL after `grace` s, the family of every started process; returns the PIDs it stopped."""
-    family = process_family([p.pid for p in procs], marker)
-    launch.terminate(set(family), grace, alive, tick=lambda: [proc.poll() for proc in procs])  # poll reaps our children
-    for proc in procs:
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-    return family
-
-
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    """Block until `proc` (still running) serves `port` on 127.0.0.1."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the SuperLink exited with code {proc.returncode} (port {port} taken?)")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                time.sleep(0.5)  # a port another process held would show up as our SuperLink exiting
-                if proc.poll() is None:
-                    return
-        time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s")
-
-
 def _flwr_json(flwr: str, args: list[str], env: dict[str, str]) -> dict:
     done = subprocess.run([flwr, *args, "--format", "json"], env=env, capture_output=True, text=True, timeout=120)
     try:
@@ -267,7 +208,7 @@ class LocalFederation:
 
     def start_superlink(self) -> None:
         """`flower-superlink` with TLS and SuperNode authentication on a free port; the CLI connection to it."""
-        port = launch.free_port()
+        port = free_port()
         self.address = f"127.0.0.1:{port}"
         proc = self.start("superlink", [
             self.exe["flower-superlink"], "--ssl-ca-certfile", str(self.certs.ca_cert),
@@ -288,7 +229,7 @@ class LocalFederation:
             self.exe["flower-supernode"], "--superlink", self.address,
             "--root-certificates", str(ca_cert or self.certs.ca_cert),
             "--auth-supernode-private-key", str(private), "--node-config", spec.node_config(),
-            "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(launch.free_port())])
+            "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(free_port())])
 
     def wait_until_online(self, n: int, timeout: float = 180.0) -> None:
         """Block until the SuperLink lists `n` SuperNodes `online` (they authenticated); fail early when a
@@ -351,13 +292,12 @@ def deploy(run_configs: Sequence[str], nodes: Sequence[NodeSpec], app_dir: Path 
 
     from fedprune_app.core.config import NodeConfig
 
-    values = launch.merged_config(app_dir, [f"min-nodes={len(nodes)}", *run_configs])
-    cfg = RunConfig.from_flower(values, methods=launch._methods())
-    if cfg.min_nodes > len(nodes):
-        raise ConfigError(f"run-config key 'min-nodes' is {cfg.min_nodes} but only {len(nodes)} SuperNodes start")
     for spec in nodes:  # the ClientApp would raise the same error, after the whole start-up
         NodeConfig.from_flower(parse_config_args([spec.node_config()]))
-    out_root = resolve_output_dir(cfg.output_dir)
+    # the preflight checks against the N SuperNodes (`client-data` is not read when every node brings its data)
+    values = launch.checked_config(app_dir, [f"min-nodes={len(nodes)}", *run_configs],
+                                   f"num-supernodes={len(nodes)}", check_data=not all(s.data_path for s in nodes))
+    out_root = Path(values["output-dir"])
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
     code, status = 1, "not started"
     with LocalFederation(keep=True) as fed:  # the logs are read below
@@ -366,9 +306,7 @@ def deploy(run_configs: Sequence[str], nodes: Sequence[NodeSpec], app_dir: Path 
             for spec in nodes:
                 fed.add_supernode(spec)
             fed.wait_until_online(len(nodes))
-            resolved = fed.work / "run-config.toml"  # merged, validated, output-dir absolute
-            resolved.write_text("".join(f"{json.dumps(k)} = {launch._toml_value(v)}\n"
-                                        for k, v in {**values, "output-dir": str(out_root)}.items()))
+            resolved = launch.write_run_config(fed.work / "run-config.toml", values)  # checked, paths absolute
             code, status = fed.run(app_dir, resolved, timeout, quiet)
         except (RuntimeError, TimeoutError) as err:
             status = f"deployment failed: {err}"

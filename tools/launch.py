@@ -1,14 +1,16 @@
 """`python -m tools.launch`: one `flwr run` simulation, checked and cleaned up.
 
 `flwr run . --stream` exits 0 even when the run fails, and the local SuperLink it starts keeps running.
-This wrapper, used by `make run`, the end-to-end test and the overhead benchmark:
+This wrapper, used by `make run`, the end-to-end test and the benchmarks:
 
-1. merges pyproject's defaults with the `--run-config` files/strings and validates them (a bad key fails
-   here, in a second, before Ray starts);
+1. merges pyproject's defaults with the `--run-config` files/strings and runs the preflight checks
+   (`tools/preflight.py`: every key's value, the keys against the federation's `num-supernodes`, the data files,
+   the checkpoint and the model): a bad config fails here, with one line naming the key, before Ray starts;
 2. gives the run its own FLWR_HOME and free SuperLink ports, and the offline environment;
 3. runs `flwr run <app> --stream`, then reads the run's status with `flwr list --format json`;
-4. stops the SuperLink it started (by its PID, with its process group) and prints results.md;
-5. exits non-zero unless the run finished `completed` and left a completed summary.json.
+4. stops the SuperLink it started (by its PID, with everything it started) and prints results.md;
+5. exits non-zero unless the run finished `completed` and left a completed summary.json; a failed run's error
+   (summary.json) is the last line it prints.
 """
 
 from __future__ import annotations
@@ -19,33 +21,32 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedprune_app.core.config import ConfigError, RunConfig
+from fedprune_app.core.config import ConfigError
 from fedprune_app.core.rundir import resolve_output_dir
 from fedprune_app.core.runtime import OFFLINE_ENV
+from tools import preflight
+from tools.processes import free_port, stop_superlink
 
 APP_DIR = Path(__file__).resolve().parent.parent
 
 
-def parse_overrides(text: str) -> dict[str, Any]:
+def parse_overrides(text: str, flag: str = "--run-config") -> dict[str, Any]:
     """'k=v k2="s"' -> dict, with TOML value syntax (the same pattern `flwr run --run-config` uses)."""
     pairs = re.findall(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)", text)
     if not pairs and text.strip():
-        raise ConfigError(f"--run-config {text!r} is neither a .toml file nor 'key=value ...' pairs")
+        raise ConfigError(f"{flag} {text!r} is neither a .toml file nor 'key=value ...' pairs")
     try:
         return tomllib.loads("\n".join(f'"{k}" = {v}' for k, v in pairs))
     except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"--run-config {text!r}: values must be TOML (strings quoted): {err}") from err
+        raise ConfigError(f"{flag} {text!r}: values must be TOML (strings quoted): {err}") from None
 
 
 def merged_config(app_dir: Path, run_configs: list[str]) -> dict[str, Any]:
@@ -53,8 +54,13 @@ def merged_config(app_dir: Path, run_configs: list[str]) -> dict[str, Any]:
     merged = dict(_flatten(tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]))
     for item in run_configs:
         path = Path(item)
-        merged.update(_flatten(tomllib.loads(path.read_text())) if path.suffix == ".toml" and path.is_file()
-                      else parse_overrides(item))
+        if path.suffix == ".toml" and path.is_file():
+            try:
+                merged.update(_flatten(tomllib.loads(path.read_text())))
+            except tomllib.TOMLDecodeError as err:
+                raise ConfigError(f"--run-config {item}: not valid TOML ({err})") from None
+        else:
+            merged.update(parse_overrides(item))
     return merged
 
 
@@ -68,75 +74,11 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _toml_value(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else json.dumps(value)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _proc_table() -> dict[int, tuple[int, int, list[bytes]]]:
-    """pid -> (parent pid, session id, argv) for every process we can read in /proc."""
-    table = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        table[int(proc.name)] = (int(fields[1]), int(fields[3]), argv)
-    return table
-
-
-def superlink_pids(port: int) -> list[int]:
-    """PIDs of `flower-superlink` processes serving `port`."""
-    return [pid for pid, (_, _, argv) in _proc_table().items()
-            if any(a.endswith(b"flower-superlink") for a in argv) and str(port).encode() in argv]
-
-
-def superlink_family(port: int) -> set[int]:
-    """The SuperLink on `port`, its descendants, and every process in their sessions (SuperExec,
-    the simulation, Ray's daemons and actors start their own sessions under it)."""
-    table = _proc_table()
-    family = set(superlink_pids(port))
-    frontier = set(family)
-    while frontier:
-        frontier = {pid for pid, (ppid, _, _) in table.items() if ppid in frontier} - family
-        family |= frontier
-    sessions = {table[pid][1] for pid in family if pid in table}
-    return family | {pid for pid, (_, sid, _) in table.items() if sid in sessions and sid != os.getsid(0)}
-
-
-def stop_superlink(port: int) -> None:
-    """Terminate the SuperLink on `port` and everything it started (TERM, then KILL after 10 s)."""
-    terminate(superlink_family(port))
-
-
-def terminate(pids: set[int], grace: float = 10.0, alive: Callable[[int], bool] | None = None,
-              tick: Callable[[], None] | None = None) -> None:
-    """TERM every pid, then KILL what is still `alive` after `grace` s (`tick` runs while waiting, e.g. to reap
-    children)."""
-    alive = alive or (lambda p: Path(f"/proc/{p}").exists())
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.time() + grace
-        while time.time() < deadline and any(alive(p) for p in pids):
-            if tick is not None:
-                tick()
-            time.sleep(0.2)
-        pids = {p for p in pids if alive(p)}
-        if not pids:
-            return
+def write_run_config(path: Path, values: dict[str, Any]) -> Path:
+    """The flat run config as a TOML file that `flwr run --run-config <file>` reads."""
+    path.write_text("".join(f"{json.dumps(k)} = {str(v).lower() if isinstance(v, bool) else json.dumps(v)}\n"
+                            for k, v in values.items()))
+    return path
 
 
 def run_status(env: dict[str, str], flwr: str) -> str:
@@ -152,6 +94,18 @@ def run_status(env: dict[str, str], flwr: str) -> str:
     return str(newest.get("status", newest.get("status-text", "unknown")))
 
 
+def run_error(run_dir: Path | None) -> str:
+    """One line saying why a run failed: summary.json's `error-message` (the exception the ServerApp raised), else
+    the last line of its `error` traceback; what is missing when there is no summary."""
+    summary = run_dir / "summary.json" if run_dir is not None else None
+    if summary is None or not summary.is_file():
+        return "the run left no summary.json (it failed before its run directory was written; see the log above)"
+    record = json.loads(summary.read_text())
+    message = record.get("error-message") or next(
+        (line for line in reversed(str(record.get("error", "")).splitlines()) if line.strip()), "")
+    return message.strip() or f"status {record.get('status')!r} without an error message"
+
+
 @dataclass
 class Launched:
     """What one launch did: its exit code, the run directory, the SuperLink port it used, the run status."""
@@ -162,12 +116,26 @@ class Launched:
     status: str
 
 
-def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_DIR, timeout: float = 7200,
-           quiet: bool = False) -> Launched:
-    """Run one simulation and clean up after it."""
+def checked_config(app_dir: Path, run_configs: list[str], federation_config: str, check_data: bool = True
+                   ) -> dict[str, Any]:
+    """The merged run config after the preflight checks (ConfigError naming the key otherwise), as the run gets
+    it: `output-dir` and `resume-from` made absolute (the ServerApp resolves them from another directory).
+    `check_data` False leaves `client-data`'s files unchecked."""
     values = merged_config(app_dir, run_configs)
-    cfg = RunConfig.from_flower(values, methods=_methods())
-    out_root = resolve_output_dir(cfg.output_dir)
+    federation = parse_overrides(federation_config, "--federation-config")
+    cfg = preflight.preflight(values, preflight.federation_size(federation), client_data=check_data)
+    values["output-dir"] = str(resolve_output_dir(cfg.output_dir))
+    if cfg.resume_from:
+        values["resume-from"] = str(resolve_output_dir(cfg.resume_from))
+    return values
+
+
+def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_DIR, timeout: float = 7200,
+           quiet: bool = False, check_data: bool = True) -> Launched:
+    """Run one simulation and clean up after it. `check_data` False leaves `client-data`'s files to the clients
+    (a test that needs a client to fail inside the run)."""
+    values = checked_config(app_dir, run_configs, federation_config, check_data)
+    out_root = Path(values["output-dir"])
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
     flwr = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if flwr is None:
@@ -177,9 +145,7 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
     env = {**os.environ, **OFFLINE_ENV, "FLWR_HOME": str(flwr_home),
            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port), "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    resolved = flwr_home / "run-config.toml"  # the merged, validated config, output-dir made absolute
-    resolved.write_text("".join(f"{json.dumps(k)} = {_toml_value(v)}\n"
-                                for k, v in {**values, "output-dir": str(out_root)}.items()))
+    resolved = write_run_config(flwr_home / "run-config.toml", values)  # merged, checked, paths absolute
     cmd = [flwr, "run", str(app_dir), "--stream", "--run-config", str(resolved)]
     if federation_config:
         cmd += ["--federation-config", federation_config]
@@ -199,13 +165,9 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
     print(f"\n[fedprune] flwr run status: {status}; run directory: {run_dir}", flush=True)
     if run_dir is not None and (run_dir / "results.md").is_file():
         print((run_dir / "results.md").read_text(), flush=True)
+    if not ok:
+        print(f"[fedprune] the run failed: {run_error(run_dir)}", file=sys.stderr, flush=True)
     return Launched(0 if ok else 1, run_dir, http_port, status)
-
-
-def _methods() -> tuple[str, ...]:
-    from fedprune_app.core import registry
-
-    return registry.names()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,11 +29,14 @@ run enters the loop at `first_round` with the checkpoint's arrays and state.
 Failed replies (a ClientApp that raised, a timeout) and malformed ones are dropped, logged with the node id and
 counted. A round is aggregated only when at least `min-replies` replies are usable; otherwise it is sent again
 (`round-retries`) and then the run stops with `RoundFailed`: never a silent partial aggregate, and a client never
-corrupts the global state.
+corrupts the global state. When every reply of the failed round (all its attempts) failed with the same error, e.g.
+each ClientApp raising the same ConfigError, `RoundFailed`'s message is that error (`error_line`): it is what the
+run prints, not a count of failed replies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import re
@@ -49,7 +52,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.protocol import flat_metrics, numpy_state, record_bytes, spec_of
+from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id, record_bytes, spec_of
 from fedprune_app.core.replies import check_arrays, to_record, weighted_average
 
 log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
@@ -60,6 +63,22 @@ def _tail(reason: str, n: int = 600) -> str:
     """The end of an error text (where a traceback names the exception), without terminal colour codes."""
     clean = re.sub(r"\x1b\[[0-9;]*m", "", reason).strip()
     return clean if len(clean) <= n else "…" + clean[-n:]
+
+
+def error_line(reason: str, n: int = 500) -> str:
+    """The one line of an error reply's reason (or a rejection's problem) that says what went wrong: the message
+    of the exception the ClientApp raised. Flower wraps it as `<class '...'>:<'...'>`, and Ray's simulation as
+    `...ClientAppException occurred. Message: <message>'>` after a traceback; otherwise the text's last line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", reason).strip()
+    marker = "occurred. Message: "
+    if marker in text:
+        text = " ".join(text.rsplit(marker, 1)[1].split())
+    elif match := re.fullmatch(r"<class '([\w.]+)'>:<'(.*)'>", text, re.S):
+        text = f"{match[1].rsplit('.', 1)[-1]}: {' '.join(match[2].split())}"
+    else:
+        text = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+    text = text.removesuffix("'>").strip() or "(no error text)"
+    return text if len(text) <= n else text[:n] + "…"
 
 
 class RoundFailed(RuntimeError):
@@ -84,6 +103,7 @@ class FederatedStrategy(Strategy):
         self.node_resources: dict[int, float] = {}  # node id -> node-config `resources` (0 = not set)
         self.run_key = ""  # names the run (kept on resume); clients key their checkpointed private state by it
         self.timeout = 3600.0
+        self.train_problems: list[str] = []  # error_line of every unusable train reply of the current round
 
     # --- hooks -------------------------------------------------------------------------------------------
     def initial_arrays(self) -> ArrayRecord:
@@ -104,6 +124,11 @@ class FederatedStrategy(Strategy):
         metrics = flat_metrics(reply)
         if not isinstance(metrics.get("num-examples"), int | float) or metrics["num-examples"] <= 0:
             return "reply lacks a positive 'num-examples' metric"
+        if "partition-id" in metrics:
+            try:
+                parse_partition_id(metrics["partition-id"])
+            except ValueError as err:
+                return str(err)
         return check_arrays(reply.array_records["arrays"], self.expected_reply(node_id))
 
     def expected_reply(self, node_id: int) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -192,10 +217,12 @@ class FederatedStrategy(Strategy):
         for msg in grid.send_and_receive(messages, timeout=self.timeout):
             node = msg.metadata.src_node_id
             metrics = {} if msg.has_error() else flat_metrics(msg.content)
-            pid = metrics.get("partition-id")
-            if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
-                reason = msg.error.reason if msg.has_error() else f"no valid partition-id in {metrics}"
-                log.warning("node %d did not say who it is: %s", node, _tail(reason, 300))
+            try:
+                if msg.has_error():
+                    raise ValueError(msg.error.reason)
+                pid = parse_partition_id(metrics.get("partition-id"))
+            except ValueError as err:
+                log.warning("node %d did not say who it is: %s", node, _tail(str(err), 300))
                 continue
             self.node_partition[node] = pid
             self.node_resources[node] = float(metrics.get("resources", 0.0))
@@ -247,11 +274,12 @@ class FederatedStrategy(Strategy):
             row["status"] = "rejected" if problem else "accepted"
             if problem:
                 row["problem"] = _tail(problem)
+                self.train_problems.append(error_line(msg.error.reason if msg.has_error() else problem))
                 log.warning("round %d: reply of node %d dropped: %s", server_round, node_id, _tail(problem, 300))
             else:
                 accepted.append(self.absorb(node_id, msg.content))
-                if isinstance(row["client"], int):
-                    self.node_partition.setdefault(node_id, row["client"])
+                with contextlib.suppress(ValueError):  # a reply without a (valid) id leaves the map alone
+                    self.node_partition.setdefault(node_id, parse_partition_id(row["client"]))
             self.record(row)
         accepted.sort(key=lambda r: (flat_metrics(r).get("partition-id", 1 << 30),))
         return accepted
@@ -314,6 +342,7 @@ class FederatedStrategy(Strategy):
         """Send the train messages and aggregate once at least `min-replies` replies are usable; below that,
         send the round again (a fresh sample) up to `round-retries` times, then raise `RoundFailed`."""
         need, attempts = self.cfg.min_replies, self.cfg.round_retries + 1
+        self.train_problems, usable = [], 0
         for attempt in range(1, attempts + 1):
             messages = list(self.configure_train(server_round, arrays, config, grid))
             if not messages:  # fraction-train = 0: nothing to train
@@ -327,13 +356,28 @@ class FederatedStrategy(Strategy):
             accepted = self.accept_train(server_round, self.pull(grid, pending, server_round, "train"))
             if len(accepted) >= need:
                 return self.aggregate(server_round, accepted), self.mean_metrics(accepted)
+            usable += len(accepted)
             self.record({"round": server_round, "phase": "round-retry", "attempt": attempt,
                          "usable": len(accepted), "sent": n_sent})
             log.warning("round %d (attempt %d/%d): %d usable replies of %d, min-replies = %d", server_round,
                         attempt, attempts, len(accepted), n_sent, need)
-        raise RoundFailed(f"round {server_round}: fewer than min-replies = {need} usable train replies in "
-                          f"{attempts} attempt(s); the global state of round {server_round - 1} is in the last "
-                          "checkpoint (continue with run-config key 'resume-from')")
+        raise RoundFailed(self.round_failure(server_round, need, attempts, usable))
+
+    def round_failure(self, server_round: int, need: int, attempts: int, usable: int) -> str:
+        """`RoundFailed`'s message: the clients' error itself when every reply of every attempt failed with the
+        same one; otherwise the count, with the most common problem."""
+        problems = self.train_problems
+        counts = {line: problems.count(line) for line in dict.fromkeys(problems)}
+        if problems and not usable and len(counts) == 1:
+            return (f"round {server_round}: every client failed with the same error ({len(problems)} train replies "
+                    f"in {attempts} attempt(s)): {problems[0]}")
+        text = (f"round {server_round}: fewer than min-replies = {need} usable train replies in {attempts} "
+                f"attempt(s); the global state of round {server_round - 1} is in the last checkpoint (continue with "
+                "run-config key 'resume-from')")
+        if counts:
+            line, k = max(counts.items(), key=lambda item: item[1])
+            text += f"; the most common problem ({k} of {len(problems)} unusable replies): {line}"
+        return text
 
     @staticmethod
     def push(grid: Grid, messages: list[Message]) -> dict[str, int]:
@@ -362,6 +406,8 @@ class FederatedStrategy(Strategy):
         for node in silent:
             self.record({"round": server_round, "phase": phase, "node": node,
                          "client": self.node_partition.get(node), "status": "failed", "problem": problem})
+            if phase == "train":
+                self.train_problems.append(problem)
             log.warning("round %d: node %d: %s", server_round, node, problem)
 
     def evaluate_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord,

@@ -11,16 +11,9 @@ from flwr.app import ConfigRecord, Error, Message, MessageType, MetricRecord, Re
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import spec_of
 from fedprune_app.core.replies import check_arrays, to_record, weighted_average
-from fedprune_app.core.strategy import FederatedStrategy
+from fedprune_app.core.strategy import FederatedStrategy, RoundFailed, error_line
 from strategies.fedit import FedITStrategy
-
-
-class FakeGrid:
-    def __init__(self, nodes: list[int]) -> None:
-        self.nodes = nodes
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.nodes)
+from tests.fake_grid import FakeGrid
 
 
 def _state(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -185,3 +178,86 @@ def test_train_replies_are_absorbed_as_they_arrive_not_after_the_round(flower_id
     initial = to_record(_state(np.random.default_rng(99)))
     arrays, _ = strategy.train_round(1, OneAtATimeGrid([11, 22, 33], events), initial, ConfigRecord())
     assert arrays is not None and events == ["pull", "absorb"] * 3
+
+
+# --- a round in which every client fails -----------------------------------------------------------------------
+
+CLIENT_ERROR = "run-config key 'client-data': JSONL file /nonexistent.jsonl does not exist"
+
+
+def ray_reason(pid: int, message: str = CLIENT_ERROR) -> str:
+    """An error reply's reason as Flower's Ray simulation writes it: a traceback that differs per actor, then the
+    ClientApp's exception message."""
+    return (f"<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'ray::ClientAppActor.run() (pid={pid}, "
+            f"ip=192.0.2.2, actor_id={pid:032x})\n  File \"flwr/simulation/ray_transport/ray_actor.py\", line 65, "
+            "in run\n    raise ClientAppException(str(ex)) from ex\nflwr.clientapp.client_app.ClientAppException: "
+            f"\nException ClientAppException occurred. Message: {message}'>")
+
+
+class ErrorGrid(FakeGrid):
+    """Every train message is answered at once by `answer(node) -> Message content or an error reason`."""
+
+    def __init__(self, nodes: list[int], reason: Any) -> None:
+        super().__init__(nodes)
+        self.reason, self.ready, self.sent = reason, {}, 0
+
+    def push_messages(self, messages: list[Message]) -> list[str]:
+        ids = []
+        for msg in messages:
+            self.sent += 1
+            msg.metadata.__dict__["_message_id"] = f"m{self.sent}"
+            ids.append(msg.metadata.message_id)
+            reason = self.reason(msg.metadata.dst_node_id, self.sent)
+            self.ready[msg.metadata.message_id] = (
+                Message(Error(code=0, reason=reason), reply_to=msg) if isinstance(reason, str)
+                else _reply(msg, _state(np.random.default_rng(0)), 10, 0))
+        return ids
+
+    def pull_messages(self, message_ids: list[str]) -> list[Message]:
+        return [self.ready.pop(i) for i in message_ids if i in self.ready]
+
+
+def _failing_round(grid: ErrorGrid, **config: Any) -> tuple[RoundFailed, list[dict[str, Any]]]:
+    rows: list[dict[str, Any]] = []
+    cfg = RunConfig.from_flower({"seed": 0, **{k.replace("_", "-"): v for k, v in config.items()}})
+    strategy = FedITStrategy(cfg, recorder=rows.append)
+    strategy.timeout = 5.0
+    with pytest.raises(RoundFailed) as err:
+        strategy.train_round(1, grid, to_record(_state(np.random.default_rng(99))), ConfigRecord())
+    return err.value, rows
+
+
+def test_every_client_failing_with_one_error_ends_the_run_with_that_error(flower_ids: None) -> None:
+    """The run's error is the clients' own (the ConfigError naming the key), not a count of failed replies."""
+    err, rows = _failing_round(ErrorGrid([11, 22, 33], lambda node, i: ray_reason(1000 + i)), round_retries=1)
+    assert str(err) == (f"round 1: every client failed with the same error (6 train replies in 2 attempt(s)): "
+                        f"{CLIENT_ERROR}")
+    assert [r["status"] for r in rows if r["phase"] == "train"] == ["rejected"] * 6
+
+
+def test_different_errors_keep_the_count_and_name_the_most_common(flower_ids: None) -> None:
+    def reason(node: int, i: int) -> str:
+        return ray_reason(i, "CUDA out of memory" if node == 33 else CLIENT_ERROR)
+
+    err, _ = _failing_round(ErrorGrid([11, 22, 33], reason), round_retries=0)
+    assert str(err).startswith("round 1: fewer than min-replies = 1 usable train replies in 1 attempt(s)")
+    assert str(err).endswith(f"the most common problem (2 of 3 unusable replies): {CLIENT_ERROR}")
+
+
+def test_one_error_beside_usable_replies_is_not_every_client_failing(flower_ids: None) -> None:
+    """Two usable replies and min-replies = 3: the round fails, but not because every client failed."""
+    err, _ = _failing_round(ErrorGrid([11, 22, 33], lambda node, i: ray_reason(i) if node == 33 else None),
+                            round_retries=0, min_replies=3)
+    assert "fewer than min-replies = 3" in str(err) and f"(1 of 1 unusable replies): {CLIENT_ERROR}" in str(err)
+
+
+@pytest.mark.parametrize("reason, line", [
+    (ray_reason(7), CLIENT_ERROR),
+    ("<class 'fedprune_app.core.config.ConfigError'>:<'run-config key \'x\' must be 1'>",
+     "ConfigError: run-config key \'x\' must be 1"),  # Flower's deployment runtime
+    ("ConfigError(\"run-config key 'x' must be 1\")", "ConfigError(\"run-config key 'x' must be 1\")"),
+    ("Traceback (most recent call last):\n  File \"a.py\"\n\x1b[91mValueError: boom\x1b[0m\n", "ValueError: boom"),
+    ("", "(no error text)"),
+])
+def test_error_line_is_the_exception_message(reason: str, line: str) -> None:
+    assert error_line(reason) == line

@@ -19,6 +19,7 @@ from fedprune_app.core.config import NODE_KEYS, ConfigError, NodeConfig
 from fedprune_app.llm.data import normalize_record
 from tests.conftest import small_config
 from tools import deploy
+from tools.processes import alive
 
 
 def _jsonl(path: Path, n: int, template: str) -> Path:
@@ -90,6 +91,15 @@ def test_node_config_string_round_trips_through_flower_parser(mine: Path) -> Non
                       NodeConfig(2, 3, None, 0.5)]
     with pytest.raises(ConfigError):
         deploy.node_specs(2, ["a.jsonl", "b.jsonl", "c.jsonl"])
+
+
+def test_deploy_runs_the_preflight_checks_against_its_supernodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config that cannot fit N SuperNodes is refused before a certificate is made or a process started."""
+    monkeypatch.setattr(deploy, "LocalFederation", lambda *a, **k: pytest.fail("nothing may start"))
+    with pytest.raises(ConfigError, match="'sftp-keep-ratios' has 3 comma-separated values .* num-supernodes = 2"):
+        deploy.deploy(["method='sftp' sftp-keep-ratios='0.5,0.5,0.8'"], deploy.node_specs(2))
+    with pytest.raises(ConfigError, match="'min-nodes' is 3 but num-supernodes = 2"):
+        deploy.deploy(["min-nodes=3"], deploy.node_specs(2))
 
 
 # --- (b) a client with data-path -------------------------------------------------------------------------
@@ -182,7 +192,7 @@ def test_loopback_deployment_with_tls_and_authenticated_supernodes(tiny_model_di
     assert train[0]["data"] == str(embedded) and train[0]["num-examples"] == min(16, 40 - 6 - 2) // 2
     n_mine = sum(1 for _ in mine.read_text().splitlines())
     assert train[1]["data"] == "data-path:mine.jsonl" and train[1]["num-examples"] == min(16, n_mine - 6 - 2)
-    assert done.stopped and not [p for p in done.stopped if deploy.alive(p)], "every started process must be gone"
+    assert done.stopped and not [p for p in done.stopped if alive(p)], "every started process must be gone"
     assert not math.isnan(float(train[1]["train-loss"]))
 
 
@@ -198,4 +208,4 @@ def test_superlink_refuses_unregistered_and_untrusting_supernodes() -> None:
         assert unregistered.wait(timeout=120) != 0 and untrusting.wait(timeout=120) != 0
         assert "No SuperNode found with the given public key" in (fed.logs / "superlink.log").read_text()
         assert "CERTIFICATE_VERIFY_FAILED" in (fed.logs / "supernode-1.log").read_text()
-    assert fed.stopped and not [p for p in fed.stopped if deploy.alive(p)] and not fed.work.exists()
+    assert fed.stopped and not [p for p in fed.stopped if alive(p)] and not fed.work.exists()

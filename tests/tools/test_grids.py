@@ -135,3 +135,32 @@ def test_every_archived_record_is_committed() -> None:
     ignored = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True,
                              text=True).stdout.split()
     assert ignored == ["docs/runs/grid/run/adapter.safetensors"]
+
+
+def test_grid_modules_import_each_other_without_cycles() -> None:
+    """tools/grids/<m>/: tables and figures each read the records and neither imports the other; no module of the
+    grids imports one that imports it back (lazily inside a function included)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in (root / "tools" / "grids").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+        graph[name] = {m for m in imported if m in modules and m != name}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph[start])
+
+    cycles = sorted(m for m in graph if reaches(m, m, set()))
+    assert not cycles, cycles
+    for grid in ("sftp", "fedtpa"):
+        tables, figures = f"tools.grids.{grid}.tables", f"tools.grids.{grid}.figures"
+        assert not reaches(tables, figures, set()) and not reaches(figures, tables, set())
+        assert f"tools.grids.{grid}.records" in graph[tables] & graph[figures]

@@ -11,8 +11,9 @@ import pytest
 
 from fedprune_app.core.config import RunConfig
 from tools.grids.__main__ import main
-from tools.grids.fedtpa import GRID, PRESETS
-from tools.grids.fedtpa_figures import FIG4, FIG5
+from tools.grids.fedtpa import GRID
+from tools.grids.fedtpa.cells import PRESETS
+from tools.grids.fedtpa.figures import FIG4, FIG5
 from tools.launch import merged_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,9 @@ import pytest
 from fedprune_app.core.config import RunConfig, per_client
 from fedprune_app.methods.sftp.routing import MASK_NAMES, mask_statistics
 from tools.grids.__main__ import main
-from tools.grids.sftp import GRID, MIXED, PRESETS, tag_of
-from tools.grids.sftp_figures import FIG3, FIG4B, FIG5
+from tools.grids.sftp import GRID
+from tools.grids.sftp.cells import MIXED, PRESETS, tag_of
+from tools.grids.sftp.figures import FIG3, FIG4B, FIG5
 from tools.launch import merged_config
 
 ROOT = Path(__file__).resolve().parents[2]

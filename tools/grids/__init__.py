@@ -8,6 +8,12 @@ with each claim marked held / not held, from the runs' own files (summary.json, 
 
 A grid is a list of `Cell`s (presets + overrides + the number of SuperNodes) and a `render` function. Cells whose
 run directory already holds a completed summary.json are not run again, so an interrupted grid resumes.
+
+Each grid is a package `tools/grids/<m>/`: `cells.py` (the cells of the paper's tables), `records.py` (what is read
+from the runs' files), `tables.py` (the Markdown tables and claims) and, where the paper has figures, `figures.py`;
+tables and figures each read the records and neither imports the other; `__init__.py` puts them together as `GRID`.
+This module holds what every grid shares: cells, running and collecting them, archiving, reading run files,
+judging claims.
 Every finished run's small records (`ARCHIVED`: config, summary, metrics, sparsity report, results.md) are copied
 to `docs/runs/<grid>/<run>/` (`--archive`), so the tables can be re-rendered, checked and resumed from a clone
 without the runs' model files.
@@ -41,6 +47,13 @@ class Grid:
     method: str
     cells: Callable[[Any], list[Cell]]  # argparse namespace -> cells
     render: Callable[[list[Cell], dict[str, Path]], str]  # cells, {tag: run dir} -> Markdown
+
+
+@dataclass(frozen=True)
+class FigureGrid(Grid):
+    """A grid that also draws figures next to tables.md: figures(cells, runs, out_dir) -> Markdown section."""
+
+    figures: Callable[[list[Cell], dict[str, Path], Path], str] | None = None
 
 
 def finished_run(out_dir: Path, method: str, tag: str) -> Path | None:
@@ -138,6 +151,11 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def train_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The accepted `train` rows of a run's metrics.jsonl (one per client and round: bytes, losses, kept ratios)."""
+    return [r for r in read_metrics(run_dir) if r.get("phase") == "train" and r.get("status") == "accepted"]
+
+
 def mark(held: bool | None) -> str:
     return "**held**" if held else ("**not held**" if held is not None else "**not checked** (cells missing)")
 
@@ -164,3 +182,20 @@ def fmt_ppl(value: float | None) -> str:
     if value is None:
         return "–"
     return f"{value:.2e}" if value >= 1e4 else f"{value:.2f}"
+
+
+def judge(pairs: list[tuple[str, float | None, float | None, Callable[[float, float], bool]]]) -> tuple[
+        bool | None, str]:
+    """(held?, evidence) of comparisons (label, a, b, ok(a, b)): not held as soon as one measured pair fails,
+    not checked while a needed cell is missing, else held."""
+    measured = [(label, a, b, ok(a, b)) for label, a, b, ok in pairs if a is not None and b is not None]
+    missing = [label for label, a, b, _ in pairs if a is None or b is None]
+    held = False if any(not good for *_, good in measured) else (None if missing or not pairs else True)
+    text = "; ".join(f"{label}: {a:.2f} vs {b:.2f}" + ("" if good else " ✗") for label, a, b, good in measured)
+    if missing:
+        text += ("; " if text else "") + "missing: " + ", ".join(missing)
+    return held, text
+
+
+def paired(interval: str) -> str:
+    return f" (Δ 95% CI{interval})" if interval else ""

@@ -9,23 +9,13 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 from tools.grids import Cell
-from tools.grids.fedtpa import alpha_name, train_rows
+from tools.grids.fedtpa.cells import alpha_name
+from tools.grids.fedtpa.records import series
 
 FIG4, FIG5 = "fig4-fedtpa-loss.png", "fig5-fedtpa-beta.png"
-
-
-def series(run_dir: Path, key: str) -> dict[int, list[tuple[int, float]]]:
-    """{client: [(round, value), ...]} of a numeric key of the accepted train rows, sorted by round."""
-    out: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    for row in train_rows(run_dir):
-        value = row.get(key)
-        if isinstance(row.get("client"), int) and isinstance(value, int | float) and value == value:  # not NaN
-            out[int(row["client"])].append((int(row["round"]), float(value)))
-    return {c: sorted(v) for c, v in sorted(out.items())}
 
 
 def _panels(runs: list[tuple[float, Path]], keys: list[tuple[str, str]], ylabel: str, path: Path) -> Path:

@@ -1,65 +1,15 @@
-"""FedSpaLLM's Tables 1–3 (4, 8, 16 clients × 50–80% sparsity) and its communication figures, on this app.
-
-Each table cell is one run of `conf/fedspallm-table{1,2,3}.toml` (every client prunes every layer, one round,
-as in the paper's tables) with `sparsity` set; the run itself scores dense, random, standalone (mean of the
-clients), FedSpaLLM and centralized on the same held-out texts. The communication cell reruns Table 1's 50%
-setting with layer sampling (`conf/fedspallm.toml`, r_i = 0.5).
-"""
+"""FedSpaLLM's Tables 1–3, the claims and the communication table, from the records."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-from fedprune_app.methods.fedspallm.masks import target_count
-from tools.grids import (
-    Cell,
-    Grid,
-    fmt_ppl,
-    mark,
-    model_parameters,
-    read_config,
-    read_metrics,
-    read_summary,
-    runs_section,
-)
+from tools.grids import Cell, fmt_ppl, mark, model_parameters, read_config, read_metrics, runs_section
+from tools.grids.fedspallm.cells import TABLES
+from tools.grids.fedspallm.records import exact_sparsity, model_rows
 
-TABLES = {"table1": 4, "table2": 8, "table3": 16}
 ROWS = ("dense", "random", "standalone", "fedspallm", "centralized")
-
-
-def cells(args: Any) -> list[Cell]:
-    sparsities = [float(s) for s in str(args.sparsity).split(",")]
-    out = []
-    for group, n in TABLES.items():
-        for s in sparsities:
-            out.append(Cell(group, f"{group}-s{round(s * 100)}", (f"conf/fedspallm-{group}.toml", f"sparsity={s}"),
-                            n, {"clients": n, "sparsity": s}))
-    out.append(Cell("comm", "comm-sampled", ("conf/fedspallm.toml", "sparsity=0.5 fedspallm-references=''"), 4,
-                    {"clients": 4, "sparsity": 0.5, "resources": 0.5}))
-    only = [g for g in str(args.only).split(",") if g]
-    return [c for c in out if not only or c.group in only]
-
-
-def model_rows(run_dir: Path) -> tuple[list[str], dict[str, dict[str, float]]]:
-    """(eval sources, {row: {source: ppl}}) of one run: dense = the server's round-0 score."""
-    summary = read_summary(run_dir)
-    server = summary["server"]
-    last = max(server, key=int)
-    sources = [k[len("ppl `"):-1] for k in server["0"]]
-    rows = {"dense": {s: server["0"][f"ppl `{s}`"] for s in sources},
-            "fedspallm": {s: server[last][f"ppl `{s}`"] for s in sources}}
-    for name, vals in summary.get("references", {}).items():
-        rows[name] = {k: v for k, v in vals.items() if k in sources or k == "clients"}
-    return sources, rows
-
-
-def exact_sparsity(run_dir: Path, sparsity: float) -> tuple[int, int]:
-    """(matrices with exactly ⌈s·d⌉ zeros, matrices) in the saved global model (sparsity.json)."""
-    report = json.loads((run_dir / "sparsity.json").read_text())["matrices"]
-    exact = sum(m["zeros"] == target_count(sparsity, m["size"]) for m in report.values())
-    return exact, len(report)
 
 
 def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
@@ -151,6 +101,3 @@ def communication(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
     lines += ["", "Down: the sampled layers' global weights (fp32). Up: their pruned weights (fp32, zeros included) "
               "and bool masks. The embeddings and norms never travel."]
     return lines
-
-
-GRID = Grid("fedspallm", "fedspallm", cells, render)

@@ -1,127 +1,22 @@
-"""FedTPA's Tables II–IV, its claims and the communication per client and round, on this app.
-
-Every cell is one run of `conf/fedtpa.toml`, `conf/flexlora.toml` or `conf/fedit-instructions.toml` (the
-presets differ only in their method keys) with 5 SuperNodes and the partition set: α = 0.5 or 1 (Dirichlet over
-the task categories) or inf (`partitioner = "iid"`). Table II: α × {FedIT, FlexLoRA, FedTPA}. Table III: LCWA (the
-Table II FedTPA cell, not run twice) vs FedAvg (`fedtpa-lcwa = false`) at each α. Table IV at α = 0.5: full,
-−ITPA, −DAPR, −LCWA (the Table III FedAvg cell). Communication: the `bytes-up` / `bytes-down` of the Table II
-cells' accepted train rows (no extra runs). Rouge-L: the run's federated evaluation of the global adapter on the
-global test split in its last round (metrics.jsonl `evaluate` rows), ×100 as in the paper. Figures 4–5:
-fedtpa_figures.py.
-"""
+"""FedTPA's Tables II–IV, the claims (in-run and re-scored) and the communication table, from the records."""
 
 from __future__ import annotations
 
-import json
-import math
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tools.grids import Cell, Grid, mark, plan, read_config, read_metrics, runs_section, selected_groups
-from tools.rescore import RESCORE_FILE
-
-PRESETS = {"fedit": "conf/fedit-instructions.toml", "flexlora": "conf/flexlora.toml", "fedtpa": "conf/fedtpa.toml"}
-LABELS = {"fedit": "FedIT", "flexlora": "FlexLoRA", "fedtpa": "FedTPA"}
-VARIANTS = {"": "", "fedavg": "fedtpa-lcwa=false", "no-itpa": "fedtpa-itpa=false", "no-dapr": "fedtpa-dapr=false"}
-ABLATIONS = (("", "ITPA + DAPR + LCWA (full)"), ("no-itpa", "DAPR + LCWA (−ITPA)"),
-             ("no-dapr", "ITPA + LCWA (−DAPR)"), ("fedavg", "ITPA + DAPR (−LCWA, FedAvg)"))
-GROUPS = ("table2", "table3", "table4", "comm")
-CLIENTS = 5
-TABLE4_ALPHA = 0.5
-NON_IID = (0.5, 1.0)
-
-
-@dataclass(frozen=True)
-class FigureGrid(Grid):
-    """A grid that also draws figures next to tables.md: figures(cells, runs, out_dir) -> Markdown section."""
-
-    figures: Callable[[list[Cell], dict[str, Path], Path], str] | None = None
-
-
-def alpha_name(alpha: float) -> str:
-    return "inf" if math.isinf(alpha) else f"{alpha:g}"
-
-
-def tag_of(method: str, alpha: float, variant: str = "") -> str:
-    return f"a{alpha_name(alpha)}-{method}" + (f"-{variant}" if variant else "")
-
-
-def overrides(alpha: float, variant: str) -> str:
-    part = 'partitioner="iid"' if math.isinf(alpha) else f'partitioner="dirichlet" dirichlet-alpha={alpha}'
-    return " ".join(x for x in (part, f"min-nodes={CLIENTS}", VARIANTS[variant]) if x)
-
-
-def cells(args: Any) -> list[Cell]:
-    """The cells the selected groups need (`--only`, `--alphas`); a cell several groups read is run once."""
-    alphas = [float(a) for a in str(getattr(args, "alphas", "0.5,1,inf")).split(",") if a.strip()]
-    only = selected_groups(args, GROUPS, "FedTPA")
-    needs = [(g, (m, a, "")) for a in alphas for m in PRESETS for g in ("table2", "comm")]
-    needs += [("table3", ("fedtpa", a, v)) for a in alphas for v in ("", "fedavg")]
-    needs += [("table4", ("fedtpa", TABLE4_ALPHA, v)) for v, _ in ABLATIONS]
-    return [Cell(groups[0], tag_of(m, a, v), (PRESETS[m], overrides(a, v)), CLIENTS,
-                 {"method": m, "alpha": a, "variant": v, "groups": groups})
-            for (m, a, v), groups in plan(only, GROUPS, needs).items()]
-
-
-# --- reading the runs -----------------------------------------------------------------------------------------
-
-def final_rouge(run_dir: Path, round_: int | None = None) -> float | None:
-    """Mean Rouge-L of the `evaluate` rows of the run's last round (or `round_`), None when that round has none.
-    The presets let one client evaluate (every client would score the same global test split)."""
-    if round_ is None:
-        round_ = int(read_config(run_dir)["num-server-rounds"])
-    vals = [float(r["rouge-l"]) for r in read_metrics(run_dir)
-            if r.get("phase") == "evaluate" and r.get("status") == "ok" and r.get("round") == round_
-            and isinstance(r.get("rouge-l"), int | float)]
-    return sum(vals) / len(vals) if vals else None
-
-
-def train_rows(run_dir: Path) -> list[dict[str, Any]]:
-    return [r for r in read_metrics(run_dir) if r.get("phase") == "train" and r.get("status") == "accepted"]
-
-
-def rouge_table(grid_cells: list[Cell], runs: dict[str, Path]) -> dict[str, float | None]:
-    """{tag: final-round Rouge-L ×100} for every cell (None: not run, or no final evaluation)."""
-    out: dict[str, float | None] = {}
-    for c in grid_cells:
-        value = final_rouge(runs[c.tag]) if c.tag in runs else None
-        out[c.tag] = None if value is None else 100 * value
-    return out
+from tools.grids import Cell, judge, mark, paired, runs_section, train_rows
+from tools.grids.fedtpa.cells import ABLATIONS, LABELS, NON_IID, PRESETS, TABLE4_ALPHA, alpha_name, tag_of
+from tools.grids.fedtpa.records import final_rouge, rescored_table, rouge_table
 
 
 def fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
-# --- tables and claims ----------------------------------------------------------------------------------------
-
-def judge(pairs: list[tuple[str, float | None, float | None, Callable[[float, float], bool]]]) -> tuple[
-        bool | None, str]:
-    """(held?, evidence) of comparisons (label, a, b, ok(a, b)): not held as soon as one measured pair fails,
-    not checked while a needed cell is missing, else held."""
-    measured = [(label, a, b, ok(a, b)) for label, a, b, ok in pairs if a is not None and b is not None]
-    missing = [label for label, a, b, _ in pairs if a is None or b is None]
-    held = False if any(not good for *_, good in measured) else (None if missing or not pairs else True)
-    text = "; ".join(f"{label}: {a:.2f} vs {b:.2f}" + ("" if good else " ✗") for label, a, b, good in measured)
-    if missing:
-        text += ("; " if text else "") + "missing: " + ", ".join(missing)
-    return held, text
-
-
 Interval = Callable[[str, str | None], str]  # (tag, paired-with tag or None) -> " [lo, hi]" or ""
-
-
-def rescored_table(grid_cells: list[Cell], runs: dict[str, Path]) -> dict[str, list[float]]:
-    """{tag: per-example Rouge-L} of the cells whose run has a rescore.json (tools/rescore_rouge.py)."""
-    out = {}
-    for c in grid_cells:
-        path = runs[c.tag] / RESCORE_FILE if c.tag in runs else None
-        if path is not None and path.is_file():
-            out[c.tag] = [float(x) for x in json.loads(path.read_text())["scores"]]
-    return out
 
 
 def bootstrap_interval(scores: dict[str, list[float]]) -> Interval:
@@ -202,10 +97,6 @@ def score_sections(groups: set[str], alphas: list[float], score: dict[str, float
     return lines
 
 
-def paired(interval: str) -> str:
-    return f" (Δ 95% CI{interval})" if interval else ""
-
-
 def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
     groups = {g for c in grid_cells for g in c.settings["groups"]}
     alphas = list(dict.fromkeys(c.settings["alpha"] for c in grid_cells if "table2" in c.settings["groups"]
@@ -258,12 +149,3 @@ def communication(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
               "one-off feature vector before round 1 is not a train reply). Down: the global adapter sent "
               "(FedIT and FedTPA at r_g = 16, FlexLoRA at the client's rank once known)."]
     return lines
-
-
-def _figures(grid_cells: list[Cell], runs: dict[str, Path], out_dir: Path) -> str:
-    from tools.grids.fedtpa_figures import figures
-
-    return figures(grid_cells, runs, out_dir)
-
-
-GRID = FigureGrid("fedtpa", "fedtpa", cells, render, _figures)

@@ -1,17 +1,5 @@
-"""SFT-P's Tables 1–2, its claims and the communication per client and round, on this app (Figs. 3, 4b, 5:
-sftp_figures.py).
-
-Every cell is one run with 4 SuperNodes (`min-nodes = 4`: the round waits for all four clients, the paper's q = 1)
-of `conf/sftp.toml` or `conf/fedflap.toml` with overrides: SFT-P NOC/NOA, NOC/+A, +C/NOA, +C/+A
-(`sftp-conditioning`, `sftp-adapters`) at uniform keep ratios 0.8 ("20% pruning") and 0.5 ("50%"); fedflap at 0.8
-and 0.5 (one run gives the dense model = round 0, post hoc = round 1, fedflap = the last round); +C/+A with mixed
-budgets "0.8,0.8,0.5,0.5" (Table 2). Groups: table1, table2, figs, comm; a cell several groups read runs once.
-
-Every number is read from the runs' own files: accuracy and kept ratio from the `evaluate` rows of metrics.jsonl
-(per client = partition id, on its own test split, in the run's last round, `num-server-rounds` of config.json);
-budgets from config.json's `sftp-keep-ratios`; the kept ratio per round (Fig. 4b) and the bytes from the
-accepted `train` rows; the masks from masks.json / masks.npz (figures).
-"""
+"""SFT-P's Tables 1–2, the claims and the communication table, from the records; the accuracies come from
+an `Accuracy` (in-run by default, re-scored in rescored.py)."""
 
 from __future__ import annotations
 
@@ -21,110 +9,25 @@ from pathlib import Path
 from typing import Any
 
 from fedprune_app.core.config import per_client
-from tools.grids import Cell, model_parameters, plan, read_config, read_metrics, runs_section, selected_groups
+from tools.grids import Cell, judge, model_parameters, paired, read_config, train_rows
 from tools.grids import mark as _mark
-from tools.grids.fedtpa import FigureGrid, judge, paired
+from tools.grids.sftp.cells import BUDGET_TOLERANCE, BUDGETS, CLIENTS, MIXED, VARIANTS, budget_label, tag_of
+from tools.grids.sftp.records import (
+    Accuracy,
+    accuracy,
+    client_names,
+    evaluations,
+    last_round,
+    mean_of,
+    targets,
+    values,
+)
 
-PRESETS = {"sftp": "conf/sftp.toml", "fedflap": "conf/fedflap.toml"}
-VARIANTS = {"noc-noa": ("NOC/NOA", False, False), "noc-a": ("NOC/+A", False, True),
-            "c-noa": ("+C/NOA", True, False), "c-a": ("+C/+A", True, True)}  # label, conditioning, adapters
-BUDGETS = (0.8, 0.5)  # keep ratios: 20% and 50% structural pruning
-MIXED = "0.8,0.8,0.5,0.5"  # Table 2: 20% on clients 0-1, 50% on clients 2-3
-GROUPS = ("table1", "table2", "figs", "comm")
-CLIENTS = 4
-BUDGET_TOLERANCE = 0.02  # absolute, on the kept ratio of the prunable projections (Fig. 4b's ±2% band)
-Budget = float | str  # a keep ratio, or "mixed"
-Accuracy = Callable[[dict[str, Path], str, int | None], dict[int, float]]  # (runs, tag, round) -> {client: acc ×100}
 Interval = Callable[[str, str, list[int]], str]  # (tag, other tag, clients) -> " [lo, hi]" of Δ avg, or ""
 
 
 def mark(held: bool | None) -> str:
     return _mark(held).replace("(cells missing)", "(cells or evaluations missing)")
-
-
-def budget_name(budget: Budget) -> str:
-    return "mixed" if budget == "mixed" else f"p{round(float(budget) * 100)}"
-
-
-def budget_label(budget: Budget) -> str:
-    return "mixed" if budget == "mixed" else f"{round((1 - float(budget)) * 100)}% pruned (keep {float(budget):g})"
-
-
-def tag_of(method: str, budget: Budget, variant: str = "") -> str:
-    return f"{budget_name(budget)}-{variant if method == 'sftp' else 'fedflap'}"
-
-
-def overrides(method: str, budget: Budget, variant: str) -> str:
-    ratios = MIXED if budget == "mixed" else f"{float(budget):g}"
-    parts = [f'sftp-keep-ratios="{ratios}"', f"min-nodes={CLIENTS}"]
-    if method == "sftp":
-        _, conditioning, adapters = VARIANTS[variant]
-        parts += [f"sftp-conditioning={str(conditioning).lower()}", f"sftp-adapters={str(adapters).lower()}"]
-    return " ".join(parts)
-
-
-def cells(args: Any) -> list[Cell]:
-    """The cells the selected groups (`--only`) need; a cell several groups read is run once."""
-    only = selected_groups(args, GROUPS, "SFT-P")
-    needs = [n for b in BUDGETS
-             for n in [*(("table1", ("sftp", b, v)) for v in VARIANTS), ("table1", ("fedflap", b, ""))]]
-    needs += [(g, ("sftp", b, "c-a")) for b in (*BUDGETS, "mixed") for g in ("table2", "figs")]  # figs: 4b every
-    needs += [("comm", ("sftp", 0.5, v)) for v in VARIANTS] + [("comm", ("fedflap", 0.5, ""))]  # +C/+A; 3, 5: 50%
-    return [Cell(groups[0], tag_of(m, b, v), (PRESETS[m], overrides(m, b, v)), CLIENTS,
-                 {"method": m, "budget": b, "variant": v, "groups": groups})
-            for (m, b, v), groups in plan(only, GROUPS, needs).items()]
-
-
-# --- reading the runs -----------------------------------------------------------------------------------------
-
-def last_round(run_dir: Path) -> int:
-    return int(read_config(run_dir)["num-server-rounds"])
-
-
-def evaluations(run_dir: Path, round_: int | None = None) -> dict[int, dict[str, Any]]:
-    """{client: its `evaluate` row} of round `round_` (default the run's last round); failed rows left out."""
-    round_ = last_round(run_dir) if round_ is None else round_
-    return {int(r["client"]): r for r in read_metrics(run_dir)
-            if r.get("phase") == "evaluate" and r.get("status") == "ok" and r.get("round") == round_
-            and isinstance(r.get("client"), int)}
-
-
-def train_rows(run_dir: Path) -> list[dict[str, Any]]:
-    return [r for r in read_metrics(run_dir) if r.get("phase") == "train" and r.get("status") == "accepted"]
-
-
-def targets(run_dir: Path) -> dict[int, float]:
-    """{client: target keep ratio p} from the run's `sftp-keep-ratios` (one for all or one per partition)."""
-    values = per_client(str(read_config(run_dir)["sftp-keep-ratios"]), CLIENTS, float, "sftp-keep-ratios")
-    return dict(enumerate(values))
-
-
-def values(rows: dict[int, dict[str, Any]], key: str) -> dict[int, float]:
-    return {c: float(r[key]) for c, r in rows.items() if isinstance(r.get(key), int | float)}
-
-
-def mean_of(per_client_values: dict[int, float], clients: Iterable[int] = range(CLIENTS)) -> float | None:
-    """The mean over `clients`; None unless every one of them has a value (a mean over fewer is not the row's)."""
-    clients = list(clients)
-    if not clients or any(c not in per_client_values for c in clients):
-        return None
-    return sum(per_client_values[c] for c in clients) / len(clients)
-
-
-def accuracy(runs: dict[str, Path], tag: str, round_: int | None = None) -> dict[int, float]:
-    """{client: acc ×100} of cell `tag` in `round_` (default its last round); {} when the cell did not run."""
-    run = runs.get(tag)
-    return {} if run is None else {c: 100 * v for c, v in values(evaluations(run, round_), "acc").items()}
-
-
-def client_names(runs: Iterable[Path]) -> dict[int, str]:
-    """{client: its data source} from the evaluate rows (`bigbench:` dropped)."""
-    names: dict[int, str] = {}
-    for run in runs:
-        for r in read_metrics(run):
-            if r.get("phase") == "evaluate" and isinstance(r.get("client"), int) and r.get("data"):
-                names.setdefault(int(r["client"]), str(r["data"]).removeprefix("bigbench:"))
-    return names
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -358,33 +261,3 @@ def communication(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
               "down and get the LoRA tensors up. Model fp32: 4 bytes × the base model's parameters (config.json's "
               "`model-name`, counted from its config; – when the model is not available here)."]
     return lines
-
-
-def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
-    groups = {g for c in grid_cells for g in c.settings["groups"]}
-    lines = ["# SFT-P on this app: the paper's Tables 1–2, claims and communication", "",
-             "4 clients (one task each, non-IID), every run's numbers read from its metrics.jsonl and config.json. "
-             "Budgets as in the paper: '20%' = keep ratio 0.8 of the prunable projections, '50%' = 0.5. Run "
-             "directories at the end.", ""]
-    if "table1" in groups:
-        lines += table1(grid_cells, runs)
-    if "table2" in groups:
-        lines += table2(runs)
-    lines += claims(grid_cells, runs)
-    if "comm" in groups:
-        lines += ["", *communication(grid_cells, runs)]
-    from tools.grids.sftp_rescored import section
-
-    rescored = section(grid_cells, runs)
-    lines += ["", *rescored] if rescored else []
-    lines += ["", *runs_section(grid_cells, runs)]
-    return "\n".join(lines) + "\n"
-
-
-def _figures(grid_cells: list[Cell], runs: dict[str, Path], out_dir: Path) -> str:
-    from tools.grids.sftp_figures import figures
-
-    return figures(grid_cells, runs, out_dir)
-
-
-GRID = FigureGrid("sftp", "sftp", cells, render, _figures)

@@ -12,49 +12,18 @@
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tools.grids import Cell
-from tools.grids.sftp import BUDGET_TOLERANCE, budget_label, tag_of, train_rows
+from tools.grids.sftp.cells import BUDGET_TOLERANCE, budget_label, tag_of
+from tools.grids.sftp.records import kept_series, read_masks, read_stats
 
 FIG3, FIG4B, FIG5 = "fig3-sftp-mask-agreement.png", "fig4b-sftp-kept-ratio.png", "fig5-sftp-layer-density.png"
 HEATMAP_LAYER, HEATMAP_MASK = 1, "attn-in"  # the paper's Fig. 3 shows layer 1
 MASKS = ("attn-in", "attn-out", "ffn-in", "ffn-out")
-
-
-def read_masks(run_dir: Path) -> dict[int, dict[str, np.ndarray]] | None:
-    """{client: {mask: bool (layers, d)}} from masks.npz (keys `client-<k>/<mask>`), None when absent."""
-    path = run_dir / "masks.npz"
-    if not path.is_file():
-        return None
-    out: dict[int, dict[str, np.ndarray]] = defaultdict(dict)
-    with np.load(path) as npz:
-        for key in npz.files:
-            client, name = key.split("/", 1)
-            out[int(client.removeprefix("client-"))][name] = npz[key].astype(bool)
-    return dict(sorted(out.items()))
-
-
-def read_stats(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "masks.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def kept_series(run_dir: Path) -> tuple[dict[int, list[tuple[int, float]]], dict[int, float]]:
-    """({client: [(round, kept ratio)]}, {client: target}) from the accepted train rows."""
-    series: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    target: dict[int, float] = {}
-    for r in train_rows(run_dir):
-        if isinstance(r.get("client"), int) and isinstance(r.get("kept-ratio-prunable"), int | float):
-            series[int(r["client"])].append((int(r["round"]), float(r["kept-ratio-prunable"])))
-            if isinstance(r.get("keep-target"), int | float):
-                target[int(r["client"])] = float(r["keep-target"])
-    return {c: sorted(v) for c, v in sorted(series.items())}, target
 
 
 def _plt() -> Any:

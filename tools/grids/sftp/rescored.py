@@ -9,34 +9,12 @@ means, as in the tables).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from tools.grids import Cell
-from tools.rescore import RESCORE_FILE
-
-MODEL_OF_ROUND = {None: "final", 0: "dense", 1: "post-hoc"}  # the rows Table 1 reads by round
-
-
-def read_rescore(runs: dict[str, Path], tag: str) -> dict[str, Any] | None:
-    run = runs.get(tag)
-    path = None if run is None else run / RESCORE_FILE
-    return json.loads(path.read_text()) if path is not None and path.is_file() else None
-
-
-def per_example(runs: dict[str, Path], tag: str, round_: int | None = None) -> dict[int, list[float]]:
-    """{client: acc 0/1 per example} of cell `tag`'s model for `round_` (None = final, 0 = dense, 1 = post hoc:
-    the latter two only in fedflap runs); {} when not re-scored."""
-    record = read_rescore(runs, tag)
-    model = (record or {}).get("models", {}).get(MODEL_OF_ROUND.get(round_, ""), {})
-    return {int(k): [float(v) for v in scores["acc"]] for k, scores in model.items()}
-
-
-def rescored_accuracy(runs: dict[str, Path], tag: str, round_: int | None = None) -> dict[int, float]:
-    """{client: acc ×100} re-scored (the `Accuracy` the tables take)."""
-    return {k: 100 * sum(v) / len(v) for k, v in per_example(runs, tag, round_).items() if v}
+from tools.grids.sftp.records import per_example, read_rescore, rescored_accuracy
+from tools.grids.sftp.tables import claims, table1, table2
 
 
 def paired_interval(runs: dict[str, Path]) -> Callable[[str, str, list[int]], str]:
@@ -67,8 +45,6 @@ def tolerance(grid_cells: list[Cell], runs: dict[str, Path]) -> Callable[[list[i
 
 def section(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
     """Tables 1–2 and the claims on the re-scored accuracies; nothing while no cell has a rescore.json."""
-    from tools.grids.sftp import claims, table1, table2
-
     records = {c.tag: r for c in grid_cells if (r := read_rescore(runs, c.tag)) is not None}
     if not records:
         return []

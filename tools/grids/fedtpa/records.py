@@ -1,0 +1,51 @@
+"""What the FedTPA grid reads from its runs' files: the final Rouge-L of the `evaluate` rows, the re-scored
+Rouge-L of rescore.json (`tools/rescore_rouge.py`) and the per-round series of the accepted `train` rows."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from tools.grids import Cell, read_config, read_metrics, train_rows
+from tools.rescore import RESCORE_FILE
+
+
+def final_rouge(run_dir: Path, round_: int | None = None) -> float | None:
+    """Mean Rouge-L of the `evaluate` rows of the run's last round (or `round_`), None when that round has none.
+    The presets let one client evaluate (every client would score the same global test split)."""
+    if round_ is None:
+        round_ = int(read_config(run_dir)["num-server-rounds"])
+    vals = [float(r["rouge-l"]) for r in read_metrics(run_dir)
+            if r.get("phase") == "evaluate" and r.get("status") == "ok" and r.get("round") == round_
+            and isinstance(r.get("rouge-l"), int | float)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def rouge_table(grid_cells: list[Cell], runs: dict[str, Path]) -> dict[str, float | None]:
+    """{tag: final-round Rouge-L ×100} for every cell (None: not run, or no final evaluation)."""
+    out: dict[str, float | None] = {}
+    for c in grid_cells:
+        value = final_rouge(runs[c.tag]) if c.tag in runs else None
+        out[c.tag] = None if value is None else 100 * value
+    return out
+
+
+def rescored_table(grid_cells: list[Cell], runs: dict[str, Path]) -> dict[str, list[float]]:
+    """{tag: per-example Rouge-L} of the cells whose run has a rescore.json (tools/rescore_rouge.py)."""
+    out = {}
+    for c in grid_cells:
+        path = runs[c.tag] / RESCORE_FILE if c.tag in runs else None
+        if path is not None and path.is_file():
+            out[c.tag] = [float(x) for x in json.loads(path.read_text())["scores"]]
+    return out
+
+
+def series(run_dir: Path, key: str) -> dict[int, list[tuple[int, float]]]:
+    """{client: [(round, value), ...]} of a numeric key of the accepted train rows, sorted by round."""
+    out: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for row in train_rows(run_dir):
+        value = row.get(key)
+        if isinstance(row.get("client"), int) and isinstance(value, int | float) and value == value:  # not NaN
+            out[int(row["client"])].append((int(row["round"]), float(value)))
+    return {c: sorted(v) for c, v in sorted(out.items())}

@@ -1,0 +1,48 @@
+"""SFT-P's Tables 1–2, its claims and the communication per client and round, on this app (tables.py; the same
+on re-scored accuracies: rescored.py), and Figs. 3, 4b, 5 (figures.py).
+
+Every cell is one run with 4 SuperNodes (`min-nodes = 4`: the round waits for all four clients, the paper's q = 1)
+of `conf/sftp.toml` or `conf/fedflap.toml` with overrides: SFT-P NOC/NOA, NOC/+A, +C/NOA, +C/+A
+(`sftp-conditioning`, `sftp-adapters`) at uniform keep ratios 0.8 ("20% pruning") and 0.5 ("50%"); fedflap at 0.8
+and 0.5 (one run gives the dense model = round 0, post hoc = round 1, fedflap = the last round); +C/+A with mixed
+budgets "0.8,0.8,0.5,0.5" (Table 2). Groups: table1, table2, figs, comm; a cell several groups read runs once.
+
+Every number is read from the runs' own files: accuracy and kept ratio from the `evaluate` rows of metrics.jsonl
+(per client = partition id, on its own test split, in the run's last round, `num-server-rounds` of config.json);
+budgets from config.json's `sftp-keep-ratios`; the kept ratio per round (Fig. 4b) and the bytes from the
+accepted `train` rows; the masks from masks.json / masks.npz (figures).
+
+cells.py: the cells; records.py: what is read from the runs' files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tools.grids import Cell, FigureGrid, runs_section
+from tools.grids.sftp.cells import cells
+from tools.grids.sftp.figures import figures
+from tools.grids.sftp.rescored import section
+from tools.grids.sftp.tables import claims, communication, table1, table2
+
+
+def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
+    groups = {g for c in grid_cells for g in c.settings["groups"]}
+    lines = ["# SFT-P on this app: the paper's Tables 1–2, claims and communication", "",
+             "4 clients (one task each, non-IID), every run's numbers read from its metrics.jsonl and config.json. "
+             "Budgets as in the paper: '20%' = keep ratio 0.8 of the prunable projections, '50%' = 0.5. Run "
+             "directories at the end.", ""]
+    if "table1" in groups:
+        lines += table1(grid_cells, runs)
+    if "table2" in groups:
+        lines += table2(runs)
+    lines += claims(grid_cells, runs)
+    if "comm" in groups:
+        lines += ["", *communication(grid_cells, runs)]
+    rescored = section(grid_cells, runs)
+    lines += ["", *rescored] if rescored else []
+    lines += ["", *runs_section(grid_cells, runs)]
+    return "\n".join(lines) + "\n"
+
+
+GRID = FigureGrid("sftp", "sftp", cells, render, figures)

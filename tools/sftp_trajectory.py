@@ -1,0 +1,172 @@
+"""SFT-P round by round: each client's kept ratio and its deployed model's answer NLL, federated beside alone.
+
+Two runs of the real client (clients/sftp.py) and strategy (strategies/sftp.py) code, in this process (no Flower
+messaging, no Ray):
+
+- federated: every client trains from the global (Θ, Φ) each round, the server averages them (Eq. 15);
+- alone: each chosen client trains by itself with the same settings and seed (its (Θ, Φ) carried round to round,
+  nothing averaged): what that client would reach without the federation.
+
+After every round, each client's deployed model (its deterministic mask 1[σ(h_Θ(e_k) + c) > 0.5] on the global
+Φ, the structure the server compiles) is scored by the mean answer NLL over its first `--eval-examples` test
+examples; round 0 is the untouched dense model. Also per round: the kept share of the prunable projections, the
+mean CLM loss and penalty of the local steps, and ‖Φ − Φ_0‖ (how far the adapters moved).
+
+    python -m tools.sftp_trajectory --run-config "sftp-keep-ratios='0.8' num-server-rounds=8 local-steps=25" \\
+        --out docs/runs/sftp-trajectory/keep08.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+
+from clients.sftp import SFTPClient
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.protocol import flat_metrics, numpy_state
+from fedprune_app.core.runtime import quiet_libraries
+from fedprune_app.llm.evaluation import mean_loss
+from fedprune_app.llm.models import model_device
+from fedprune_app.methods.sftp.generator import GENERATOR_PREFIX, model_kept_ratios
+from fedprune_app.methods.sftp.routing import set_masks
+from strategies.sftp import SFTPStrategy
+from tools.launch import APP_DIR, merged_config
+
+
+def message(arrays: ArrayRecord, server_round: int) -> RecordDict:
+    return RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": server_round})})
+
+
+def make_client(cfg: RunConfig, partition: int, partitions: int) -> SFTPClient:
+    context = Context(run_id=1, node_id=partition + 1, node_config={"partition-id": partition,
+                                                                   "num-partitions": partitions},
+                      state=RecordDict(), run_config=cfg.to_dict())
+    return SFTPClient(cfg, context)
+
+
+def adapter_shift(arrays: ArrayRecord, initial: dict[str, np.ndarray]) -> float:
+    """‖Φ − Φ_0‖ over the LoRA tensors (0 under NOA)."""
+    state = numpy_state(arrays)
+    keys = [k for k in state if not k.startswith(GENERATOR_PREFIX)]
+    return float(math.sqrt(sum(float(((state[k] - initial[k]).astype(np.float64) ** 2).sum()) for k in keys)))
+
+
+def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, examples: int) -> dict[str, float]:
+    """Answer NLL and kept ratio of the client's deployed model (dense at round 0)."""
+    model, tokenizer, generator = client.load(message(arrays, server_round))
+    masks = None if server_round == 0 else client.own_masks(generator, client.embedding(model_device(model))[0])
+    set_masks(model, masks)
+    try:
+        with torch.no_grad():
+            nll = mean_loss(model, tokenizer, client.data.test[:examples], client.cfg.seq_len)
+    finally:
+        set_masks(model, None)
+    return {"answer-nll": nll, "kept": model_kept_ratios(model, masks)["kept-ratio-prunable"]}
+
+
+def trajectory(cfg: RunConfig, partitions: int, alone: list[int], examples: int, log: Any = print,
+               on_round: Any = None) -> list[dict[str, Any]]:
+    """The rows: one per (mode, client, round); `on_round(rows)` after every round (to save what is done)."""
+    rows: list[dict[str, Any]] = []
+    server = SFTPStrategy(cfg)
+    initial = server.initial_arrays()
+    phi0 = numpy_state(initial)
+    federated = [make_client(cfg, k, partitions) for k in range(partitions)]
+    by_itself = {k: make_client(cfg, k, partitions) for k in alone}
+    own = {k: initial for k in alone}
+    servers = {k: SFTPStrategy(cfg) for k in alone}
+
+    def add(mode: str, client: SFTPClient, rnd: int, arrays: ArrayRecord, reply: RecordDict | None) -> None:
+        row: dict[str, Any] = {"mode": mode, "client": client.partition_id, "round": rnd,
+                               "data": client.data.eval_source, "keep-target": client.keep_ratio,
+                               **deployed(client, arrays, rnd, examples), "adapter-shift": adapter_shift(arrays, phi0)}
+        if reply is not None:
+            metrics = flat_metrics(reply)
+            row |= {"clm-loss": metrics["clm-loss"], "penalty": metrics["penalty"],
+                    "train-seconds": metrics["train-seconds"]}
+        rows.append(row)
+        log(f"{mode:9s} client {row['client']} round {rnd:2d}: kept {row['kept']:.3f}  answer NLL "
+            f"{row['answer-nll']:.3f}  |Φ-Φ0| {row['adapter-shift']:.3f}"
+            + (f"  clm {row['clm-loss']:.3f} penalty {row['penalty']:.3f}" if reply is not None else ""))
+
+    for client in federated:
+        add("untouched", client, 0, initial, None)
+    arrays = initial
+    for rnd in range(1, cfg.num_server_rounds + 1):
+        replies = [client.train(message(arrays, rnd)) for client in federated]
+        arrays = server.aggregate(rnd, replies)
+        for client, reply in zip(federated, replies, strict=True):
+            add("federated", client, rnd, arrays, reply)
+        for k, client in by_itself.items():
+            reply = client.train(message(own[k], rnd))
+            own[k] = servers[k].aggregate(rnd, [reply])
+            add("alone", client, rnd, own[k], reply)
+        if on_round is not None:
+            on_round(rows)
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Answer NLL (kept) per client and round: untouched, federated, alone side by side."""
+    clients = sorted({r["client"] for r in rows})
+    rounds = sorted({r["round"] for r in rows if r["round"] > 0})
+    cell = {(r["mode"], r["client"], r["round"]): r for r in rows}
+    head = "| round | " + " | ".join(f"client {c} fed | client {c} alone" for c in clients) + " |"
+    out = [head, "|---|" + "---|---|" * len(clients)]
+    out.append("| 0 (untouched) | " + " | ".join(
+        f"{cell[('untouched', c, 0)]['answer-nll']:.3f} | " for c in clients) + "|")
+    for rnd in rounds:
+        parts = []
+        for c in clients:
+            for mode in ("federated", "alone"):
+                r = cell.get((mode, c, rnd))
+                parts.append("" if r is None else f"{r['answer-nll']:.3f} ({r['kept']:.3f})")
+        out.append(f"| {rnd} | " + " | ".join(parts) + " |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="conf/sftp.toml")
+    parser.add_argument("--run-config", default="", help="'key=value ...' overrides (TOML values)")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--alone", default="all", help="clients also run alone: 'all', 'none' or '0,2'")
+    parser.add_argument("--eval-examples", type=int, default=60, help="test examples scored per client")
+    parser.add_argument("--out", type=Path, help="write the rows (and the settings) as JSON here")
+    args = parser.parse_args(argv)
+    cfg = RunConfig.from_flower(merged_config(APP_DIR, [args.preset, *([args.run_config] if args.run_config else [])]))
+    quiet_libraries()
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    alone = {"all": list(range(args.partitions)), "none": []}.get(args.alone) \
+        or [int(v) for v in args.alone.split(",")]
+    start = time.perf_counter()
+    given = sys.argv[1:] if argv is None else argv
+
+    def save(rows: list[dict[str, Any]], done: bool = False) -> None:
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            record = {"command": "python -m tools.sftp_trajectory " + shlex.join(given), "config": cfg.to_dict(),
+                      "partitions": args.partitions, "alone": alone, "eval-examples": args.eval_examples,
+                      "finished": done, "seconds": round(time.perf_counter() - start, 1), "rows": rows}
+            args.out.write_text(json.dumps(record, indent=1))
+
+    rows = trajectory(cfg, args.partitions, alone, args.eval_examples, on_round=save)
+    save(rows, done=True)
+    print(table(rows))
+    print(f"{time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
