@@ -23,6 +23,7 @@ from fedprune_app.core.registry import register_client
 from fedprune_app.llm.data import training_batches
 from fedprune_app.llm.evaluation import evaluate_client
 from fedprune_app.llm.models import model_device, set_adapter_state
+from fedprune_app.methods.fedflap.config import FedFLAPConfig
 from fedprune_app.methods.fedflap.importance import (
     IMPORTANCE_PREFIX,
     MASK_PREFIX,
@@ -69,7 +70,7 @@ class FedFLAPClient(FedITClient):
         model, tokenizer = fedflap_model_for(self.cfg)
         model.eval()
         batches = list(training_batches(self.data.train, tokenizer, self.cfg.batch_size,
-                                        self.cfg.fedflap_batches, self.cfg.seq_len,
+                                        self.cfg.section(FedFLAPConfig).fedflap_batches, self.cfg.seq_len,
                                         self.seed(server_round)))
         scores = importance_scores(model, batches)
         self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1

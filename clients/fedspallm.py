@@ -20,6 +20,7 @@ from fedprune_app.core.protocol import to_record
 from fedprune_app.core.registry import register_client
 from fedprune_app.llm.evaluation import held_out_text, perplexity
 from fedprune_app.llm.layers import calibration_batches, decoder_layers, dense_model, model_with_weights
+from fedprune_app.methods.fedspallm.config import FedSpaLLMConfig
 from fedprune_app.methods.fedspallm.masks import MASK_SUFFIX
 from fedprune_app.methods.fedspallm.pruners import Pruner, prune_sequentially, pruner_for, sparsity_of
 
@@ -59,7 +60,7 @@ class FedSpaLLMClient(FederatedClient):
         raise NotImplementedError("FedSpaLLM evaluates the global model on the server (server-eval-data)")
 
     def wants_standalone(self) -> bool:
-        return "standalone" in split_list(self.cfg.fedspallm_references)
+        return "standalone" in split_list(self.cfg.section(FedSpaLLMConfig).fedspallm_references)
 
     def scores(self, model: Any, tokenizer: Any) -> dict[str, float]:
         """`ppl/<source>` of `model` on the public held-out texts the server scores (`server-eval-data`)."""
@@ -92,8 +93,9 @@ class FedSpaLLMClient(FederatedClient):
         return RecordDict({"metrics": MetricRecord(metrics), "info": self.info()})
 
     def calibration(self, tokenizer: Any, server_round: int) -> list[torch.Tensor]:
-        return calibration_batches(self.data.train, tokenizer, self.cfg.calib_segments,
-                                   self.cfg.calib_seq_len, self.seed(server_round))
+        prune_cfg = self.cfg.section(FedSpaLLMConfig)
+        return calibration_batches(self.data.train, tokenizer, prune_cfg.calib_segments,
+                                   prune_cfg.calib_seq_len, self.seed(server_round))
 
     def pruner(self) -> Pruner:
         return pruner_for(self.cfg)

@@ -29,6 +29,7 @@ from fedprune_app.llm.evaluation import mean_loss
 from fedprune_app.llm.lora import LORA_A, LORA_B
 from fedprune_app.llm.models import get_adapter_state, model_device, peft_model_for
 from fedprune_app.llm.training import train_steps
+from fedprune_app.methods.fedtpa.config import FedTPAConfig
 from fedprune_app.methods.fedtpa.rank_pruning import (
     ContributionTracker,
     layer_contributions,
@@ -69,7 +70,7 @@ class FedTPAClient(FedITClient):
         """ITPA (Eq. 3): the mean backbone feature of the local data, and the data size for λ_g's weights."""
         start = time.perf_counter()
         model, tokenizer = peft_model_for(self.cfg)  # its adapters are disabled below: the backbone alone
-        n = self.cfg.fedtpa_feature_examples or len(self.data.train)
+        n = self.cfg.section(FedTPAConfig).fedtpa_feature_examples or len(self.data.train)
         examples = self.data.train[:n]
         lam = mean_feature(model, tokenizer, examples, self.cfg.seq_len, self.cfg.eval_batch_size)
         metrics = MetricRecord({"num-examples": len(self.data.train), "partition-id": self.partition_id,
@@ -81,14 +82,15 @@ class FedTPAClient(FedITClient):
         return {} if rec is None else {k: torch.from_numpy(v.numpy().copy()) for k, v in rec.items()}
 
     def train(self, content: RecordDict) -> RecordDict:
+        tpa_cfg = self.cfg.section(FedTPAConfig)
         config = content.config_records["config"]
         server_round, beta = int(config["server-round"]), float(config["beta"])
         model, tokenizer = self.load(content)
         modules = lora_modules(model)
-        warmup = self.cfg.fedtpa_warmup_steps
+        warmup = tpa_cfg.fedtpa_warmup_steps
         seed = self.seed(server_round)
         # warm-up: ordinary LoRA training while Eq. 6 accumulates
-        tracker = ContributionTracker(modules, self.cfg.fedtpa_ema_decay, self.ema_state())
+        tracker = ContributionTracker(modules, tpa_cfg.fedtpa_ema_decay, self.ema_state())
         with tracker:
             warm = train_steps(model, tokenizer, self.data.train, self.cfg, seed=seed, steps=warmup)
         self.context.state[EMA_RECORD] = to_record({k: v.cpu().numpy() for k, v in tracker.ema.items()})

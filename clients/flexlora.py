@@ -20,6 +20,7 @@ from fedprune_app.core.config import per_client
 from fedprune_app.core.registry import register_client
 from fedprune_app.llm.lora import lora_rank
 from fedprune_app.llm.models import peft_model_for, set_adapter_state
+from fedprune_app.methods.flexlora.config import FlexLoRAConfig
 from fedprune_app.methods.flexlora.svd import fit_rank
 
 
@@ -30,7 +31,7 @@ class FlexLoRAClient(FedITClient):
     name = "flexlora"
 
     def rank(self) -> int:
-        ranks = per_client(self.cfg.flexlora_ranks, self.num_partitions, int, "flexlora-ranks")
+        ranks = per_client(self.cfg.section(FlexLoRAConfig).flexlora_ranks, self.num_partitions, int, "flexlora-ranks")
         return int(ranks[self.partition_id])
 
     def model_at(self, state: dict[str, np.ndarray], rank: int) -> tuple[Any, Any]:

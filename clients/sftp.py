@@ -64,20 +64,21 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     `sftp-lora-lr` cosine-annealed over all rounds' steps (step (round−1)·E + t of R·E), wd `weight-decay`.
     `embedding_state` holds e_k's AdamW moments/step ({} at first) and is updated in place.
     """
+    sftp_cfg = cfg.section(SFTPConfig)
     steps, total_steps = cfg.local_steps, cfg.num_server_rounds * cfg.local_steps
     lora = [p for p in model.parameters() if p.requires_grad]
     groups: list[dict[str, Any]] = [{"params": list(generator.parameters())}]
     if embedding is not None:
         groups.append({"params": [embedding]})
     if lora:
-        groups.append({"params": lora, "lr": cfg.sftp_lora_lr, "weight_decay": cfg.weight_decay})
-    opt = torch.optim.AdamW(groups, lr=cfg.sftp_generator_lr,
-                            weight_decay=cfg.sftp_generator_weight_decay)
+        groups.append({"params": lora, "lr": sftp_cfg.sftp_lora_lr, "weight_decay": cfg.weight_decay})
+    opt = torch.optim.AdamW(groups, lr=sftp_cfg.sftp_generator_lr,
+                            weight_decay=sftp_cfg.sftp_generator_weight_decay)
     if embedding is not None and embedding_state:
         opt.state[embedding] = {k: v.clone() for k, v in embedding_state.items()}
     params = [p for g in groups for p in g["params"]]
     config, total = model.config, prunable_parameters(model.config)
-    tau, bias, lam = cfg.sftp_gate_tau, cfg.sftp_gate_bias, cfg.sftp_lambda
+    tau, bias, lam = sftp_cfg.sftp_gate_tau, sftp_cfg.sftp_gate_bias, sftp_cfg.sftp_lambda
     gate_rng = torch.Generator().manual_seed(seed)  # CPU: the same gates for a seed on any device
     device = model_device(model)
     report, start = LocalReport(), time.perf_counter()
@@ -85,9 +86,9 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     generator.train()
     try:
         for t, batch in enumerate(training_batches(examples, tokenizer, cfg.batch_size, steps, cfg.seq_len,
-                                                   seed, targets=cfg.section(SFTPConfig).sftp_loss_on)):
+                                                   seed, targets=sftp_cfg.sftp_loss_on)):
             if lora:
-                groups[-1]["lr"] = cosine_lr(cfg.sftp_lora_lr, (server_round - 1) * steps + t, total_steps)
+                groups[-1]["lr"] = cosine_lr(sftp_cfg.sftp_lora_lr, (server_round - 1) * steps + t, total_steps)
             masks = layer_masks(reinmax_binary(generator(embedding), tau, bias, gate_rng))
             set_masks(model, masks)
             clm = model(**to_device(batch, device)).loss
@@ -128,10 +129,11 @@ class SFTPClient(FederatedClient):
     def embedding(self, device: torch.device | str = "cpu") -> tuple[nn.Parameter | None, dict[str, Tensor]]:
         """(e_k, its AdamW state) from `context.state`, on `device` (the model's); e_k ~ N(0, I) seeded by
         (seed, partition) at first use. None under NOC (no private conditioning)."""
-        if not self.cfg.sftp_conditioning:
+        sftp_cfg = self.cfg.section(SFTPConfig)
+        if not sftp_cfg.sftp_conditioning:
             return None, {}
         if EMBEDDING_RECORD not in self.context.state.array_records:
-            init = torch.randn(self.cfg.sftp_embed_dim, generator=torch.Generator().manual_seed(self.seed(0)))
+            init = torch.randn(sftp_cfg.sftp_embed_dim, generator=torch.Generator().manual_seed(self.seed(0)))
             self.context.state[EMBEDDING_RECORD] = ArrayRecord({"embedding": init})
         stored = self.context.state.array_records[EMBEDDING_RECORD].to_torch_state_dict()
         state = {k: v.to(device) for k, v in stored.items() if k != "embedding"}
@@ -148,7 +150,7 @@ class SFTPClient(FederatedClient):
     def own_masks(self, generator: MaskGenerator, embedding: nn.Parameter | None) -> list[LayerMasks]:
         """This client's deterministic mask 1[σ(h_Θ(e_k) + c) > 0.5], one LayerMasks per decoder layer."""
         with torch.no_grad():
-            return layer_masks(deterministic_mask(generator(embedding), self.cfg.sftp_gate_bias))
+            return layer_masks(deterministic_mask(generator(embedding), self.cfg.section(SFTPConfig).sftp_gate_bias))
 
     def train(self, content: RecordDict) -> RecordDict:
         start = time.perf_counter()
@@ -169,7 +171,7 @@ class SFTPClient(FederatedClient):
             finally:
                 set_masks(model, None)
         arrays = get_generator_state(generator)
-        if self.cfg.sftp_adapters:
+        if self.cfg.section(SFTPConfig).sftp_adapters:
             arrays |= get_adapter_state(model)
         metrics = MetricRecord({
             "num-examples": len(self.data.train), "partition-id": self.partition_id, "keep-target": self.keep_ratio,

@@ -35,6 +35,7 @@ from fedprune_app.methods.fedspallm.aggregation import (
     random_prune,
     sample_layers,
 )
+from fedprune_app.methods.fedspallm.config import FedSpaLLMConfig
 from fedprune_app.methods.fedspallm.masks import MASK_SUFFIX, save_pruned
 from fedprune_app.methods.fedspallm.pruners import prune_sequentially, pruner_for
 
@@ -85,7 +86,7 @@ class FedSpaLLMStrategy(FederatedStrategy):
         """r_i per node: its node-config `resources` when it set one (learnt by `identify`), else
         `fedspallm-resources` (one value for all, or one per partition id; by position among the sampled nodes
         when a node did not say its id)."""
-        configured = self.cfg.fedspallm_resources
+        configured = self.cfg.section(FedSpaLLMConfig).fedspallm_resources
         n_items = len(split_list(configured))
         out = []
         for position, node in enumerate(node_ids):
@@ -155,10 +156,11 @@ class FedSpaLLMStrategy(FederatedStrategy):
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         """Eq. 5–7 per sampled matrix over the clients that sampled it (their arrays were folded in by `absorb`);
         matrices no accepted client sampled keep their previous global weights."""
-        n, m = self.cfg.prune_n, self.cfg.prune_m
+        prune_cfg = self.cfg.section(FedSpaLLMConfig)
+        n, m = prune_cfg.prune_n, prune_cfg.prune_m
         for key, acc in self.l0.items():
             merged, pruned_count = acc.merged(self.global_state[key].dtype)
-            self.global_state[key], _ = expand_masks(merged, pruned_count, acc.clients, self.cfg.sparsity, n, m)
+            self.global_state[key], _ = expand_masks(merged, pruned_count, acc.clients, prune_cfg.sparsity, n, m)
         self.l0 = {}
         return to_record({"global-round": np.array([server_round], dtype=np.int64)})
 
@@ -171,9 +173,10 @@ class FedSpaLLMStrategy(FederatedStrategy):
         - `centralized` (simulation only: the server rebuilds every partition's data from the embedded sources):
           the pruner on the pooled calibration data of all clients, i.e. every client's round-1 segments
           together — the upper reference a federation cannot run."""
+        prune_cfg = self.cfg.section(FedSpaLLMConfig)
         refs: dict[str, Any] = {}
-        names = split_list(self.cfg.fedspallm_references)
-        sparsity = self.cfg.sparsity
+        names = split_list(prune_cfg.fedspallm_references)
+        sparsity = prune_cfg.sparsity
         if "random" in names:
             def random_model() -> tuple[Any, Any]:
                 rng = np.random.default_rng(self.cfg.seed)
@@ -185,10 +188,11 @@ class FedSpaLLMStrategy(FederatedStrategy):
         return refs
 
     def centralized_model(self) -> tuple[Any, Any]:
+        prune_cfg = self.cfg.section(FedSpaLLMConfig)
         model, tokenizer = dense_model(self.cfg)
         n = max(1, self.num_connected)
         batches = [b for pid in range(n) for b in calibration_batches(
-            client_data(self.cfg, pid, n).train, tokenizer, self.cfg.calib_segments, self.cfg.calib_seq_len,
+            client_data(self.cfg, pid, n).train, tokenizer, prune_cfg.calib_segments, prune_cfg.calib_seq_len,
             client_seed(self.cfg.seed, 1, pid))]
         log.info("[fedprune] reference centralized: pruning on the pooled calibration data of %d clients", n)
         prune_sequentially(model, batches, range(self.num_layers), pruner_for(self.cfg))
@@ -196,7 +200,8 @@ class FedSpaLLMStrategy(FederatedStrategy):
 
     def client_references(self) -> list[str]:
         """`standalone` (the paper's baseline): each client prunes the whole model with its own data alone."""
-        return [name for name in split_list(self.cfg.fedspallm_references) if name == "standalone"]
+        prune_cfg = self.cfg.section(FedSpaLLMConfig)
+        return [name for name in split_list(prune_cfg.fedspallm_references) if name == "standalone"]
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
         return save_pruned(self.cfg, self.global_state, out_dir)

@@ -31,6 +31,7 @@ from fedprune_app.core.replies import to_record, weighted_average
 from fedprune_app.core.strategy import log
 from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers, factor_problem, keep_count
 from fedprune_app.methods.fedtpa.aggregation import cosine_distances, initial_betas, lcwa, next_beta, zero_pad
+from fedprune_app.methods.fedtpa.config import FedTPAConfig
 from strategies.fedit import FedITStrategy
 
 # --- pure functions -------------------------------------------------------------------------------------
@@ -80,7 +81,8 @@ class FedTPAStrategy(FedITStrategy):
     def prepare(self, grid: Grid, timeout: float) -> None:
         """Eq. 3–5: ask every connected node for its mean feature vector, set the initial β per partition
         (not again in a resumed run: its β come from the checkpoint)."""
-        if not self.cfg.fedtpa_itpa or self.beta:
+        tpa_cfg = self.cfg.section(FedTPAConfig)
+        if not tpa_cfg.fedtpa_itpa or self.beta:
             return
         nodes = self.sample(grid, 1.0)
         query = [Message(content=RecordDict({"config": ConfigRecord({"server-round": 0})}),
@@ -104,7 +106,7 @@ class FedTPAStrategy(FedITStrategy):
             rows.append(row)
         if feats:
             distances = cosine_distances(np.stack(feats), sizes)
-            betas = initial_betas(distances, self.cfg.fedtpa_beta_min)
+            betas = initial_betas(distances, tpa_cfg.fedtpa_beta_min)
             for pid, d, b in zip(pids, distances, betas, strict=True):
                 self.beta[pid] = float(b)
                 next(r for r in rows if r.get("client") == pid).update(distance=float(d), beta=float(b))
@@ -188,7 +190,7 @@ class FedTPAStrategy(FedITStrategy):
             padded.append(state)
             scores.append(extra["layer-scores"].numpy())
             sizes.append(float(flat_metrics(reply)["num-examples"]))
-        if self.cfg.fedtpa_lcwa:
+        if self.cfg.section(FedTPAConfig).fedtpa_lcwa:
             merged = lcwa(padded, np.stack(scores), self.layers, sizes)
         else:
             merged = weighted_average(padded, sizes)
@@ -198,7 +200,8 @@ class FedTPAStrategy(FedITStrategy):
     def adjust_betas(self, replies: list[RecordDict]) -> None:
         """Eq. 9 per partition, from this round's losses against its previous round's (β^t = the partition's
         state, which is what its node was sent unless the node was new)."""
-        delta = self.cfg.fedtpa_delta if self.cfg.fedtpa_dapr else 0.0
+        tpa_cfg = self.cfg.section(FedTPAConfig)
+        delta = tpa_cfg.fedtpa_delta if tpa_cfg.fedtpa_dapr else 0.0
         for reply in replies:
             m = flat_metrics(reply)
             pid, train, val = int(m["partition-id"]), float(m["train-loss"]), float(m["val-loss"])

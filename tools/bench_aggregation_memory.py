@@ -22,13 +22,14 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedprune_app.core.config import RunConfig  # noqa: E402
-from fedprune_app.core.protocol import record_bytes  # noqa: E402
-from fedprune_app.core.replies import to_record  # noqa: E402
-from fedprune_app.core.runtime import quiet_libraries  # noqa: E402
-from fedprune_app.methods.fedspallm.aggregation import expand_masks, l0_aggregate  # noqa: E402
-from fedprune_app.methods.fedspallm.masks import MASK_SUFFIX  # noqa: E402
-from strategies.fedspallm import FedSpaLLMStrategy  # noqa: E402
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.protocol import record_bytes
+from fedprune_app.core.replies import to_record
+from fedprune_app.core.runtime import quiet_libraries
+from fedprune_app.methods.fedspallm.aggregation import expand_masks, l0_aggregate
+from fedprune_app.methods.fedspallm.config import FedSpaLLMConfig
+from fedprune_app.methods.fedspallm.masks import MASK_SUFFIX
+from strategies.fedspallm import FedSpaLLMStrategy
 
 
 class Nodes:
@@ -55,6 +56,7 @@ def reply_to(msg: Message, seed: int) -> Message:
 
 def hold_then_aggregate(strategy: FedSpaLLMStrategy, replies: list[Message]) -> None:
     """The baseline: all replies in memory, then numpy copies of every reply's arrays per matrix (Eq. 5–7)."""
+    prune_cfg = strategy.cfg.section(FedSpaLLMConfig)
     by_key: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
     for msg in replies:
         arrays = msg.content.array_records["arrays"]
@@ -65,7 +67,7 @@ def hold_then_aggregate(strategy: FedSpaLLMStrategy, replies: list[Message]) -> 
                 ms.append(arrays[key + MASK_SUFFIX].numpy())
     for key, (ws, ms) in by_key.items():
         merged, pruned = l0_aggregate(ws, ms)
-        strategy.global_state[key], _ = expand_masks(merged, pruned, len(ws), strategy.cfg.sparsity)
+        strategy.global_state[key], _ = expand_masks(merged, pruned, len(ws), prune_cfg.sparsity)
 
 
 def streaming(strategy: FedSpaLLMStrategy, sent: list[Message]) -> None:

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from fedprune_app.core.config import RunConfig  # noqa: E402
-from fedprune_app.core.replies import weighted_average  # noqa: E402
-from fedprune_app.core.runtime import quiet_libraries  # noqa: E402
-from fedprune_app.llm.data import client_data  # noqa: E402
-from fedprune_app.llm.models import get_adapter_state, peft_model_for, set_adapter_state  # noqa: E402
-from fedprune_app.llm.training import train_steps  # noqa: E402
-from tools import launch  # noqa: E402
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.replies import weighted_average
+from fedprune_app.core.runtime import quiet_libraries
+from fedprune_app.llm.data import client_data
+from fedprune_app.llm.models import get_adapter_state, peft_model_for, set_adapter_state
+from fedprune_app.llm.training import train_steps
+from tools import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,12 +14,12 @@ import time
 
 import torch
 
-from fedprune_app.core.config import RunConfig  # noqa: E402
-from fedprune_app.core.runtime import quiet_libraries  # noqa: E402
-from fedprune_app.llm.data import client_data  # noqa: E402
-from fedprune_app.llm.evaluation import held_out_text, perplexity  # noqa: E402
-from fedprune_app.llm.layers import calibration_batches, dense_model  # noqa: E402
-from fedprune_app.methods.fedspallm.pruners import PRUNERS, make_pruner, prune_sequentially  # noqa: E402
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.runtime import quiet_libraries
+from fedprune_app.llm.data import client_data
+from fedprune_app.llm.evaluation import held_out_text, perplexity
+from fedprune_app.llm.layers import calibration_batches, dense_model
+from fedprune_app.methods.fedspallm.pruners import PRUNERS, make_pruner, prune_sequentially
 
 
 def main() -> None:

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import psutil
 
-from fedprune_app.llm.assets import build_once, cache_root  # noqa: E402
-from tools import launch  # noqa: E402
+from fedprune_app.llm.assets import build_once, cache_root
+from tools import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("bigbench:social_iqa,bigbench:goal_step_wikihow/step_inference,"

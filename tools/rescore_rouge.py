@@ -17,11 +17,11 @@ import json
 import time
 from pathlib import Path
 
-from fedprune_app.core.config import RunConfig  # noqa: E402
-from fedprune_app.llm.data import unused_examples  # noqa: E402
-from fedprune_app.llm.evaluation import bootstrap_ci, generate, rouge_l_scores  # noqa: E402
-from fedprune_app.llm.models import load_run  # noqa: E402
-from tools.rescore import rescore_runs  # noqa: E402
+from fedprune_app.core.config import RunConfig
+from fedprune_app.llm.data import unused_examples
+from fedprune_app.llm.evaluation import bootstrap_ci, generate, rouge_l_scores
+from fedprune_app.llm.models import load_run
+from tools.rescore import rescore_runs
 
 
 def rescore(run_dir: Path, examples: int, batch_size: int) -> dict:

@@ -16,9 +16,10 @@ import argparse
 
 import torch
 
-from clients.sftp import local_training  # noqa: E402
-from fedprune_app.core.config import RunConfig  # noqa: E402
-from fedprune_app.llm.data import client_data  # noqa: E402
+from clients.sftp import local_training
+from fedprune_app.core.config import RunConfig
+from fedprune_app.llm.data import client_data
+from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     deterministic_mask,
     generator_for,
@@ -26,8 +27,8 @@ from fedprune_app.methods.sftp.generator import (
     layer_masks,
     routed_model_for,
 )
-from fedprune_app.methods.sftp.routing import kept_parameters, prunable_parameters  # noqa: E402
-from tools.launch import APP_DIR, merged_config  # noqa: E402
+from fedprune_app.methods.sftp.routing import kept_parameters, prunable_parameters
+from tools.launch import APP_DIR, merged_config
 
 
 def main() -> None:
@@ -38,21 +39,23 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     args = parser.parse_args()
     cfg = RunConfig.from_flower(merged_config(APP_DIR, [args.preset, *([args.run_config] if args.run_config else [])]))
+    sftp_cfg = cfg.section(SFTPConfig)
     torch.set_num_threads(cfg.torch_threads)
     model, tokenizer = routed_model_for(cfg)
     data = client_data(cfg, args.client, args.partitions)
     generator = generator_for(cfg, model.config, seed=cfg.seed)
-    embedding = torch.nn.Parameter(torch.randn(cfg.sftp_embed_dim,
+    embedding = torch.nn.Parameter(torch.randn(sftp_cfg.sftp_embed_dim,
                                                generator=torch.Generator().manual_seed(cfg.seed + args.client)))
     state: dict[str, torch.Tensor] = {}
     p = keep_ratio_of(cfg, args.client, args.partitions)
     total = prunable_parameters(model.config)
-    print(f"client {args.client}: p = {p}, lambda = {cfg.sftp_lambda}, generator lr = {cfg.sftp_generator_lr}, "
-          f"tau = {cfg.sftp_gate_tau}, {cfg.num_server_rounds} rounds x {cfg.local_steps} steps", flush=True)
+    print(f"client {args.client}: p = {p}, lambda = {sftp_cfg.sftp_lambda}, "
+          f"generator lr = {sftp_cfg.sftp_generator_lr}, tau = {sftp_cfg.sftp_gate_tau}, "
+          f"{cfg.num_server_rounds} rounds x {cfg.local_steps} steps", flush=True)
     for r in range(1, cfg.num_server_rounds + 1):
         report = local_training(model, tokenizer, generator, embedding, state, data.train, cfg, p, cfg.seed + r, r)
         with torch.no_grad():
-            mask = layer_masks(deterministic_mask(generator(embedding), cfg.sftp_gate_bias))
+            mask = layer_masks(deterministic_mask(generator(embedding), sftp_cfg.sftp_gate_bias))
             kept = float(kept_parameters(model.config, mask)) / total
         print(f"round {r}: clm {sum(report.clm) / len(report.clm):.3f}  penalty {report.penalty[0]:.3f} -> "
               f"{report.penalty[-1]:.3f}  deterministic kept {kept:.3f}  ({report.seconds:.0f} s)", flush=True)

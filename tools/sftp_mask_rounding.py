@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from fedprune_app.llm.models import resolve_model_path  # noqa: E402
-from fedprune_app.methods.sftp.generator import MaskGenerator, mask_rounding, set_generator_state  # noqa: E402
+from fedprune_app.llm.models import resolve_model_path
+from fedprune_app.methods.sftp.generator import MaskGenerator, mask_rounding, set_generator_state
 
 
 def rounding(run: Path) -> dict[str, float]:

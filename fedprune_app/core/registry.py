@@ -107,17 +107,19 @@ def get(name: str) -> Method:
     return _METHODS[name]
 
 
-def strategy_class(name: str) -> type:
-    load("strategies")
-    cls = get(name).strategy
+def _side(name: str, package: str, attr: str, decorator: str) -> type:
+    load(package)
+    cls = getattr(get(name), attr)
     if cls is None:
-        raise KeyError(f"method {name!r} registered no strategy (strategies/{name}.py with @register_strategy)")
+        raise KeyError(f"method {name!r} registered no {attr} ({package}/{name}.py with @{decorator})")
     return cls
+
+
+def strategy_class(name: str) -> type:
+    """The server strategy of method `name` (strategies/<name>.py)."""
+    return _side(name, "strategies", "strategy", "register_strategy")
 
 
 def client_class(name: str) -> type:
-    load("clients")
-    cls = get(name).client
-    if cls is None:
-        raise KeyError(f"method {name!r} registered no client (clients/{name}.py with @register_client)")
-    return cls
+    """The client of method `name` (clients/<name>.py)."""
+    return _side(name, "clients", "client", "register_client")

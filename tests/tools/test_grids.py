@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedprune_app.core.config import RunConfig
+from fedprune_app.methods.fedspallm.config import FedSpaLLMConfig
 from fedprune_app.methods.fedspallm.masks import target_count
 from tools.grids import finished_run, model_parameters
 from tools.grids.fedspallm import GRID
@@ -49,9 +50,9 @@ def test_cells_use_valid_presets_and_unique_tags() -> None:
     assert [c.supernodes for c in cells] == [4, 4, 8, 8, 16, 16, 4]
     for cell in cells:  # every cell's merged config validates; the table presets wait for all their clients
         cfg = RunConfig.from_flower(merged_config(ROOT, list(cell.run_config)))
-        assert cfg.method == "fedspallm" and cfg.sparsity == cell.settings["sparsity"]
+        assert cfg.method == "fedspallm" and cfg.section(FedSpaLLMConfig).sparsity == cell.settings["sparsity"]
         if cell.group.startswith("table"):
-            assert cfg.min_nodes == cell.supernodes and cfg.fedspallm_resources == "1.0"
+            assert cfg.min_nodes == cell.supernodes and cfg.section(FedSpaLLMConfig).fedspallm_resources == "1.0"
 
 
 def test_finished_run_ignores_failed_and_other_tags(tmp_path: Path) -> None:

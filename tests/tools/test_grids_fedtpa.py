@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedprune_app.core.config import RunConfig
+from fedprune_app.methods.fedtpa.config import FedTPAConfig
 from tools.grids.__main__ import main
 from tools.grids.fedtpa import GRID
 from tools.grids.fedtpa.cells import PRESETS
@@ -71,7 +72,8 @@ def test_cells_use_valid_presets_once_each() -> None:
         assert cfg.partitioner == ("iid" if s["alpha"] == float("inf") else "dirichlet")
         if cfg.partitioner == "dirichlet":
             assert cfg.dirichlet_alpha == s["alpha"]
-        assert (cfg.fedtpa_lcwa, cfg.fedtpa_itpa, cfg.fedtpa_dapr) == (
+        tpa = cfg.section(FedTPAConfig)
+        assert (tpa.fedtpa_lcwa, tpa.fedtpa_itpa, tpa.fedtpa_dapr) == (
             s["variant"] != "fedavg", s["variant"] != "no-itpa", s["variant"] != "no-dapr")
         assert cfg.fraction_evaluate == 0.2
 

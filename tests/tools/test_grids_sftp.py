@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fedprune_app.core.config import RunConfig, per_client
+from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.routing import MASK_NAMES, mask_statistics
 from tools.grids.__main__ import main
 from tools.grids.sftp import GRID
@@ -126,9 +127,9 @@ def test_cells_use_valid_presets_once_each() -> None:
         cfg = RunConfig.from_flower(merged_config(ROOT, list(cell.run_config)))
         s = cell.settings
         assert cell.run_config[0] == PRESETS[s["method"]] and cfg.method == s["method"]
-        assert cell.supernodes == cfg.min_nodes == 4 and cfg.sftp_keep_ratios == keep_ratios(cell)
+        assert cell.supernodes == cfg.min_nodes == 4 and cfg.section(SFTPConfig).sftp_keep_ratios == keep_ratios(cell)
         if s["method"] == "sftp":
-            assert (cfg.sftp_conditioning, cfg.sftp_adapters) == (
+            assert (cfg.section(SFTPConfig).sftp_conditioning, cfg.section(SFTPConfig).sftp_adapters) == (
                 s["variant"].startswith("c-"), s["variant"].endswith("-a"))
     assert str(RunConfig.from_flower(merged_config(ROOT, list(cell_of("mixed-c-a").run_config))).sftp_keep_ratios) \
         == "0.8,0.8,0.5,0.5"

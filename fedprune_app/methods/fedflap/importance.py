@@ -13,6 +13,7 @@ from fedprune_app.core.config import ConfigError, RunConfig, split_list
 from fedprune_app.core.replies import weighted_average
 from fedprune_app.llm.layers import decoder_layers
 from fedprune_app.llm.models import model_device
+from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import routed_model_for
 from fedprune_app.methods.sftp.routing import (
     MASK_NAMES,
@@ -174,8 +175,8 @@ def cut_masks(scores: Mapping[str, np.ndarray], costs: Mapping[str, int], target
 
 def single_keep_ratio(cfg: RunConfig) -> float:
     """The one budget p of `sftp-keep-ratios` (several equal values are accepted); ConfigError otherwise."""
-    values = {float(v) for v in split_list(cfg.sftp_keep_ratios)}
+    values = {float(v) for v in split_list(cfg.section(SFTPConfig).sftp_keep_ratios)}
     if len(values) != 1:
         raise ConfigError("method 'fedflap' cuts one global mask: run-config key 'sftp-keep-ratios' must hold a "
-                          f"single keep ratio, got {cfg.sftp_keep_ratios!r}")
+                          f"single keep ratio, got {cfg.section(SFTPConfig).sftp_keep_ratios!r}")
     return values.pop()

@@ -22,6 +22,7 @@ from torch import nn
 
 from fedprune_app.llm.layers import decoder_layers, linear_modules
 from fedprune_app.llm.models import model_device
+from fedprune_app.methods.fedspallm.config import FedSpaLLMConfig
 
 PRUNERS = ("sparsegpt", "wanda", "magnitude")
 
@@ -267,8 +268,9 @@ def make_pruner(kind: str, sparsity: float, prunen: int = 0, prunem: int = 0, bl
 
 def pruner_for(cfg: Any) -> Pruner:
     """The pruner a run config asks for (`pruner`, `sparsity`, `prune-n`/`prune-m`, SparseGPT's block/damping)."""
-    return make_pruner(cfg.pruner, cfg.sparsity, cfg.prune_n, cfg.prune_m,
-                       cfg.sparsegpt_blocksize, cfg.sparsegpt_percdamp)
+    prune_cfg = cfg.section(FedSpaLLMConfig)
+    return make_pruner(prune_cfg.pruner, prune_cfg.sparsity, prune_cfg.prune_n, prune_cfg.prune_m,
+                       prune_cfg.sparsegpt_blocksize, prune_cfg.sparsegpt_percdamp)
 
 
 def sparsity_of(mask: torch.Tensor) -> float:

@@ -10,6 +10,7 @@ import torch
 
 from fedprune_app.core.config import RunConfig, split_list
 from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers, lora_rank, truncate_factors
+from fedprune_app.methods.flexlora.config import FlexLoRAConfig
 
 
 def lora_delta(b: np.ndarray, a: np.ndarray, alpha: float, rank: int) -> np.ndarray:
@@ -42,7 +43,7 @@ def svd_factors(delta: np.ndarray, rank: int, alpha: float) -> tuple[np.ndarray,
 
 def max_rank(cfg: RunConfig) -> int:
     """r_max: the largest rank in `flexlora-ranks` (the global adapter's rank)."""
-    return max(int(v) for v in split_list(cfg.flexlora_ranks))
+    return max(int(v) for v in split_list(cfg.section(FlexLoRAConfig).flexlora_ranks))
 
 
 

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from fedprune_app.core.config import RunConfig
 from fedprune_app.llm.models import model_device, set_adapter_state
+from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.routing import MASK_NAMES, LayerMasks, kept_parameters, prunable_parameters
 
 GENERATOR_PREFIX = "mask-generator."  # Θ's tensors in a message; Φ (LoRA) keeps peft's names
@@ -145,12 +146,13 @@ def generator_for(cfg: RunConfig, model_config: Any, seed: int | None = None,
                   device: torch.device | str = "cpu") -> MaskGenerator:
     """The generator for a model config and the `sftp-*` keys (initialised on the CPU from `seed` if given, so
     the same seed gives the same Θ on any device), then moved to `device` (the routed model's)."""
+    sftp_cfg = cfg.section(SFTPConfig)
     with torch.random.fork_rng():
         if seed is not None:
             torch.manual_seed(seed)
         generator = MaskGenerator(int(model_config.num_hidden_layers), int(model_config.hidden_size),
-                                  cfg.sftp_embed_dim, cfg.sftp_generator_hidden,
-                                  cfg.sftp_conditioning)
+                                  sftp_cfg.sftp_embed_dim, sftp_cfg.sftp_generator_hidden,
+                                  sftp_cfg.sftp_conditioning)
     return generator.to(device)
 
 
@@ -205,7 +207,7 @@ def routed_model_for(cfg: RunConfig) -> tuple[nn.Module, Any]:
     """The process's cached (routed backbone [+ LoRA when `sftp-adapters`], tokenizer); callers set the masks
     and the adapter state before every use. The backbone is frozen."""
     keys = ("lora-rank", "lora-alpha", "lora-dropout", "lora-target-modules", "seed")
-    lora_key = json.dumps({k: cfg[k] for k in keys}, sort_keys=True) if cfg.sftp_adapters else ""
+    lora_key = json.dumps({k: cfg[k] for k in keys}, sort_keys=True) if cfg.section(SFTPConfig).sftp_adapters else ""
     return _cached_routed_model(cfg.model_name, cfg.model_dtype, cfg.model_quantization, lora_key,
                                 cfg.device)
 
@@ -218,7 +220,7 @@ def routed_model_with(cfg: RunConfig, state: Mapping[str, Tensor]) -> tuple[nn.M
     model.eval()  # dropout off outside local training, whatever an earlier use left
     generator = generator_for(cfg, model.config, device=model_device(model))
     set_generator_state(generator, state)
-    if cfg.sftp_adapters:
+    if cfg.section(SFTPConfig).sftp_adapters:
         set_adapter_state(model, {k: v for k, v in state.items() if not k.startswith(GENERATOR_PREFIX)})
     return model, tokenizer, generator
 
@@ -239,7 +241,7 @@ def keep_ratio_of(cfg: RunConfig, partition_id: int, num_partitions: int) -> flo
     """p of client `partition_id` from `sftp-keep-ratios` (one value for all clients or one per client)."""
     from fedprune_app.core.config import per_client
 
-    return per_client(cfg.sftp_keep_ratios, num_partitions, float, "sftp-keep-ratios")[partition_id]
+    return per_client(cfg.section(SFTPConfig).sftp_keep_ratios, num_partitions, float, "sftp-keep-ratios")[partition_id]
 
 
 def cosine_lr(base: float, step: int, total: int) -> float:

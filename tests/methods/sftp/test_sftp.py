@@ -15,6 +15,7 @@ from clients.sftp import EMBEDDING_RECORD, SFTPClient, local_training
 from fedprune_app.core.config import ConfigError, RunConfig
 from fedprune_app.core.replies import to_record
 from fedprune_app.core.rundir import render_compiled
+from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     GENERATOR_PREFIX,
     deterministic_mask,
@@ -94,7 +95,7 @@ def test_initial_state_is_theta_and_phi_and_routes_dense(setup) -> None:
     model, _, generator = client.load(content(initial, 1))
     embedding, _ = client.embedding()
     with torch.no_grad():
-        assert deterministic_mask(generator(embedding), cfg.sftp_gate_bias).min() == 1.0
+        assert deterministic_mask(generator(embedding), cfg.section(SFTPConfig).sftp_gate_bias).min() == 1.0
 
 
 def test_embedding_stays_private_and_persists_across_rounds(round_one) -> None:
