@@ -123,8 +123,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     cell = {(r["mode"], r["client"], r["round"]): r for r in rows}
     head = "| round | " + " | ".join(f"client {c} fed | client {c} alone" for c in clients) + " |"
     out = [head, "|---|" + "---|---|" * len(clients)]
-    out.append("| 0 (untouched) | " + " | ".join(
-        f"{cell[('untouched', c, 0)]['answer-nll']:.3f} | " for c in clients) + "|")
+    out.append("| 0 (untouched) | " + " | ".join(f"{cell[('untouched', c, 0)]['answer-nll']:.3f} | "
+                                                 for c in clients) + " |")
     for rnd in rounds:
         parts = []
         for c in clients:
