@@ -36,7 +36,9 @@ log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --st
 
 def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
                       ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
-    """Perplexity of the global model on the held-out text of each `server-eval-data` source, every round."""
+    """Perplexity of the global model on the held-out text of each `server-eval-data` source, every round. A strategy
+    whose `global_model` is not simply "the" global model says what it built in `global_model_notes` (e.g. SFT-P
+    +C: a mask no client has, and its kept ratio); the rows carry those fields and results.md the label."""
     sources = split_list(cfg.server_eval_data)
     if not sources or cfg.eval_ppl_tokens == 0:
         return None
@@ -44,12 +46,13 @@ def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirec
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model, tokenizer = strategy.global_model(arrays)
+        notes = dict(getattr(strategy, "global_model_notes", None) or {})
         metrics: dict[str, float] = {}
         for source, text in texts.items():
             start = time.perf_counter()
             ppl = perplexity(model, tokenizer, text, cfg.ppl_window, cfg.ppl_stride,
                              cfg.eval_ppl_tokens)
-            run.log({"round": server_round, "phase": "server-evaluate", "data": source, "ppl": ppl,
+            run.log({**notes, "round": server_round, "phase": "server-evaluate", "data": source, "ppl": ppl,
                      "seconds": time.perf_counter() - start})
             log.info("[fedprune] round %d: server perplexity on %s = %.2f", server_round, source, ppl)
             metrics[f"ppl/{source}"] = ppl

@@ -9,6 +9,14 @@ At the last round each client's evaluate reply carries its hard masks; `save_fin
 - `masks.npz` (`client-<k>/<mask>`: bool, layers × d), `masks.json` (per-layer density per client and cross-client
   agreement per layer: Fig. 3/5), `kept_ratio.json` + `plots/kept-ratio.png` (kept ratio per client per round:
   Fig. 4b).
+
+What the server scores. Every round (`server_app.server_evaluation`) it scores `global_model`: the backbone with
+the global Φ, routed by h_Θ at the shared fixed input e = 0. Under NOC that is every client's mask, so it is the
+model each client deploys. Under +C a client's mask is h_Θ(e_k) with its private e_k; e = 0 is no client's
+embedding, so that per-round score is of a model nobody deploys (labelled so in results.md, with its kept ratio:
+`global_model_notes`). After the last round the server holds each client's compiled model, the deployed artefact,
+and `record_compiled` scores every one of them (and the dense base model) on the same held-out text: the
+'Compiled models' rows of results.md.
 """
 
 from __future__ import annotations
@@ -28,20 +36,24 @@ from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import to_record, weighted_average
 from fedprune_app.core.strategy import FederatedStrategy, Recorder, log
 from fedprune_app.llm.models import initial_adapter_state
+from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     GENERATOR_PREFIX,
     deterministic_mask,
     generator_for,
     get_generator_state,
     layer_masks,
+    model_kept_ratios,
     routed_model_for,
     routed_model_with,
 )
 from fedprune_app.methods.sftp.routing import (
     MASK_NAMES,
     compile_model,
+    kept_parameters,
     mask_statistics,
     per_layer_masks,
+    prunable_parameters,
     save_compiled,
     set_masks,
 )
@@ -55,12 +67,13 @@ class SFTPStrategy(FederatedStrategy):
         super().__init__(cfg, recorder)
         self.final_masks: dict[int, dict[str, np.ndarray]] = {}
         self.kept_history: list[dict[str, Any]] = []
+        self.global_model_notes: dict[str, Any] = {}  # what `global_model` last built, for the server's rows
 
     def initial_arrays(self) -> ArrayRecord:
         """Θ^(0) (seeded by `seed`; all-ones initial masks) and, with adapters, Φ^(0) (B = 0: the dense model)."""
         model, _ = routed_model_for(self.cfg)
         state = get_generator_state(generator_for(self.cfg, model.config, seed=self.cfg.seed))
-        if self.cfg.sftp_adapters:
+        if self.cfg.section(SFTPConfig).sftp_adapters:
             state |= initial_adapter_state(model)
         return ArrayRecord(state)
 
@@ -75,9 +88,10 @@ class SFTPStrategy(FederatedStrategy):
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         """Eq. 15 over every tensor of Θ and Φ."""
+        sftp_cfg = self.cfg.section(SFTPConfig)
         states = [numpy_state(r.array_records["arrays"]) for r in replies]
         metrics = [flat_metrics(r) for r in replies]
-        weights = [1.0 if self.cfg.sftp_aggregation == "equal" else float(m["num-examples"]) for m in metrics]
+        weights = [1.0 if sftp_cfg.sftp_aggregation == "equal" else float(m["num-examples"]) for m in metrics]
         kept_keys = ("kept-ratio-prunable", "kept-ratio-model", "keep-target")
         for m in metrics:
             self.kept_history.append({"round": server_round, "client": m.get("partition-id"),
@@ -102,15 +116,29 @@ class SFTPStrategy(FederatedStrategy):
         return routed_model_with(self.cfg, arrays.to_torch_state_dict())
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
-        """Backbone + Φ routed by the generator's mask for the shared fixed input (the zero embedding): every
-        client's mask under NOC; with +C the server knows no e_k, so this is the mask of an 'average' client."""
+        """The model the server scores every round: backbone + the global Φ, routed by h_Θ's deterministic mask
+        for the shared fixed input (the zero vector). Under NOC that input is every client's, so this is each
+        client's model (masked form; its compiled form computes the same). Under +C the clients' masks are
+        h_Θ(e_k) with private e_k (drawn N(0, I), then trained on the client); the server knows none, and no
+        client ever routed through h_Θ(0): this model is nobody's, neither its mask nor its kept ratio need be
+        any client's. `global_model_notes` says which it is and holds its kept ratios (the server-evaluate rows
+        carry them); the deployed models are scored after the last round (`record_compiled`)."""
+        sftp_cfg = self.cfg.section(SFTPConfig)
         model, tokenizer, generator = self.load(arrays)
         with torch.no_grad():
             logits = generator(generator.shared_input)
-        set_masks(model, layer_masks(deterministic_mask(logits, self.cfg.sftp_gate_bias)))
+        masks = layer_masks(deterministic_mask(logits, sftp_cfg.sftp_gate_bias))
+        set_masks(model, masks)
+        label = ("the backbone with the global Φ, routed by h_Θ(0), which under NOC is every client's mask: each "
+                 "client's model" if not sftp_cfg.sftp_conditioning else
+                 "the backbone with the global Φ, routed by h_Θ(0), the generator at the zero input. Under +C client "
+                 "k's mask is h_Θ(e_k) with its private e_k, so this is no client's model, and its kept ratio need not "
+                 "be any client's; the models the clients deploy are scored under 'Compiled models' below")
+        self.global_model_notes = {"model": label, **model_kept_ratios(model, masks)}
         return model, tokenizer
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        sftp_cfg = self.cfg.section(SFTPConfig)
         from safetensors.torch import save_file
 
         model, tokenizer, generator = self.load(arrays)
@@ -118,20 +146,23 @@ class SFTPStrategy(FederatedStrategy):
         artefacts: dict[str, str] = {}
         (out_dir / "generator").mkdir(parents=True, exist_ok=True)
         save_file(get_generator_state(generator), str(out_dir / "generator" / "generator.safetensors"))
-        gen_config = {**generator.config(), "gate-bias": self.cfg.sftp_gate_bias,
-                      "gate-tau": self.cfg.sftp_gate_tau, "key-prefix": GENERATOR_PREFIX}
+        gen_config = {**generator.config(), "gate-bias": sftp_cfg.sftp_gate_bias,
+                      "gate-tau": sftp_cfg.sftp_gate_tau, "key-prefix": GENERATOR_PREFIX}
         (out_dir / "generator" / "config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
         artefacts["generator"] = "generator"
-        if self.cfg.sftp_adapters:
+        if sftp_cfg.sftp_adapters:
             model.save_pretrained(out_dir / "adapter")
             artefacts["adapter"] = "adapter"
         compiled: dict[str, torch.nn.Module] = {}
+        kept: dict[str, float] = {"dense": 1.0}
         for client, masks in sorted(self.final_masks.items()):
             compiled[f"client {client}"] = compile_model(model, per_layer_masks(masks))
+            kept[f"client {client}"] = float(kept_parameters(model.config, per_layer_masks(masks))) / \
+                prunable_parameters(model.config)
             save_compiled(compiled[f"client {client}"], out_dir / "compiled" / f"client-{client}", tokenizer)
             artefacts[f"compiled-client-{client}"] = f"compiled/client-{client}"
         if compiled:
-            self.record_compiled(compiled)
+            self.record_compiled(compiled, tokenizer, kept)
         if self.final_masks:
             np.savez_compressed(out_dir / "masks.npz", **{f"client-{k}/{n}": m[n] for k, m in
                                                           self.final_masks.items() for n in MASK_NAMES})
@@ -141,24 +172,40 @@ class SFTPStrategy(FederatedStrategy):
         self.plot_kept_ratio(out_dir / "plots" / "kept-ratio.png")
         return artefacts
 
-    def record_compiled(self, compiled: Mapping[str, torch.nn.Module]) -> None:
-        """One `compiled` row per client model: parameters, MB, kept ratios and (`sftp-speed-prefill` > 0) its
-        prefill latency and generation speed against the dense base model, timed round-robin in this process
-        (`fedprune_app.methods.sftp.speed.speed_table`); results.md tables them."""
+    def record_compiled(self, compiled: Mapping[str, torch.nn.Module], tokenizer: Any = None,
+                        kept: Mapping[str, float] | None = None) -> None:
+        """One `compiled` row per client model, after the dense base model's: parameters, MB, the kept ratio of
+        the prunable projections (`kept`), the perplexity of the server's held-out text (`ppl/<source>` per
+        `server-eval-data` source, as the per-round server evaluation scores it; with `tokenizer` and
+        `eval-ppl-tokens` > 0): the server's score of the model each client deploys; and (`sftp-speed-prefill`
+        > 0) its prefill latency and generation speed against the dense model, each beside its FLOP ceiling
+        (`fedprune_app.methods.sftp.speed.speed_table`, timed round-robin in this process). results.md tables
+        them."""
+        from fedprune_app.core.config import split_list
+        from fedprune_app.llm.evaluation import held_out_text, perplexity
         from fedprune_app.llm.models import load_base_model
         from fedprune_app.methods.sftp.speed import speed_table, weights
 
         dense = load_base_model(self.cfg.model_name, self.cfg.model_dtype, "none", self.cfg.device)
         models = {"dense": dense, **compiled}
-        prefill = self.cfg.sftp_speed_prefill
+        sources = split_list(self.cfg.server_eval_data) if tokenizer is not None and self.cfg.eval_ppl_tokens else []
+        scores: dict[str, dict[str, float]] = {name: {} for name in models}
+        for source in sources:
+            text = held_out_text(source, self.cfg)
+            for name, m in models.items():
+                scores[name][f"ppl/{source}"] = perplexity(m, tokenizer, text, self.cfg.ppl_window,
+                                                           self.cfg.ppl_stride, self.cfg.eval_ppl_tokens)
+                log.info("[fedprune] %s: perplexity on %s = %.2f", name, source, scores[name][f"ppl/{source}"])
+        prefill = self.cfg.section(SFTPConfig).sftp_speed_prefill
         if prefill > 0:
             table = speed_table(models, int(dense.config.vocab_size), dense.config.eos_token_id, prefill=prefill)
         else:
             table = {name: dict(zip(("params", "MB"), map(float, weights(m)), strict=True))
                      for name, m in models.items()}
         for name, row in table.items():
+            extra = {} if kept is None or name not in kept else {"kept-ratio-prunable": kept[name]}
             self.record({"phase": "compiled", "model": name, "prefill-tokens": prefill, **row,
-                         "params-ratio": row["params"] / table["dense"]["params"]})
+                         "params-ratio": row["params"] / table["dense"]["params"], **extra, **scores[name]})
 
     def plot_kept_ratio(self, path: Path) -> None:
         """Fig. 4b: the deterministic mask's kept ratio of the prunable projections per client and round."""

@@ -325,7 +325,7 @@ def _fields(section: type[ConfigSection], values: Mapping[str, Scalar]) -> dict[
 @dataclass(frozen=True)
 class RunConfig(SharedConfig):
     """The validated run config: the shared keys as typed attributes (`cfg.local_steps`), each method's keys as
-    its typed section (`cfg.section(SFTPConfig).sftp_lambda`; `cfg.sftp_lambda` also reads it, untyped)."""
+    its typed section (`cfg.section(SFTPConfig).sftp_lambda`; `cfg["sftp-lambda"]` reads the flat value)."""
 
     values: Mapping[str, Scalar] = field(default_factory=dict, repr=False, compare=False)
     sections: Mapping[type, ConfigSection] = field(default_factory=dict, repr=False, compare=False)
@@ -335,14 +335,6 @@ class RunConfig(SharedConfig):
         if cls not in self.sections:
             raise KeyError(f"{cls.__name__} is not a registered config section")
         return self.sections[cls]  # type: ignore[return-value]
-
-    def __getattr__(self, attr: str) -> Scalar:
-        """A method section's key by its flat attribute name (typed access: `section()`)."""
-        values = self.__dict__.get("values", {}) if not attr.startswith("__") else {}
-        name = attr.replace("_", "-")
-        if name in values:
-            return values[name]
-        raise AttributeError(attr)
 
     def __getitem__(self, name: str) -> Scalar:
         return self.values[name]

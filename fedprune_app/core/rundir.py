@@ -78,6 +78,9 @@ class RunDirectory:
         server: dict[str, dict[str, float]] = defaultdict(dict)
         for r in self.rows("server-evaluate"):
             server[str(r["round"])][f"ppl `{r['data']}`"] = r["ppl"]
+            if "kept-ratio-prunable" in r:  # a strategy that says what it scored (SFT-P: global_model_notes)
+                server[str(r["round"])]["kept (prunable)"] = r["kept-ratio-prunable"]
+        scored = next((str(r["model"]) for r in reversed(self.rows("server-evaluate")) if r.get("model")), None)
         dropped = [{"round": r.get("round"), "phase": r["phase"], "node": r.get("node"),
                     "problem": r.get("problem", "")[-300:]}
                    for r in self.records if r.get("status") in ("failed", "rejected")]
@@ -86,7 +89,7 @@ class RunDirectory:
                    "clients": table, "server": server, "references": reference_means(self.rows("reference")),
                    "failures": len(dropped), "dropped-replies": dropped, **(extra or {})}
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        text = render_results(self.cfg, table, server, summary["seconds"])
+        text = render_results(self.cfg, table, server, summary["seconds"], scored)
         text += render_references(self.cfg, server, self.rows("reference"))
         text += render_compiled(self.rows("compiled"))
         if dropped:
@@ -129,8 +132,10 @@ def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) and abs(value) < 10 else f"{value:.2f}"
 
 
-def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[str, Any], seconds: float) -> str:
-    """The results table in Markdown (per client: untouched vs after federated tuning)."""
+def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[str, Any], seconds: float,
+                   scored: str | None = None) -> str:
+    """The results table in Markdown (per client: untouched vs after federated tuning); then the server's
+    per-round scores, with `scored` (what the strategy's `global_model` built, when it says) in the heading."""
     metrics = [m for m in METRIC_NAMES if any(f"{m}/untouched" in row for row in table)]
     lines = [f"# {cfg.method}: {cfg.num_server_rounds} rounds, model `{cfg.model_name}`", "",
              f"Wall time {seconds:.0f} s.", ""]
@@ -157,8 +162,10 @@ def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[
     if server:
         rounds = sorted(server, key=int)
         keys = sorted({k for r in rounds for k in server[r]})
-        lines += ["", "Server-side evaluation of the global model (perplexity of held-out text):", "",
-                  "| round | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        heading = ("Server-side evaluation of the global model (perplexity of held-out text):" if not scored else
+                   f"Server-side evaluation after each round (perplexity of held-out text). The model scored: "
+                   f"{scored}.")
+        lines += ["", heading, "", "| round | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
         for r in rounds:
             lines.append(f"| {r} | " + " | ".join(_fmt(server[r].get(k)) for k in keys) + " |")
     return "\n".join(lines) + "\n"
@@ -180,21 +187,46 @@ def reference_means(refs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def render_compiled(rows: list[dict[str, Any]]) -> str:
-    """SFT-P's compiled client models against the dense one: size and, when timed, prefill and generation."""
+    """SFT-P's compiled client models against the dense one: size and, when timed, prefill and generation, each
+    speed-up beside its FLOP ceiling and the share of it reached; then, when scored, the server's perplexity of
+    its held-out text for each of them (the models the clients deploy)."""
     if not rows:
         return ""
     timed = "prefill-ms" in rows[0]
+    ceiling = timed and "prefill-ceiling" in rows[0]
     lines = ["", "Compiled models (each client's deployable model: LoRA merged, sliced by its mask)"
              + (f"; prefill of {rows[0]['prefill-tokens']} tokens, batch 1, and 32 greedy tokens, medians of 3, "
-                "timed round-robin in one process" if timed else "") + ":", "",
-             "| model | params | params ratio | MB |"
-             + (" prefill ms | speed-up | generation tok/s |" if timed else ""),
-             "|---|---|---|---|" + ("---|---|---|" if timed else "")]
+                "timed round-robin in one process" if timed else "")
+             + ("; ceiling = FLOPs(dense) / FLOPs(model) of the same workload (every matmul: pruned projections, "
+                "attention, the unpruned LM head), of ceiling = speed-up / ceiling" if ceiling else "") + ":", ""]
+    head, rule = "| model | params | params ratio | MB |", "|---|---|---|---|"
+    if timed:
+        head += " prefill ms | speed-up |" + (" ceiling | of ceiling |" if ceiling else "") + " generation tok/s |"
+        rule += "---|---|" + ("---|---|" if ceiling else "") + "---|"
+        if ceiling:
+            head += " speed-up | ceiling | of ceiling |"
+            rule += "---|---|---|"
+    lines += [head, rule]
     for r in rows:
         line = f"| {r['model']} | {r['params'] / 1e6:.1f} M | {r['params-ratio']:.3f} | {r['MB']:.1f} |"
         if timed:
-            line += f" {r['prefill-ms']:.0f} | {r['prefill-speedup']:.2f}× | {r['generate-tok-s']:.1f} |"
+            line += f" {r['prefill-ms']:.0f} | {r['prefill-speedup']:.2f}× |"
+            if ceiling:
+                line += f" {r['prefill-ceiling']:.2f}× | {r['prefill-of-ceiling']:.2f} |"
+            line += f" {r['generate-tok-s']:.1f} |"
+            if ceiling:
+                line += (f" {r['generate-speedup']:.2f}× | {r['generate-ceiling']:.2f}× |"
+                         f" {r['generate-of-ceiling']:.2f} |")
         lines.append(line)
+    sources = list(dict.fromkeys(k[4:] for r in rows for k in r if k.startswith("ppl/")))
+    if sources:
+        lines += ["", "Server-side evaluation of the deployed models: the server's held-out text (the per-round "
+                  "evaluation's) scored by the dense base model and by each client's compiled model after the last "
+                  "round (perplexity):", "",
+                  "| model | kept (prunable) | " + " | ".join(f"ppl `{s}`" for s in sources) + " |",
+                  "|---|---|" + "---|" * len(sources)]
+        lines += [f"| {r['model']} | {_fmt(r.get('kept-ratio-prunable'))} | "
+                  + " | ".join(_fmt(r.get(f"ppl/{s}")) for s in sources) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -64,7 +64,7 @@ def test_the_toy_method_registers_and_validates_its_keys(toy: None) -> None:
     assert registry.strategy_class("toy").__name__ == "ToyStrategy"
     assert registry.client_class("toy").__name__ == "ToyClient"
     cfg = RunConfig.from_flower(launch.merged_config(launch.APP_DIR, [str(TOY / "conf" / "toy.toml")]))
-    assert cfg.method == "toy" and cfg.toy_server_lr == 0.5
+    assert cfg.method == "toy" and cfg["toy-server-lr"] == 0.5
     with pytest.raises(ValueError, match=r"'toy-server-lr' must be a float in \[0, 1\], got 2.0"):
         RunConfig.from_flower({"method": "toy", "toy-server-lr": 2.0})
 

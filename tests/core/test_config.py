@@ -110,4 +110,5 @@ def test_every_key_belongs_to_exactly_one_section() -> None:
     assert len(names) == len(set(names))
     cfg = RunConfig.from_flower({"sftp-lambda": 4, "flexlora-ranks": "2,4"})
     assert cfg.section(SFTPConfig).sftp_lambda == 4.0 and isinstance(cfg.section(SFTPConfig).sftp_lambda, float)
-    assert cfg.section(FlexLoRAConfig).flexlora_ranks == "2,4" and cfg.section(SFTPConfig).sftp_lambda == 4.0
+    assert cfg.section(FlexLoRAConfig).flexlora_ranks == "2,4" and cfg["sftp-lambda"] == 4.0
+    assert not hasattr(cfg, "sftp_lambda")  # method keys are read through their typed section

@@ -131,7 +131,7 @@ def test_cells_use_valid_presets_once_each() -> None:
         if s["method"] == "sftp":
             assert (cfg.section(SFTPConfig).sftp_conditioning, cfg.section(SFTPConfig).sftp_adapters) == (
                 s["variant"].startswith("c-"), s["variant"].endswith("-a"))
-    assert str(RunConfig.from_flower(merged_config(ROOT, list(cell_of("mixed-c-a").run_config))).sftp_keep_ratios) \
+    assert str(RunConfig.from_flower(merged_config(ROOT, list(cell_of("mixed-c-a").run_config)))["sftp-keep-ratios"]) \
         == "0.8,0.8,0.5,0.5"
 
 

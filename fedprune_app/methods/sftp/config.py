@@ -61,8 +61,8 @@ class SFTPConfig(ConfigSection):
     sftp_speed_prefill: int = key(
         512,
         "SFT-P: after the run, time each client's compiled model against the dense "
-        "one (prefill of this many tokens, batch 1, and 32 greedy tokens; medians of 3) for results.md's "
-        "'Compiled models' table; 0 = sizes only.",
+        "one (prefill of this many tokens, batch 1, and 32 greedy tokens; medians of 3), each speed-up beside "
+        "its FLOP ceiling, for results.md's 'Compiled models' table; 0 = sizes only.",
         minimum=0,
     )
 

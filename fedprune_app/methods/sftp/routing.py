@@ -187,6 +187,17 @@ def _rotary(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out
 
 
+def _input_major(linear: nn.Linear) -> nn.Linear:
+    """Keep `linear`'s (out, in) weight as the transposed view of a row-major (in, out) array, so that F.linear
+    multiplies by a contiguous (in, out) matrix (MKL's non-transposed B). For the wide products of a lane (fused
+    q/k/v, fused gate/up: in = |π_in| ≤ d < out) one decoding token streams the weights ~2× faster this way
+    (SmolLM2 at keep 0.5, weights from DRAM, 1 thread: gate/up 288 → 3072 190 µs instead of 425 µs) and a
+    512-token prefill is no slower. Same shapes, values and state-dict names; `copy_`, `load_state_dict`,
+    `.to(dtype)` and `deepcopy` keep the layout (`save_compiled` writes contiguous tensors)."""
+    linear.weight = nn.Parameter(linear.weight.detach().t().contiguous().t(), requires_grad=linear.weight.requires_grad)
+    return linear
+
+
 class _Lane(nn.Module):
     """Shared part of a compiled submodule: lane indices π_in, π_out (buffers), the sliced norm weight, the gather
     with the lane norm (Eq. 1 + 3) and the write-back (Eq. 2 + 5). A lane keeping all d coordinates skips the
@@ -244,7 +255,7 @@ class CompiledAttention(_Lane):
         self.scaling = self.head_dim ** -0.5
         self.attention_dropout = float(getattr(config, "attention_dropout", 0.0))
         self.split = [self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
-        self.qkv_proj = nn.Linear(len(pi_in), sum(self.split), bias=qkv_bias)
+        self.qkv_proj = _input_major(nn.Linear(len(pi_in), sum(self.split), bias=qkv_bias))
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, len(pi_out), bias=o_bias)
 
     def forward(self, x: Tensor, shape: tuple[int, int], position_embeddings: tuple[Tensor, Tensor],
@@ -267,6 +278,9 @@ class CompiledAttention(_Lane):
         return self.write_back(x, out.reshape(batch * seq, -1), self.o_proj, owned)
 
 
+SPLIT_GATE_UP_ROWS = 128  # from this many tokens on, `CompiledMLP` runs gate and up as two products
+
+
 class CompiledMLP(_Lane):
     """Gated MLP on a lane: fused gate/up = X̃ W[π_in, :] (Eq. 16), down_proj restricted to π_out (Eq. 17–18)."""
 
@@ -276,13 +290,24 @@ class CompiledMLP(_Lane):
 
         super().__init__(pi_in, pi_out, float(config.rms_norm_eps), int(config.hidden_size))
         inter = int(config.intermediate_size)
-        self.gate_up_proj = nn.Linear(len(pi_in), 2 * inter, bias=gate_up_bias)
+        self.gate_up_proj = _input_major(nn.Linear(len(pi_in), 2 * inter, bias=gate_up_bias))
         self.down_proj = nn.Linear(inter, len(pi_out), bias=down_bias)
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x: Tensor, owned: bool) -> Tensor:
         """x: the (batch·seq, d) residual; returns it with the MLP update written back."""
-        gate, up = self.gate_up_proj(self.lane_input(x)).chunk(2, dim=-1)
+        h_in, proj = self.lane_input(x), self.gate_up_proj
+        if h_in.shape[0] >= SPLIT_GATE_UP_ROWS:
+            # many tokens (prefill): gate and up as two GEMMs on the halves of the one stored weight (views, no
+            # copy): MKL runs the two 1536-wide products ~5% faster than the 3072-wide one at 512 tokens and a
+            # lane of 288-461, and SiLU·up then works on contiguous halves. One decoding token keeps the fused
+            # product (the strided halves cost ~20% there).
+            inter = proj.out_features // 2
+            bias = (None, None) if proj.bias is None else (proj.bias[:inter], proj.bias[inter:])
+            gate = nn.functional.linear(h_in, proj.weight[:inter], bias[0])
+            up = nn.functional.linear(h_in, proj.weight[inter:], bias[1])
+        else:
+            gate, up = proj(h_in).chunk(2, dim=-1)
         h = self.act_fn(gate)
         return self.write_back(x, h.mul_(up) if _in_place() else h * up, self.down_proj, owned)
 

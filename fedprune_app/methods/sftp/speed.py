@@ -8,15 +8,22 @@ once per task), so a change in machine load hits all of them alike, and the medi
   (what `generate` does first);
 - full-logits (optional): the same forward with logits for every token;
 - generate: greedy decoding of `new_tokens` tokens with the KV cache after a 32-token prompt (tokens/s).
+
+Beside each measured speed-up stands its ceiling: the speed-up the kept matmul FLOPs allow for exactly that
+workload, FLOPs(dense) / FLOPs(compiled) (`workload_flops`, counted from the config and the lanes), and the
+share of it reached, measured / ceiling. The LM head (vocab × d per logit token) and attention's scores and values
+are not pruned, so the ceiling is below 1/keep: on SmolLM2 (vocab 49,152 × d 576 in the LM head, 28 M weights
+beside 106 M prunable ones) one decoding step at keep 0.8 cannot pass ~1.18×, at keep 0.5 ~1.64×.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -39,8 +46,10 @@ def _seconds(fn: Callable[[], object], clock: Callable[[], float]) -> float:
 def speed_table(models: Mapping[str, nn.Module], vocab_size: int, eos_token_id: Any, prefill: int = 512,
                 new_tokens: int = 32, repeats: int = 3, full_logits: bool = False, seed: int = 0,
                 clock: str = "wall") -> dict[str, dict[str, float]]:
-    """{model: {params, MB, prefill-ms, [full-logits-ms], generate-tok-s}} plus `*-speedup` against the first
-    model (the reference, e.g. "dense"); medians of `repeats` round-robin runs after one warm-up. `clock`:
+    """{model: {params, MB, prefill-ms, [full-logits-ms], generate-tok-s}} plus, per task, `*-speedup` against
+    the first model (the reference, e.g. "dense"), `*-ceiling` (the speed-up its matmul FLOPs allow on the same
+    workload, `workload_flops`) and `*-of-ceiling` (speed-up / ceiling); medians of `repeats` round-robin runs
+    after one warm-up. `clock`:
     "wall" (elapsed) or "thread" (CPU time of the calling thread: meaningful with one torch thread only, and
     close to idle figures on a loaded machine, where wall time with 2 threads mostly measures waiting)."""
     prompt = torch.randint(0, int(vocab_size), (1, prefill), generator=torch.Generator().manual_seed(seed))
@@ -62,15 +71,110 @@ def speed_table(models: Mapping[str, nn.Module], vocab_size: int, eos_token_id: 
                         times[(task, name)].append(seconds)
     med = {key: statistics.median(v) for key, v in times.items()}
     reference = next(iter(models))
+    config, ref_lanes = models[reference].config, lane_widths(models[reference])
+    workload = {"prefill": prefill, "new_tokens": new_tokens, "prompt": short.shape[1]}
     out: dict[str, dict[str, float]] = {}
     for name, model in models.items():
         params, mb = weights(model)
+        lanes = lane_widths(model)
         row = {"params": float(params), "MB": mb, "prefill-ms": 1000 * med[("prefill", name)],
-               "prefill-speedup": med[("prefill", reference)] / med[("prefill", name)],
-               "generate-tok-s": new_tokens / med[("generate", name)],
-               "generate-speedup": med[("generate", reference)] / med[("generate", name)]}
+               "generate-tok-s": new_tokens / med[("generate", name)]}
         if full_logits:
             row["full-logits-ms"] = 1000 * med[("full-logits", name)]
-            row["full-logits-speedup"] = med[("full-logits", reference)] / med[("full-logits", name)]
+        for task in tasks:
+            row[f"{task}-speedup"] = speedup = med[(task, reference)] / med[(task, name)]
+            row[f"{task}-ceiling"] = ceiling = flop_ceiling(config, lanes, task, ref_lanes, **workload)
+            row[f"{task}-of-ceiling"] = speedup / ceiling
         out[name] = row
     return out
+
+
+# ---------------------------------------------------------------- FLOP ceiling
+
+Lanes = Mapping[str, int]  # kept width |π| of each of the four masks of one decoder layer (MASK_NAMES)
+
+
+def lane_widths(source: Any) -> list[dict[str, int]] | None:
+    """The kept lane widths per decoder layer of a model or a mask set; None = dense (every lane d wide).
+
+    `source`: a model (a compiled one's layers carry their lanes π; a model without compiled layers is dense), a
+    sequence of per-layer masks (`LayerMasks`, bool or 0/1, thresholded at 0.5 as `compile_model` does), or the
+    stacked {mask name: (layers, d)} arrays of a client's final masks (numpy or torch)."""
+    from fedprune_app.llm.layers import decoder_layers
+    from fedprune_app.methods.sftp.routing import MASK_NAMES, CompiledDecoderLayer
+
+    if isinstance(source, nn.Module):
+        layers = decoder_layers(source)
+        if not any(isinstance(layer, CompiledDecoderLayer) for layer in layers):
+            return None
+        d = int(source.config.hidden_size)
+        return [{n: len(layer.routing[n]) for n in MASK_NAMES} if isinstance(layer, CompiledDecoderLayer)
+                else dict.fromkeys(MASK_NAMES, d) for layer in layers]
+    if isinstance(source, Mapping):
+        stacked = {n: torch.as_tensor(np.asarray(source[n])) for n in MASK_NAMES}
+        return [{n: int((stacked[n][i].float() > 0.5).sum()) for n in MASK_NAMES}
+                for i in range(stacked[MASK_NAMES[0]].shape[0])]
+    return [{n: int((torch.as_tensor(g[n]).detach().float() > 0.5).sum()) for n in MASK_NAMES} for g in source]
+
+
+def forward_flops(config: Any, lanes: Sequence[Lanes] | None, tokens: int, past: int = 0, logits: int = 1,
+                  attention: str = "full") -> int:
+    """Matmul FLOPs (2 per multiply-add) of one batch-1 forward of `tokens` new tokens after `past` cached ones,
+    with logits for the last `logits` tokens, of the LLaMA-family model `config` whose decoder layers keep the
+    lane widths `lanes` (`lane_widths`; None = dense). Counted, as the compiled form runs them (Appx. A.1):
+
+    - per layer with a live attention lane (|π_in| > 0 and |π_out| > 0): fused q/k/v, |π_in| × (q + k + v) per
+      token, and o_proj, (heads·head_dim) × |π_out|; scores q·kᵀ and the weighted sum of values, 2·heads·head_dim
+      multiply-adds per (query, key) pair: `full` = every new token against all past + tokens keys, what the CPU
+      kernels execute (the eager kernel multiplies before it masks, and torch's SDPA CPU kernel takes as long with
+      is_causal as without at 512 tokens: 9.6 ms per SmolLM2 layer either way, 1 thread); `causal` = only the
+      pairs the mask keeps, past + i + 1 keys for the i-th new token (what GPU flash kernels compute). A skipped
+      attention (empty lane) costs nothing; the bus masks never narrow the heads, so this term is the dense
+      model's. One decoding token (tokens = 1) counts the same either way;
+    - per layer with a live FFN lane: fused gate/up, |π_in| × 2·intermediate, and down, intermediate × |π_out|;
+    - the LM head, hidden × vocab per logit token (not pruned, tied or not); the embedding lookup: none.
+
+    Norms, activations, the rotary angles and products, softmax and the index_select / index_add_ data moves are
+    not matmuls (O(d) per token) and are not counted. With `full` this is the count of torch's FlopCounterMode
+    over the same forward (tests/methods/sftp/test_speed.py)."""
+    if attention not in ("causal", "full"):
+        raise ValueError(f"attention must be 'causal' or 'full', got {attention!r}")
+    d = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or d // heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    inter, vocab = int(config.intermediate_size), int(config.vocab_size)
+    q_out, qkv_out = heads * head_dim, (heads + 2 * kv_heads) * head_dim
+    keys = tokens * past + (tokens * (tokens + 1) // 2 if attention == "causal" else tokens * tokens)
+    layers = [None] * int(config.num_hidden_layers) if lanes is None else list(lanes)
+    macs = 0
+    for widths in layers:
+        w = dict.fromkeys(("attn-in", "attn-out", "ffn-in", "ffn-out"), d) if widths is None else widths
+        if w["attn-in"] > 0 and w["attn-out"] > 0:
+            macs += tokens * (w["attn-in"] * qkv_out + q_out * w["attn-out"]) + 2 * heads * head_dim * keys
+        if w["ffn-in"] > 0 and w["ffn-out"] > 0:
+            macs += tokens * (w["ffn-in"] * 2 * inter + inter * w["ffn-out"])
+    return 2 * (macs + d * vocab * logits)
+
+
+def workload_flops(config: Any, lanes: Sequence[Lanes] | None, task: str, prefill: int = 512, new_tokens: int = 32,
+                   prompt: int = 32, attention: str = "full") -> int:
+    """Matmul FLOPs (`forward_flops`) of one of `speed_table`'s timed tasks: `prefill` (one forward over `prefill`
+    tokens, last-token logits), `full-logits` (the same, logits for every token) or `generate` (greedy `generate`
+    of `new_tokens` tokens after a `prompt`-token prompt: one forward over the prompt with last-token logits, then
+    new_tokens − 1 one-token steps with the KV cache)."""
+    if task == "prefill":
+        return forward_flops(config, lanes, prefill, 0, 1, attention)
+    if task == "full-logits":
+        return forward_flops(config, lanes, prefill, 0, prefill, attention)
+    if task == "generate":
+        return forward_flops(config, lanes, prompt, 0, 1, attention) + sum(
+            forward_flops(config, lanes, 1, prompt + i, 1, attention) for i in range(new_tokens - 1))
+    raise ValueError(f"unknown task {task!r} (prefill, full-logits, generate)")
+
+
+def flop_ceiling(config: Any, lanes: Sequence[Lanes] | None, task: str, reference: Sequence[Lanes] | None = None,
+                 **workload: Any) -> float:
+    """The speed-up over `reference` (default: the dense model) that `lanes` can reach on `task` if time were
+    proportional to matmul FLOPs: FLOPs(reference) / FLOPs(lanes) (`workload_flops`)."""
+    return workload_flops(config, reference, task, **workload) / workload_flops(config, lanes, task, **workload)
