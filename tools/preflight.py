@@ -123,9 +123,8 @@ def check_jsonl(key: str, source: str, path: Path, cfg: RunConfig) -> None:
             if not isinstance(record, dict):
                 raise ConfigError(f"run-config key '{key}': {path} line {number} is a JSON "
                                   f"{type(record).__name__}, not an object; a JSONL source holds {JSONL_ACCEPTED}")
-            try:  # the dispatch of data.load_source's record reader
-                examples.append(data.dolly_example(source, record) if data.DOLLY_FIELDS <= set(record)
-                                else data.normalize_record(source, record))
+            try:  # data.load_source's own record reader, line by line
+                examples.append(data.record_example(source, record))
             except (ValueError, KeyError, IndexError, TypeError) as err:
                 detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
                 raise ConfigError(f"run-config key '{key}': {path} line {number}: {detail}") from None

@@ -46,12 +46,6 @@ def load(package: str) -> None:
         importlib.import_module(info.name)
 
 
-def reload(package: str) -> None:
-    """Discover `package` again (a test that added a method's files to a package path)."""
-    _LOADED.discard(package)
-    load(package)
-
-
 def _entry(name: str) -> Method:
     return _METHODS.setdefault(name, Method(name))
 

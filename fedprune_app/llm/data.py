@@ -150,9 +150,13 @@ def dolly_example(source: str, rec: dict[str, Any]) -> Example:
     return {**instruction_example(source, prompt, str(rec["response"])), "category": str(rec["category"])}
 
 
+def record_example(source: str, rec: dict[str, Any]) -> Example:
+    """One raw record (JSONL line, Hub row) as an Example: Dolly's schema or any `normalize_record` one."""
+    return dolly_example(source, dict(rec)) if DOLLY_FIELDS <= set(rec) else normalize_record(source, dict(rec))
+
+
 def _records(source: str, records: Sequence[dict[str, Any]]) -> list[Example]:
-    return [dolly_example(source, dict(r)) if DOLLY_FIELDS <= set(r) else normalize_record(source, dict(r))
-            for r in records]
+    return [record_example(source, r) for r in records]
 
 
 def load_source(source: str) -> list[Example]:
