@@ -14,8 +14,11 @@ FEDERATION ?= num-supernodes=4 client-resources-num-cpus=1
 setup:
 	@./tools/setup.sh
 
+# SFT-P's preset runs beside its floor and ceiling (tools/sftp_references.py); any other preset runs alone.
+RUN_TOOL = $(if $(filter conf/sftp.toml,$(RUN_CONFIG)),tools.sftp_references,tools.launch)
+
 run: setup
-	$(PY) -m tools.launch --run-config $(RUN_CONFIG) $(if $(ARGS),--run-config "$(ARGS)") --federation-config "$(FEDERATION)"
+	$(PY) -m $(RUN_TOOL) --run-config $(RUN_CONFIG) $(if $(ARGS),--run-config "$(ARGS)") --federation-config "$(FEDERATION)"
 
 test: setup
 	$(PY) -m ruff check .

@@ -11,17 +11,16 @@ masked model with the global LoRA (round 1 = masks and the zero LoRA: "post hoc,
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from flwr.app import MetricRecord, RecordDict
-from torch import nn
+import numpy as np
 
 from clients.fedit import FedITClient
-from fedprune_app.core.protocol import to_record
+from fedprune_app.core.recovery import Recovery, StatisticsThenRecoveryClient
 from fedprune_app.core.registry import register_client
 from fedprune_app.llm.data import training_batches
-from fedprune_app.llm.evaluation import evaluate_client
 from fedprune_app.llm.models import model_device, set_adapter_state
 from fedprune_app.methods.fedflap.config import FedFLAPConfig
 from fedprune_app.methods.fedflap.importance import (
@@ -32,61 +31,38 @@ from fedprune_app.methods.fedflap.importance import (
     masks_from_arrays,
 )
 from fedprune_app.methods.sftp.generator import model_kept_ratios
-from fedprune_app.methods.sftp.routing import LayerMasks, set_masks
+from fedprune_app.methods.sftp.routing import set_masks
 
 
 @register_client("fedflap")
-class FedFLAPClient(FedITClient):
+class FedFLAPClient(StatisticsThenRecoveryClient, FedITClient):
     """Round 1: FLAP importance of the bus coordinates on the client's data; later rounds: FedIT's LoRA round
     on the routed model with the server's fixed global masks."""
 
     name = "fedflap"
+    structure_prefix = MASK_PREFIX
+    structure_name = "the global masks"
 
-    def load(self, content: RecordDict) -> tuple[nn.Module, Any, list[LayerMasks] | None]:
-        """The routed model with the message's LoRA loaded and its masks set (None: dense)."""
+    @contextmanager
+    def recovery_model(self, arrays: dict[str, Any]) -> Iterator[Recovery]:
+        """The routed model with the message's LoRA loaded and its masks set (none: dense); the masks are
+        taken off the cached model again on leaving."""
         model, tokenizer = fedflap_model_for(self.cfg)
         model.eval()
-        arrays = content.array_records["arrays"].to_torch_state_dict()
         set_adapter_state(model, {k: v for k, v in arrays.items() if not k.startswith(MASK_PREFIX)})
         masks = masks_from_arrays(arrays, model_device(model))
         set_masks(model, masks)
-        return model, tokenizer, masks
-
-    def train(self, content: RecordDict) -> RecordDict:
-        server_round = int(content.config_records["config"]["server-round"])
-        if server_round == 1:
-            return self.importance(server_round)
-        model, tokenizer, masks = self.load(content)
-        if masks is None:
-            raise ValueError("fedflap recovery round without the global masks (fedflap-mask.*) in the arrays")
         try:
-            return self.local_round(model, tokenizer, server_round, **model_kept_ratios(model, masks))
+            yield Recovery(model, tokenizer, model_kept_ratios(model, masks), masks is not None)
         finally:
             set_masks(model, None)
 
-    def importance(self, server_round: int) -> RecordDict:
+    def statistics(self, server_round: int) -> tuple[dict[str, np.ndarray], dict[str, float | int]]:
         """Round 1: the importance arrays and num-examples (no activations, no text)."""
-        start = time.perf_counter()
         model, tokenizer = fedflap_model_for(self.cfg)
         model.eval()
         batches = list(training_batches(self.data.train, tokenizer, self.cfg.batch_size,
                                         self.cfg.section(FedFLAPConfig).fedflap_batches, self.cfg.seq_len,
                                         self.seed(server_round)))
         scores = importance_scores(model, batches)
-        self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1
-        metrics = MetricRecord({"num-examples": len(self.data.train), "partition-id": self.partition_id,
-                                "seconds": time.perf_counter() - start})
-        arrays = to_record({IMPORTANCE_PREFIX + k: v for k, v in scores.items()})
-        return RecordDict({"arrays": arrays, "metrics": metrics, "info": self.info()})
-
-    def evaluate(self, content: RecordDict) -> RecordDict:
-        """The client's own task on the dense model (round 0) or the masked model with the global LoRA."""
-        start = time.perf_counter()
-        model, tokenizer, masks = self.load(content)
-        try:
-            scores = evaluate_client(model, tokenizer, self.data, self.cfg, self.num_partitions)
-        finally:
-            set_masks(model, None)
-        metrics = MetricRecord({**scores, **model_kept_ratios(model, masks), "num-examples": len(self.data.test),
-                                "partition-id": self.partition_id, "seconds": time.perf_counter() - start})
-        return RecordDict({"metrics": metrics, "info": self.info()})
+        return {IMPORTANCE_PREFIX + k: v for k, v in scores.items()}, {"num-examples": len(self.data.train)}

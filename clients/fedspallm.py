@@ -2,20 +2,25 @@
 
 The client keeps the dense model (Eq. 9: unsampled layers stay dense), writes the received global weights
 of its sampled layers over it, runs the sequential layer loop with its pruner on `calib-segments` windows
-of its own text, and replies with only those layers' pruned weights and bool masks (`<name>:mask`).
+of its own text, and replies with only those layers' kept weights and bit-packed masks (`<name>`, `<name>:mask`,
+fedprune_app.core.encoding) in `payload-dtype`; the global weights it receives come in the same encoding.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
+import numpy as np
 import torch
-from flwr.app import MetricRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from fedprune_app.core.client import FederatedClient
 from fedprune_app.core.config import split_list
+from fedprune_app.core.encoding import decode_dense, encode_sparse
+from fedprune_app.core.progress import layer_logger
 from fedprune_app.core.protocol import to_record
 from fedprune_app.core.registry import register_client
 from fedprune_app.llm.evaluation import held_out_text, perplexity
@@ -23,6 +28,8 @@ from fedprune_app.llm.layers import calibration_batches, decoder_layers, dense_m
 from fedprune_app.methods.fedspallm.config import FedSpaLLMConfig
 from fedprune_app.methods.fedspallm.masks import MASK_SUFFIX
 from fedprune_app.methods.fedspallm.pruners import Pruner, prune_sequentially, pruner_for, sparsity_of
+
+log = logging.getLogger("flwr")  # Flower's handler; a simulation's Ray workers pass it on to `flwr run --stream`
 
 
 @register_client("fedspallm")
@@ -35,16 +42,15 @@ class FedSpaLLMClient(FederatedClient):
         start = time.perf_counter()
         config = content.config_records["config"]
         server_round, layers = int(config["server-round"]), json.loads(str(config["layers"]))
-        received = {k: v.numpy() for k, v in content.array_records["arrays"].items()}
+        received = self.decode(content.array_records["arrays"])
         # both restore the process's cached model to dense first (Eq. 9), whatever an earlier message pruned
         model, tokenizer = model_with_weights(self.cfg, received) if received else dense_model(self.cfg)
         batches = self.calibration(tokenizer, server_round)
-        masks = prune_sequentially(model, batches, layers, self.pruner())
+        masks = prune_sequentially(model, batches, layers, self.pruner(), on_layer=layer_logger(
+            log, f"[fedspallm] client {self.partition_id}, round {server_round}", layers))
         params = dict(model.named_parameters())
-        reply = {}
-        for name, kept in masks.items():
-            reply[name] = params[name].detach().to("cpu", torch.float32).numpy().copy()
-            reply[name + MASK_SUFFIX] = kept.cpu().numpy()
+        reply = encode_sparse({name: params[name].detach().to("cpu", torch.float32).numpy() for name in masks},
+                              {name: kept.cpu().numpy() for name, kept in masks.items()}, self.payload_dtype())
         self.private["rounds-pruned"] = int(self.private.get("rounds-pruned", 0)) + 1
         if server_round == 1 and len(layers) == len(decoder_layers(model)) and self.wants_standalone():
             # every layer pruned from the dense model with the round-1 segments: this IS the standalone model
@@ -55,6 +61,20 @@ class FedSpaLLMClient(FederatedClient):
             "calib-tokens": int(sum(b.numel() for b in batches)), "seconds": time.perf_counter() - start,
         })
         return RecordDict({"arrays": to_record(reply), "metrics": metrics, "info": self.info()})
+
+    def payload_dtype(self) -> str:
+        return self.cfg.section(FedSpaLLMConfig).payload_dtype
+
+    def decode(self, arrays: ArrayRecord) -> dict[str, np.ndarray]:
+        """The server's global weights of the sampled layers, dense float32, from their wire encoding (the shapes
+        are this client's model's)."""
+        encoded = {k: v.numpy() for k, v in arrays.items()}
+        if not encoded:
+            return {}
+        model, _ = dense_model(self.cfg)
+        shapes = {name: tuple(p.shape) for name, p in model.named_parameters()
+                  if name in encoded and not name.endswith(MASK_SUFFIX)}
+        return decode_dense(encoded, shapes, self.payload_dtype())
 
     def evaluate(self, content: RecordDict) -> RecordDict:
         raise NotImplementedError("FedSpaLLM evaluates the global model on the server (server-eval-data)")
@@ -87,7 +107,9 @@ class FedSpaLLMClient(FederatedClient):
         if stored:
             metrics.update(stored, **{"reused-round-1": 1})
         else:
-            prune_sequentially(model, batches, range(len(decoder_layers(model))), self.pruner())
+            every = range(len(decoder_layers(model)))
+            prune_sequentially(model, batches, every, self.pruner(), on_layer=layer_logger(
+                log, f"[fedspallm] client {self.partition_id}, standalone reference", every))
             metrics.update(self.scores(model, tokenizer))
         metrics["seconds"] = time.perf_counter() - start
         return RecordDict({"metrics": MetricRecord(metrics), "info": self.info()})

@@ -30,6 +30,8 @@ from fedprune_app.methods.sftp.generator import (
     cosine_lr,
     deterministic_mask,
     get_generator_state,
+    held_open,
+    hold_open,
     keep_ratio_of,
     layer_masks,
     model_kept_ratios,
@@ -58,7 +60,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
                    seed: int, server_round: int) -> LocalReport:
     """Alg. 1's inner loop: per step, g = ReinMax gates of h_Θ(e_k) (Eq. 10–12), L = CLM + λ·R(T(g), p·T_total)
     (Eq. 13–14, `sftp_objective`), one AdamW step on (Θ, e_k, Φ) with the gradient clipped jointly to
-    `max-grad-norm`.
+    `max-grad-norm`. Gates held open by `sftp-hold-open` read 1 in every sampled mask (`hold_open`).
 
     AdamW lr `sftp-generator-lr`, wd `sftp-generator-weight-decay` for Θ and e_k (constant); LoRA lr
     `sftp-lora-lr` cosine-annealed over all rounds' steps (step (round−1)·E + t of R·E), wd `weight-decay`.
@@ -81,6 +83,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     tau, bias, lam = sftp_cfg.sftp_gate_tau, sftp_cfg.sftp_gate_bias, sftp_cfg.sftp_lambda
     gate_rng = torch.Generator().manual_seed(seed)  # CPU: the same gates for a seed on any device
     device = model_device(model)
+    held = held_open(cfg, model, tokenizer)
     report, start = LocalReport(), time.perf_counter()
     model.train()
     generator.train()
@@ -89,7 +92,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
                                                    seed, targets=sftp_cfg.sftp_loss_on)):
             if lora:
                 groups[-1]["lr"] = cosine_lr(sftp_cfg.sftp_lora_lr, (server_round - 1) * steps + t, total_steps)
-            masks = layer_masks(reinmax_binary(generator(embedding), tau, bias, gate_rng))
+            masks = layer_masks(hold_open(reinmax_binary(generator(embedding), tau, bias, gate_rng), held))
             set_masks(model, masks)
             clm = model(**to_device(batch, device)).loss
             loss, penalty = sftp_objective(clm, kept_parameters(config, masks), keep_ratio, total, lam)
@@ -147,10 +150,14 @@ class SFTPClient(FederatedClient):
         self.context.state[EMBEDDING_RECORD] = ArrayRecord(arrays)
         self.private["embedding-step"] = float(state["step"])
 
-    def own_masks(self, generator: MaskGenerator, embedding: nn.Parameter | None) -> list[LayerMasks]:
-        """This client's deterministic mask 1[σ(h_Θ(e_k) + c) > 0.5], one LayerMasks per decoder layer."""
+    def own_masks(self, model: nn.Module, tokenizer: Any, generator: MaskGenerator,
+                  embedding: nn.Parameter | None) -> list[LayerMasks]:
+        """This client's deterministic mask 1[σ(h_Θ(e_k) + c) > 0.5] with the `sftp-hold-open` gates at 1, one
+        LayerMasks per decoder layer."""
+        bias = self.cfg.section(SFTPConfig).sftp_gate_bias
+        held = held_open(self.cfg, model, tokenizer)
         with torch.no_grad():
-            return layer_masks(deterministic_mask(generator(embedding), self.cfg.section(SFTPConfig).sftp_gate_bias))
+            return layer_masks(hold_open(deterministic_mask(generator(embedding), bias), held))
 
     def train(self, content: RecordDict) -> RecordDict:
         start = time.perf_counter()
@@ -162,7 +169,7 @@ class SFTPClient(FederatedClient):
         if embedding is not None:
             self.store_embedding(embedding, state)
         self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1
-        masks = self.own_masks(generator, embedding)
+        masks = self.own_masks(model, tokenizer, generator, embedding)
         with torch.no_grad():
             set_masks(model, masks)
             try:
@@ -191,7 +198,7 @@ class SFTPClient(FederatedClient):
         model, tokenizer, generator = self.load(content)
         masks = None
         if server_round > 0:
-            masks = self.own_masks(generator, self.embedding(model_device(model))[0])
+            masks = self.own_masks(model, tokenizer, generator, self.embedding(model_device(model))[0])
         set_masks(model, masks)
         try:
             with torch.no_grad():

@@ -23,11 +23,11 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
+from fedprune_app.core.protocol import flat_metrics, parse_partition_id
+from fedprune_app.core.recovery import Spec, StatisticsThenRecovery
 from fedprune_app.core.registry import register_strategy
-from fedprune_app.core.replies import to_record, weighted_average
-from fedprune_app.core.strategy import FederatedStrategy, Recorder
-from fedprune_app.llm.models import initial_adapter_state, model_device, set_adapter_state
+from fedprune_app.core.strategy import Recorder
+from fedprune_app.llm.models import initial_adapter_state, model_device, save_adapter, set_adapter_state
 from fedprune_app.methods.fedflap.importance import (
     IMPORTANCE_PREFIX,
     MASK_PREFIX,
@@ -82,13 +82,18 @@ def render_reference_table(table: Mapping[str, Any]) -> str:
 # --- the strategy ----------------------------------------------------------------------------------------
 
 @register_strategy("fedflap")
-class FedFLAPStrategy(FederatedStrategy):
+class FedFLAPStrategy(StatisticsThenRecovery):
     """Round 1: importance → global mask; rounds 2..R: FedAvg over LoRA with the masks fixed."""
+
+    structure_prefix = MASK_PREFIX
+    structure_name = "global masks"
+    statistics_name = "importance"
+    array_state = ("masks", "importance")
+    json_state = ("scores",)
 
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
         super().__init__(cfg, recorder)
         self.keep_ratio = single_keep_ratio(cfg)
-        self.round = 0
         self.masks: dict[str, np.ndarray] | None = None
         self.importance: dict[str, np.ndarray] | None = None
         self.scores: dict[str, dict[str, dict[str, float]]] = {}  # round -> client -> metrics (for fedflap.json)
@@ -98,29 +103,11 @@ class FedFLAPStrategy(FederatedStrategy):
         model, _ = fedflap_model_for(self.cfg)
         return ArrayRecord(initial_adapter_state(model))
 
-    def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"masks": self.masks, "importance": self.importance,
-                                       "scores": json.loads(json.dumps(self.scores))}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.masks, self.importance, self.scores = state["masks"], state["importance"], dict(state["scores"])
-
-    def plan_round(self, server_round: int, node_ids: list[int]) -> None:
-        self.round = server_round
-
-    def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
-        """Round 1 sends nothing (the clients score the dense model); later rounds the global LoRA + masks."""
-        return ArrayRecord() if self.round == 1 else arrays
-
-    def expected_reply(self, node_id: int) -> dict[str, tuple[tuple[int, ...], str]]:
-        """Round 1: float32 (layers, d) per mask name; later: the LoRA tensors that were sent (masks excluded)."""
-        sent = self.sent[node_id]
-        if not sent:
-            model, _ = fedflap_model_for(self.cfg)
-            shape = (int(model.config.num_hidden_layers), int(model.config.hidden_size))
-            return {IMPORTANCE_PREFIX + n: (shape, "float32") for n in MASK_NAMES}
-        return {k: v for k, v in sent.items() if not k.startswith(MASK_PREFIX)}
+    def statistics_shapes(self) -> Spec:
+        """Round 1: float32 (layers, d) per mask name."""
+        model, _ = fedflap_model_for(self.cfg)
+        shape = (int(model.config.num_hidden_layers), int(model.config.hidden_size))
+        return {IMPORTANCE_PREFIX + n: (shape, "float32") for n in MASK_NAMES}
 
     def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
         """The base checks against `expected_reply`, then importance scores must be ≥ 0."""
@@ -131,27 +118,19 @@ class FedFLAPStrategy(FederatedStrategy):
                     if k.startswith(IMPORTANCE_PREFIX) and (v.numpy() < 0).any()]
         return f"importance scores must be >= 0 (variances times squared norms): {negative[0]}" if negative else None
 
-    def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
-        states = [numpy_state(r.array_records["arrays"]) for r in replies]
+    def cut(self, states: list[dict[str, np.ndarray]], replies: list[RecordDict]) -> dict[str, np.ndarray]:
+        """Importance averaged by num-examples, standardised per (layer, mask), one global cut at the budget."""
         weights = [float(flat_metrics(r)["num-examples"]) for r in replies]
-        if server_round == 1:
-            mean = average_importance([{k[len(IMPORTANCE_PREFIX):]: v for k, v in s.items()} for s in states],
-                                      weights)
-            model, _ = fedflap_model_for(self.cfg)
-            target = self.keep_ratio * prunable_parameters(model.config)
-            normalised = {n: standardise(v) for n, v in mean.items()}
-            self.importance = {n: v.astype(np.float32) for n, v in mean.items()}
-            self.masks = cut_masks(normalised, coordinate_costs(model.config), target)
-            lora = {k: v.numpy() for k, v in initial_adapter_state(model).items()}
-        else:
-            lora = weighted_average(states, weights)
-        if self.masks is None:
-            raise RuntimeError("fedflap has no global masks: round 1 (importance) did not complete")
-        return to_record(lora | {MASK_PREFIX + n: m for n, m in self.masks.items()})
+        mean = average_importance([{k[len(IMPORTANCE_PREFIX):]: v for k, v in s.items()} for s in states], weights)
+        model, _ = fedflap_model_for(self.cfg)
+        target = self.keep_ratio * prunable_parameters(model.config)
+        normalised = {n: standardise(v) for n, v in mean.items()}
+        self.importance = {n: v.astype(np.float32) for n, v in mean.items()}
+        self.masks = cut_masks(normalised, coordinate_costs(model.config), target)
+        return {k: v.numpy() for k, v in initial_adapter_state(model).items()}
 
-    def evaluates(self, server_round: int) -> bool:
-        """Round 1 too: the masked model before any LoRA training is the 'post hoc' reference."""
-        return server_round == 1 or super().evaluates(server_round)
+    def structure_arrays(self) -> dict[str, np.ndarray] | None:
+        return None if self.masks is None else {MASK_PREFIX + n: m for n, m in self.masks.items()}
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         replies = list(replies)
@@ -171,15 +150,15 @@ class FedFLAPStrategy(FederatedStrategy):
         model, tokenizer = fedflap_model_for(self.cfg)
         model.eval()
         state = arrays.to_torch_state_dict()
-        set_adapter_state(model, {k: v for k, v in state.items() if not k.startswith(MASK_PREFIX)})
+        set_adapter_state(model, self.lora_state(state))
         set_masks(model, masks_from_arrays(state, model_device(model)))
         return model, tokenizer
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
         model, tokenizer = self.global_model(arrays)
         set_masks(model, None)
-        model.save_pretrained(out_dir / "adapter")
-        artefacts = {"adapter": "adapter"}
+        save_adapter(model, out_dir / "adapter", out_dir / "merged" if self.cfg.save_merged else None, tokenizer)
+        artefacts = {"adapter": "adapter"} | ({"merged": "merged"} if self.cfg.save_merged else {})
         table = self.reference_table()
         (out_dir / "fedflap.json").write_text(json.dumps(table, indent=1) + "\n")
         (out_dir / "fedflap.md").write_text(render_reference_table(table))

@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord
 
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.strategy import FederatedStrategy
-from fedprune_app.llm.models import initial_adapter_state, peft_model_for, set_adapter_state
+from fedprune_app.llm.models import initial_adapter_state, peft_model_for, save_adapter, set_adapter_state
 
 
 @register_strategy("fedit")
@@ -33,6 +33,7 @@ class FedITStrategy(FederatedStrategy):
         return model, tokenizer
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        model, _ = self.global_model(arrays)
-        model.save_pretrained(out_dir / "adapter")
-        return {"adapter": "adapter"}
+        """`adapter/`: the global adapter (PEFT directory at `lora-rank`); with `save-merged`, `merged/` too."""
+        model, tokenizer = self.global_model(arrays)
+        save_adapter(model, out_dir / "adapter", out_dir / "merged" if self.cfg.save_merged else None, tokenizer)
+        return {"adapter": "adapter"} | ({"merged": "merged"} if self.cfg.save_merged else {})

@@ -2,10 +2,11 @@
 
 Each round the server samples k_i ∝ r_i decoder layers for client i (Eq. 8; every layer is sampled by at
 least one client, the condition of Corollary 4.1) and sends those layers' current global weights; the client
-prunes them with its own calibration data (SparseGPT by default) and returns the pruned weights and bool
-masks. Per weight matrix the server averages each weight over the clients that kept it (ℓ0-norm
-aggregation, Eq. 5) and expands the mask to exactly the target sparsity, pruning first the positions most
-clients pruned (Eq. 6–7). Matrices that no client sampled keep their previous global weights.
+prunes them with its own calibration data (SparseGPT by default) and returns the kept weights and bit-packed
+masks (both ways in `payload-dtype`, fedprune_app.core.encoding). Per weight matrix the server averages each
+weight over the clients that kept it (ℓ0-norm aggregation, Eq. 5) and expands the mask to exactly the target
+sparsity, pruning first the positions most clients pruned (Eq. 6–7). Matrices that no client sampled keep their
+previous global weights.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedprune_app.core.config import RunConfig, per_client, split_list
+from fedprune_app.core.encoding import EncodingError, decode_sparse, encode_sparse
 from fedprune_app.core.protocol import flat_metrics
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import to_record
@@ -68,6 +70,8 @@ class FedSpaLLMStrategy(FederatedStrategy):
         self.num_layers = 0
         self.node_layers: dict[int, list[int]] = {}
         self.l0: dict[str, L0Sum] = {}  # this round's ℓ0 sums per matrix, filled by `absorb`
+        self.payload_dtype = cfg.section(FedSpaLLMConfig).payload_dtype
+        self.checked: tuple[tuple[int, int], dict[str, Any]] | None = None  # ((node, id(reply)), decoded)
 
     def initial_arrays(self) -> ArrayRecord:
         """The server keeps the global weights itself (`global_state`); the loop carries a round counter."""
@@ -118,39 +122,39 @@ class FedSpaLLMStrategy(FederatedStrategy):
         return {"layers": json.dumps(self.node_layers.get(node_id, []))}
 
     def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
+        """The sampled layers' global weights, kept values + bit-packed masks (zeros = pruned) in payload-dtype."""
         layers = set(self.node_layers.get(node_id, []))
-        return to_record({k: v for k, v in self.global_state.items()
-                          if layer_of(k, self.layer_prefix) in layers})
+        return to_record(encode_sparse({k: v for k, v in self.global_state.items()
+                                        if layer_of(k, self.layer_prefix) in layers}, dtype=self.payload_dtype))
+
+    def decode(self, node_id: int, reply: RecordDict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """{name: (kept values as float32, bool mask)} of a train reply; EncodingError unless it holds exactly the
+        encoded matrices the node was sent (fedprune_app.core.encoding.decode_sparse)."""
+        shapes = {k: self.global_state[k].shape for k in self.sent[node_id] if not k.endswith(MASK_SUFFIX)}
+        return decode_sparse({k: v.numpy() for k, v in reply.array_records["arrays"].items()}, shapes,
+                             self.payload_dtype)
 
     def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
         if "arrays" not in reply.array_records:
             return "reply holds no 'arrays' record"
-        got = reply.array_records["arrays"]
-        expected = set(self.sent[node_id])
-        weights = {k for k in got if not k.endswith(MASK_SUFFIX)}
-        if weights != expected:
-            return f"reply holds {len(weights)} weight matrices, expected the {len(expected)} of its sampled layers"
-        for key in expected:
-            w, m = got[key].numpy(), got.get(key + MASK_SUFFIX)
-            if m is None or m.numpy().dtype != np.bool_ or m.numpy().shape != w.shape:
-                return f"{key}: mask missing, not bool, or not of the weight's shape"
-            if w.shape != self.global_state[key].shape or not np.isfinite(w).all():
-                return f"{key}: wrong shape or non-finite values"
-            if (w[~m.numpy()] != 0).any():
-                return f"{key}: weights at pruned positions are not zero"
         if flat_metrics(reply).get("num-examples", 0) <= 0:
             return "reply lacks a positive 'num-examples' metric"
+        try:  # exactly the kept values + packed masks of its sampled layers, in payload-dtype, finite
+            decoded = self.decode(node_id, reply)
+        except EncodingError as err:
+            return f"reply {err}"
+        self.checked = ((node_id, id(reply)), decoded)  # `absorb` folds these in without decoding again
         return None
 
     def absorb(self, node_id: int, reply: RecordDict) -> RecordDict:
         """Fold an accepted reply's pruned weights and masks into this round's ℓ0 sums (`L0Sum`, Eq. 5) as it
-        arrives, and keep only its metrics: a 16-client round of SmolLM2 would otherwise hold 16 × 531 MB of
+        arrives, and keep only its metrics: a 16-client round of SmolLM2 would otherwise hold every client's
         replies (and their numpy copies) in the server at once."""
-        arrays = reply.array_records["arrays"]
-        for key in arrays:
-            if not key.endswith(MASK_SUFFIX):
-                weight = arrays[key].numpy()
-                self.l0.setdefault(key, L0Sum(weight.shape)).add(weight, arrays[key + MASK_SUFFIX].numpy())
+        if self.checked is None or self.checked[0] != (node_id, id(reply)):
+            self.checked = ((node_id, id(reply)), self.decode(node_id, reply))
+        for key, (values, mask) in self.checked[1].items():
+            self.l0.setdefault(key, L0Sum(mask.shape)).add_kept(values, mask)
+        self.checked = None
         return RecordDict({name: record for name, record in reply.items() if name != "arrays"})
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:

@@ -14,6 +14,7 @@ truncates them itself. The share of ‖ΔW‖²_F that rank r_max keeps is logge
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import to_record
 from fedprune_app.core.strategy import log
 from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers, factor_problem, truncate_factors
+from fedprune_app.llm.models import peft_model_for, save_adapter, set_adapter_state
 from fedprune_app.methods.flexlora.svd import average_deltas, max_rank, svd_factors
 from strategies.fedit import FedITStrategy
 
@@ -75,12 +77,15 @@ class FlexLoRAStrategy(FedITStrategy):
         rank = self.rank_of(node_id)
         if rank == self.r_max:
             return arrays
-        state = numpy_state(arrays)
+        return to_record(self.at_rank(numpy_state(arrays), rank))
+
+    def at_rank(self, state: dict[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
+        """The global factors truncated to `rank` (`truncate_factors`: the rank-r SVD of the same ΔW)."""
         out: dict[str, np.ndarray] = {}
-        for layer in self.layers:
+        for layer in adapter_layers(state):
             out[layer + LORA_B], out[layer + LORA_A] = truncate_factors(state[layer + LORA_B], state[layer + LORA_A],
                                                                         rank)
-        return to_record(out)
+        return out
 
     def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
         """Reject replies with missing/extra tensors, a rank outside [1, r_max] or not the same in every layer
@@ -121,3 +126,21 @@ class FlexLoRAStrategy(FedITStrategy):
         log.info("[fedprune] FlexLoRA round %d: rank %d keeps %.4f of ||dW||^2 (mean over layers)", server_round,
                  self.r_max, share)
         return to_record(out)
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        """`adapter/`: the global factors at r_max (FedIT's `save_final`); `client-adapters/client-<k>/`: client k's
+        final model, the global factors truncated to its rank r_k (what it evaluates, see `arrays_for`), a PEFT
+        directory at rank r_k (α unchanged, so α/r_k scales it); with `save-merged` also `client-merged/client-<k>/`."""
+        import torch
+
+        artefacts = super().save_final(arrays, out_dir)
+        state = numpy_state(arrays)
+        for pid, rank in sorted(self.partition_rank.items()):
+            model, tokenizer = peft_model_for(self.cfg.replace(lora_rank=rank))
+            set_adapter_state(model, {k: torch.from_numpy(v) for k, v in self.at_rank(state, rank).items()})
+            merged = out_dir / "client-merged" / f"client-{pid}" if self.cfg.save_merged else None
+            save_adapter(model, out_dir / "client-adapters" / f"client-{pid}", merged, tokenizer)
+            artefacts[f"adapter-client-{pid}"] = f"client-adapters/client-{pid}"
+            if merged is not None:
+                artefacts[f"merged-client-{pid}"] = f"client-merged/client-{pid}"
+        return artefacts

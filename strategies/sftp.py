@@ -35,13 +35,15 @@ from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partitio
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import to_record, weighted_average
 from fedprune_app.core.strategy import FederatedStrategy, Recorder, log
-from fedprune_app.llm.models import initial_adapter_state
+from fedprune_app.llm.models import initial_adapter_state, save_adapter
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     GENERATOR_PREFIX,
     deterministic_mask,
     generator_for,
     get_generator_state,
+    held_open,
+    hold_open,
     layer_masks,
     model_kept_ratios,
     routed_model_for,
@@ -127,7 +129,8 @@ class SFTPStrategy(FederatedStrategy):
         model, tokenizer, generator = self.load(arrays)
         with torch.no_grad():
             logits = generator(generator.shared_input)
-        masks = layer_masks(deterministic_mask(logits, sftp_cfg.sftp_gate_bias))
+        masks = layer_masks(hold_open(deterministic_mask(logits, sftp_cfg.sftp_gate_bias),
+                                      held_open(self.cfg, model, tokenizer)))
         set_masks(model, masks)
         label = ("the backbone with the global Φ, routed by h_Θ(0), which under NOC is every client's mask: each "
                  "client's model" if not sftp_cfg.sftp_conditioning else
@@ -150,9 +153,9 @@ class SFTPStrategy(FederatedStrategy):
                       "gate-tau": sftp_cfg.sftp_gate_tau, "key-prefix": GENERATOR_PREFIX}
         (out_dir / "generator" / "config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
         artefacts["generator"] = "generator"
-        if sftp_cfg.sftp_adapters:
-            model.save_pretrained(out_dir / "adapter")
-            artefacts["adapter"] = "adapter"
+        if sftp_cfg.sftp_adapters:  # Φ on the dense backbone (a PEFT directory; merged: the unpruned model + Φ)
+            save_adapter(model, out_dir / "adapter", out_dir / "merged" if self.cfg.save_merged else None, tokenizer)
+            artefacts |= {"adapter": "adapter"} | ({"merged": "merged"} if self.cfg.save_merged else {})
         compiled: dict[str, torch.nn.Module] = {}
         kept: dict[str, float] = {"dense": 1.0}
         for client, masks in sorted(self.final_masks.items()):

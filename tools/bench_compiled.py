@@ -9,7 +9,8 @@ change in machine load hits all of them alike:
   medians of `--repeats` runs after one warm-up; parameters (whole model, prunable projections) and weight MB.
 Beside each speed-up: its ceiling, FLOPs(dense) / FLOPs(compiled) for the same workload (every matmul: the
 pruned projections, attention scores and values, the unpruned LM head; `speed.workload_flops`), and
-measured / ceiling, the share of the ceiling reached. The record goes to `--json` (the command included).
+measured / ceiling, the share of the ceiling reached. The record goes to `--json` (the command included);
+`python -m tools.render_bench docs/bench/compiled-speed.json --kind compiled-speed` prints its markdown table.
 `keep 1` (all-ones masks: the dense model in compiled form, ceiling 1.00) separates what the compiled layer's
 implementation gains at no pruning from what pruning gains. `--before-after` adds, per keep, the same compiled
 model as the compiled forward ran until 2026-11-25 ("before": every projection weight (out, in) row-major as
@@ -169,7 +170,8 @@ def main() -> None:
     print(f"\nprefill = {args.prefill} tokens, batch 1; generate = {args.new_tokens} new tokens after 32 ({tok_s} "
           f"tok/s); medians of {args.repeats} after a warm-up; load average at the end {load_end}")
     if args.json:
-        record = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "note": args.note,
+        record = {"kind": "compiled-speed", "command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "note": args.note,
                   "threads": args.threads,
                   "clock": args.clock, "prefill": args.prefill, "new-tokens": args.new_tokens,
                   "prompt-for-generate": min(32, args.prefill), "repeats": args.repeats, "seed": args.seed,

@@ -5,7 +5,9 @@ either (it is the same code on both sides and would only dilute the difference).
 2 threads: the simulation runs one client at a time in a 2-CPU actor (`client-resources-num-cpus=2`), the
 plain loop runs the clients one after another. Printed: wall time of both and their ratio, the fixed
 start-up cost of the simulation (SuperLink + Ray + ServerApp up to its first line), and the steady-state
-per-round time (rounds 2..R, after the actors have loaded the model) with Flower's per-round overhead.
+per-round time (rounds 2..R, after the actors have loaded the model) with Flower's per-round overhead. The
+record (figures, command, machine, load average, flwr version) goes to `--out`;
+`python -m tools.render_bench docs/bench/overhead.json` prints the table docs/scale.md shows.
 
     make bench-overhead            # or: .venv/bin/python tools/bench_overhead.py --rounds 3 --steps 5
 """
@@ -26,6 +28,7 @@ from fedprune_app.llm.data import client_data
 from fedprune_app.llm.models import get_adapter_state, peft_model_for, set_adapter_state
 from fedprune_app.llm.training import train_steps
 from tools import launch
+from tools.render_bench import finish_record, start_record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,7 +81,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--cpus-per-client", type=int, default=2)
+    parser.add_argument("--note", default="", help="free text stored in the record")
+    parser.add_argument("--out", default="docs/bench/overhead.json", help="the JSON record; '' = none")
     args = parser.parse_args()
+    record = start_record("overhead", "tools.bench_overhead", note=args.note)
     quiet_libraries()
     values = {"num-server-rounds": args.rounds, "local-steps": args.steps, "val-examples": 0,
               "fraction-evaluate": 0.0, "server-eval-data": "", "torch-threads": 2, "run-tag": "bench-overhead"}
@@ -99,6 +105,14 @@ def main() -> None:
           f"| {steady_fl / steady_pl:.2f} |")
     print(f"\nper-round overhead of Flower: {100 * (steady_fl / steady_pl - 1):+.1f}% (goal: within 15%)")
     print(f"rounds (s): flwr {[round(x, 1) for x in fl['rounds']]}, plain {[round(x, 1) for x in pl['rounds']]}")
+    from importlib.metadata import version
+
+    record.update({"clients": args.clients, "rounds": args.rounds, "steps": args.steps, "batch-size": cfg.batch_size,
+                   "cpus-per-client": args.cpus_per_client, "torch-threads": cfg.torch_threads, "model": cfg.model_name,
+                   "flwr": version("flwr"), "flower": fl, "plain": pl,
+                   "steady-round": {"flower": steady_fl, "plain": steady_pl},
+                   "overhead-percent": 100 * (steady_fl / steady_pl - 1)})
+    finish_record(record, args.out)
 
 
 if __name__ == "__main__":

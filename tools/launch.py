@@ -11,6 +11,13 @@ This wrapper, used by `make run`, the end-to-end test and the benchmarks:
 4. stops the SuperLink it started (by its PID, with everything it started) and prints results.md;
 5. exits non-zero unless the run finished `completed` and left a completed summary.json; a failed run's error
    (summary.json) is the last line it prints.
+
+`--ray-address HOST:PORT` runs the simulation on an existing Ray cluster (docs/scale.md): Flower (1.41, 1.42) has
+no federation-config key for it; its Ray backend calls `ray.init()` only when Ray is not initialised, so Ray's own
+discovery decides. The launcher checks that the head answers on that address, refuses `init-args-num-cpus/gpus`
+(Ray rejects them when joining a cluster) and puts `RAY_ADDRESS` in the environment of the SuperLink it starts,
+which SuperExec and the simulation process inherit. The cluster is left running; only the SuperLink's processes
+(the Ray driver among them) are stopped, and Ray ends the run's actors with its driver.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -106,6 +114,31 @@ def run_error(run_dir: Path | None) -> str:
     return message.strip() or f"status {record.get('status')!r} without an error message"
 
 
+INIT_ARGS_REFUSED = ("init-args-num-cpus", "init-args-num-gpus")  # ray.init(num_cpus=..) on a cluster: refused
+
+
+def ray_cluster_env(address: str, federation: dict[str, Any], timeout: float = 5.0) -> dict[str, str]:
+    """The environment that makes the run's simulation join the Ray cluster at `address` ('HOST:PORT', the GCS
+    address `ray start --head` prints), after checking the federation config and that the head accepts TCP
+    connections there; ConfigError naming the option or key otherwise."""
+    refused = [k for k in INIT_ARGS_REFUSED if k in federation]
+    if refused:
+        raise ConfigError(f"--federation-config key '{refused[0]}' cannot be used with --ray-address: Ray refuses "
+                          "num_cpus/num_gpus when connecting to an existing cluster (its resources are what each "
+                          "node offered with `ray start --num-cpus/--num-gpus`); remove it")
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--ray-address must be HOST:PORT, the address `ray start --head` prints (e.g. "
+                          f"10.0.0.1:6379), got {address!r}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as err:
+        raise ConfigError(f"--ray-address {address}: nothing accepts connections there ({err}); start the head "
+                          f"first (`ray start --head --port {port}`)") from None
+    return {"RAY_ADDRESS": f"{host}:{port}"}
+
+
 @dataclass
 class Launched:
     """What one launch did: its exit code, the run directory, the SuperLink port it used, the run status."""
@@ -130,10 +163,29 @@ def checked_config(app_dir: Path, run_configs: list[str], federation_config: str
     return values
 
 
+def own_run_dir(out_root: Path, before: set[Path], values: dict[str, Any]) -> Path | None:
+    """The run's directory: new since the start, a directory (a grid writes tables.md into the same root), and
+    with a `config.json` that holds the values this launch passed (another launch writing into the same root at
+    the same time has other values); the newest of those, else the newest new directory."""
+    def ours(path: Path) -> bool:
+        try:
+            written = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            return True  # a run that failed before writing its config: still a candidate
+        return all(written[k] == v for k, v in values.items() if k in written)
+
+    new_dirs = sorted(p for p in set(out_root.iterdir()) - before if p.is_dir()) if out_root.is_dir() else []
+    matching = [p for p in new_dirs if ours(p)] or new_dirs
+    return matching[-1] if matching else None
+
+
 def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_DIR, timeout: float = 7200,
-           quiet: bool = False, check_data: bool = True) -> Launched:
+           quiet: bool = False, check_data: bool = True, ray_address: str | None = None) -> Launched:
     """Run one simulation and clean up after it. `check_data` False leaves `client-data`'s files to the clients
-    (a test that needs a client to fail inside the run)."""
+    (a test that needs a client to fail inside the run). `ray_address` ('HOST:PORT'): run on that Ray cluster
+    instead of a Ray started for this run."""
+    cluster_env = ray_cluster_env(ray_address, parse_overrides(federation_config, "--federation-config")) \
+        if ray_address else {}
     values = checked_config(app_dir, run_configs, federation_config, check_data)
     out_root = Path(values["output-dir"])
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
@@ -144,11 +196,14 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
     flwr_home = Path(tempfile.mkdtemp(prefix="fedprune-flwr-"))
     env = {**os.environ, **OFFLINE_ENV, "FLWR_HOME": str(flwr_home),
            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port), "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
-           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+           "RAY_DEDUP_LOGS": os.environ.get("RAY_DEDUP_LOGS", "0"), **cluster_env}  # every `layer i/N` line
     resolved = write_run_config(flwr_home / "run-config.toml", values)  # merged, checked, paths absolute
     cmd = [flwr, "run", str(app_dir), "--stream", "--run-config", str(resolved)]
     if federation_config:
         cmd += ["--federation-config", federation_config]
+    if cluster_env:
+        print(f"[fedprune] the simulation joins the Ray cluster at {cluster_env['RAY_ADDRESS']}", flush=True)
     try:
         stream = subprocess.DEVNULL if quiet else None
         done = subprocess.run(cmd, env=env, cwd=app_dir, timeout=timeout, stdout=stream, stderr=stream)
@@ -156,9 +211,7 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
     finally:
         stop_superlink(http_port)
         shutil.rmtree(flwr_home, ignore_errors=True)
-    # the run's directory: new since the start and a directory (a grid writes tables.md into the same root)
-    new_dirs = sorted(p for p in set(out_root.iterdir()) - before if p.is_dir()) if out_root.is_dir() else []
-    run_dir = new_dirs[-1] if new_dirs else None
+    run_dir = own_run_dir(out_root, before, values)
     summary_ok = run_dir is not None and (run_dir / "summary.json").is_file() and json.loads(
         (run_dir / "summary.json").read_text()).get("status") == "completed"
     ok = done.returncode == 0 and status.endswith("completed") and summary_ok
@@ -176,10 +229,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="a TOML preset (conf/X.toml) or 'key=value ...' overrides; repeatable, later wins")
     parser.add_argument("--federation-config", default="num-supernodes=4 client-resources-num-cpus=1")
     parser.add_argument("--timeout", type=float, default=7200)
+    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                        help="run the simulation on this existing Ray cluster (the head's address, as `ray start "
+                             "--head` prints it) instead of starting Ray; see docs/scale.md")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up in `launch` on TERM too
     try:
-        return launch(args.run_config, args.federation_config, timeout=args.timeout).code
+        return launch(args.run_config, args.federation_config, timeout=args.timeout,
+                      ray_address=args.ray_address).code
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -64,7 +64,8 @@ def adapter_shift(arrays: ArrayRecord, initial: dict[str, np.ndarray]) -> float:
 def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, examples: int) -> dict[str, float]:
     """Answer NLL and kept ratio of the client's deployed model (dense at round 0)."""
     model, tokenizer, generator = client.load(message(arrays, server_round))
-    masks = None if server_round == 0 else client.own_masks(generator, client.embedding(model_device(model))[0])
+    masks = None if server_round == 0 else client.own_masks(model, tokenizer, generator,
+                                                                  client.embedding(model_device(model))[0])
     set_masks(model, masks)
     try:
         with torch.no_grad():

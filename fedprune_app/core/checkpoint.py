@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fedprune_app.core.config import ConfigError, RunConfig
+from fedprune_app.core.config import ConfigError, RunConfig, defaults
 from fedprune_app.core.rundir import resolve_output_dir
 
 STATE_FILE = "state.pkl"
@@ -76,6 +76,9 @@ def load_checkpoint(cfg: RunConfig) -> Checkpoint:
                           f"(written when checkpoint-every > 0), got {str(given)!r}: {path} does not exist")
     old = json.loads((run_dir / "config.json").read_text())
     new = cfg.to_dict()
+    # a key added after the interrupted run was written (absent from its config.json) is the same if the resumed
+    # run leaves it at its default: the default is what that run did (e.g. `payload-dtype` = "float32")
+    old.update({k: v for k, v in defaults().items() if k not in old and new.get(k) == v})
     differ = sorted(k for k in set(old) | set(new) if k not in RESUME_FREE_KEYS and old.get(k) != new.get(k))
     if differ:
         detail = ", ".join(f"'{k}' ({old.get(k)!r} -> {new.get(k)!r})" for k in differ)

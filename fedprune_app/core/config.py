@@ -137,6 +137,13 @@ class SharedConfig(ConfigSection):
         "or the ServerApp's working directory).",
     )
     run_tag: str = key("", "Suffix of the run directory name `<date>-<method>-<tag>`.")
+    save_merged: bool = key(
+        False,
+        "Beside each final PEFT adapter directory (FedIT, FedTPA, FlexLoRA, SFT-P, fedflap) also write the full "
+        "model with that adapter merged (`merged/`, FlexLoRA's clients `client-merged/client-<k>/`; "
+        "`AutoModelForCausalLM.from_pretrained`, with the tokenizer), in model-dtype. Needs model-quantization = "
+        "'none'. See docs/artefacts.md.",
+    )
     # --- faults and resume ----------------------------------------------------------------------------
     min_replies: int = key(
         1,
@@ -240,6 +247,12 @@ class SharedConfig(ConfigSection):
     eval_ppl_tokens: int = key(1024, "Tokens of held-out plain text scored for perplexity (0 = skip).", minimum=0)
     ppl_window: int = key(256, "Sliding-window length for perplexity.", minimum=8)
     ppl_stride: int = key(256, "Sliding-window stride for perplexity (<= ppl-window).", minimum=1)
+    ppl_bootstrap_iters: int = key(
+        1000,
+        "Bootstrap resamples (over windows, or answers) for the 95% interval of a client's perplexity "
+        "(eval rows ppl-lo, ppl-hi); 0 = no interval.",
+        minimum=0,
+    )
     gen_max_new_tokens: int = key(32, "Greedy tokens generated per example for Rouge-L.", minimum=1)
     server_eval_data: str = key(
         "squad_shifts:squaddev",
@@ -267,6 +280,11 @@ class SharedConfig(ConfigSection):
             )
         if not split_list(self.lora_target_modules):
             raise ConfigError("run-config key 'lora-target-modules' must name at least one module")
+        if self.save_merged and self.model_quantization != "none":
+            raise ConfigError(
+                f"run-config key 'save-merged' = true needs model-quantization = 'none' (merging LoRA into "
+                f"{self.model_quantization} weights is lossy), got {self.model_quantization!r}"
+            )
 
 
 def _coerce(key: Key, value: Any) -> Scalar:

@@ -5,6 +5,8 @@
 - `summary.json`: `"status"`, wall time, the final per-client table and server metrics;
 - `results.md`: the paper-style table, every number read from `metrics.jsonl`;
 - `plots/*.png`: loss and metrics per round;
+- `tensorboard/`: every numeric value of `metrics.jsonl` as TensorBoard scalars (`board_scalars`), for
+  `tensorboard --logdir outputs/`;
 - the final artefacts (written by the strategy, e.g. `adapter/`);
 - later, `rescore.json` (tools/rescore_rouge.py): per-example Rouge-L of the final model on unused examples.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 import warnings
 from collections import defaultdict
@@ -41,6 +44,7 @@ class RunDirectory:
         self.cfg = cfg
         self.started = time.time()
         self.records: list[dict[str, Any]] = []
+        self.board: Any = None  # the TensorBoard event writer of <run>/tensorboard, opened at the first scalar
 
     @classmethod
     def create(cls, cfg: RunConfig) -> RunDirectory:
@@ -62,12 +66,35 @@ class RunDirectory:
         self.records.append(row)
         with open(self.path / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
+        self.write_board([row])
 
     def extend(self, rows: list[dict[str, Any]]) -> None:
         """Start from rows an earlier run logged (a resumed run begins with the interrupted run's rounds)."""
         self.records.extend(rows)
         with open(self.path / "metrics.jsonl", "a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
+        self.write_board(rows)
+
+    def write_board(self, rows: list[dict[str, Any]]) -> None:
+        """Each row's scalars into <run>/tensorboard as one event (torch.utils.tensorboard's FileWriter, the writer
+        under SummaryWriter, without its per-scalar overhead): queued in memory, written every 30 s and at `finish`."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        for row in rows:
+            scalars = board_scalars(row, self.cfg.num_server_rounds)
+            if not scalars:
+                continue
+            if self.board is None:
+                from torch.utils.tensorboard.writer import FileWriter
+
+                self.board = FileWriter(str(self.path / "tensorboard"), max_queue=1000, flush_secs=30)
+            summary = Summary(value=[Summary.Value(tag=tag, simple_value=value) for tag, _, value, _ in scalars])
+            self.board.add_summary(summary, scalars[0][1], walltime=self.started + scalars[0][3])
+
+    def close_board(self) -> None:
+        if self.board is not None:
+            self.board.close()
+            self.board = None
 
     def rows(self, phase: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r.get("phase") == phase]
@@ -89,6 +116,10 @@ class RunDirectory:
                    "clients": table, "server": server, "references": reference_means(self.rows("reference")),
                    "failures": len(dropped), "dropped-replies": dropped, **(extra or {})}
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        try:
+            self.close_board()
+        except Exception as err:  # noqa: BLE001 - as the plots: never costs a finished run its status
+            warnings.warn(f"writing the TensorBoard events failed: {err!r}", stacklevel=1)
         text = render_results(self.cfg, table, server, summary["seconds"], scored)
         text += render_references(self.cfg, server, self.rows("reference"))
         text += render_compiled(self.rows("compiled"))
@@ -122,6 +153,33 @@ def client_table(eval_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 METRIC_NAMES = ("acc", "acc_norm", "ppl", "rouge-l", "val-loss")
+
+BOARD_IDENTITY = frozenset({"time", "round", "phase", "node", "client", "partition-id"})  # what a row is, not values
+BOARD_QUALIFIERS = {"server-evaluate": ("data",), "reference": ("model", "data"), "compiled": ("model",)}
+
+
+def _tag_part(value: Any) -> str:
+    return re.sub(r"/+", "_", re.sub(r"\s+", "-", str(value).strip())) or "_"
+
+
+def board_scalars(row: Mapping[str, Any], final_round: int) -> list[tuple[str, int, float, float]]:
+    """(tag, step, value, seconds since the run started) of every numeric value of one metrics row, but for
+    `BOARD_IDENTITY` fields. Tag `<phase>/<key>`, then what names the row within its phase
+    (`BOARD_QUALIFIERS`: server-evaluate `data`, reference `model` and `data`, compiled `model`), then
+    `client-<k>` for a client's row: `train/train-loss/client-0`, `server-evaluate/ppl/wikitext`,
+    `reference/ppl/standalone/wikitext/client-2`. Step: the row's round; rows without one (scored after the last
+    round: references, compiled models) at `final_round`. Failed and rejected replies are left out."""
+    if row.get("status") in ("failed", "rejected"):
+        return []
+    phase = _tag_part(row.get("phase", "run"))
+    names = [_tag_part(row[k]) for k in BOARD_QUALIFIERS.get(str(row.get("phase")), ()) if row.get(k) is not None]
+    if row.get("client") is not None:
+        names.append(f"client-{_tag_part(row['client'])}")
+    suffix = "".join(f"/{n}" for n in names)
+    step = int(row["round"]) if isinstance(row.get("round"), int | float) else final_round
+    offset = float(row["time"]) if isinstance(row.get("time"), int | float) else 0.0
+    return [(f"{phase}/{_tag_part(key)}{suffix}", step, float(value), offset) for key, value in row.items()
+            if key not in BOARD_IDENTITY and isinstance(value, int | float)]
 
 
 def _fmt(value: Any) -> str:

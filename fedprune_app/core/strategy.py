@@ -52,6 +52,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedprune_app.core.config import RunConfig
+from fedprune_app.core.progress import RoundProgress
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id, record_bytes, spec_of
 from fedprune_app.core.replies import check_arrays, to_record, weighted_average
 
@@ -316,18 +317,24 @@ class FederatedStrategy(Strategy):
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
               first_round: int = 1, on_round_end: Callable[[int, ArrayRecord], None] | None = None) -> Result:
         """The run: `identify`, `prepare`, round 0 (skipped when resuming at `first_round` > 1), then per round
-        `train_round` -> federated evaluation -> server evaluation (`evaluate_fn`) -> `on_round_end`."""
+        `train_round` -> federated evaluation -> server evaluation (`evaluate_fn`) -> `on_round_end`, each round
+        ending with its progress line (`[round r/N] ... elapsed, ~... left`, `core/progress.py`)."""
         self.timeout = timeout
         train_config, evaluate_config = train_config or ConfigRecord(), evaluate_config or ConfigRecord()
         result = Result()
+        progress = RoundProgress(num_rounds, self.evaluates)  # `[round r/N] ... ~t left` after every round
         self.identify(grid)
         self.prepare(grid, timeout)
         arrays = initial_arrays
         if first_round == 1:
+            progress.start_round()
             self.evaluate_round(0, grid, arrays, evaluate_config, evaluate_fn, result)
+            log.info("%s", progress.round_done(0))
         for server_round in range(first_round, num_rounds + 1):
             log.info("[fedprune] round %d/%d", server_round, num_rounds)
+            progress.start_round()
             new_arrays, metrics = self.train_round(server_round, grid, arrays, train_config)
+            progress.trained()
             if new_arrays is not None:
                 arrays = result.arrays = new_arrays
             if metrics is not None:
@@ -335,6 +342,7 @@ class FederatedStrategy(Strategy):
             self.evaluate_round(server_round, grid, arrays, evaluate_config, evaluate_fn, result)
             if on_round_end is not None:
                 on_round_end(server_round, arrays)
+            log.info("%s", progress.round_done(server_round))
         return result
 
     def train_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord

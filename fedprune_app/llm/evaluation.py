@@ -1,4 +1,5 @@
-"""Evaluation: perplexity (sliding window), multiple-choice accuracy through lm-eval, Rouge-L on generations.
+"""Evaluation: perplexity (sliding window, or of the answers; with a bootstrap interval), multiple-choice accuracy
+through lm-eval (log-likelihoods from `fast_eval.PrefixCachedLM`), Rouge-L on generations.
 
 Accuracy is computed by lm-eval's `simple_evaluate` on an `HFLM` that wraps the in-memory model, so the
 numbers are comparable with the papers' lm-eval numbers. Offline, each client's multiple-choice test split
@@ -19,40 +20,72 @@ from torch import nn
 
 from fedprune_app.core.config import RunConfig, per_client
 from fedprune_app.llm.data import ClientData, Example, collate, encode, text_of
+from fedprune_app.llm.intervals import TokenScores, perplexity_interval
 from fedprune_app.llm.models import model_device
 
 
+def _windows(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
+    """(start, first, last) of each sliding window over n tokens: it holds tokens [start, last) and scores
+    [first, last) (see `perplexity`)."""
+    step = max(1, min(stride, window - 1))
+    return [(max(0, min(first + step, n) - window), first, min(first + step, n)) for first in range(1, n, step)]
+
+
 @torch.no_grad()
+def window_scores(model: nn.Module, tokenizer: Any, text: str, window: int = 256, stride: int = 256,
+                  max_tokens: int = 0, batch_size: int = 8) -> TokenScores:
+    """Summed NLL and token count of every sliding window of `text` (`perplexity`'s windows), `batch_size` windows
+    per forward (right-padded: causal attention keeps the padding out of every scored token's context)."""
+    ids = tokenizer(text, return_tensors="pt")["input_ids"][0]
+    if max_tokens:
+        ids = ids[:max_tokens]
+    if len(ids) < 2:
+        raise ValueError("perplexity needs at least 2 tokens of text")
+    spans, device = _windows(len(ids), window, stride), model_device(model)
+    nll, tokens = [], []
+    for i in range(0, len(spans), batch_size):
+        batch = spans[i:i + batch_size]
+        chunk = torch.zeros(len(batch), max(last - start for start, _, last in batch), dtype=torch.long)
+        for row, (start, _, last) in enumerate(batch):
+            chunk[row, :last - start] = ids[start:last]
+        logp = torch.log_softmax(model(input_ids=chunk.to(device)).logits[:, :-1].float(), dim=-1)
+        logp = logp.gather(2, chunk[:, 1:, None].to(device))[..., 0]
+        for row, (start, first, last) in enumerate(batch):
+            nll.append(-logp[row, first - start - 1:last - start - 1].sum().item())
+            tokens.append(last - first)
+    return TokenScores.of(nll, tokens)
+
+
 def perplexity(model: nn.Module, tokenizer: Any, text: str, window: int = 256, stride: int = 256,
-               max_tokens: int = 0) -> float:
+               max_tokens: int = 0, batch_size: int = 8) -> float:
     """exp(mean NLL) of `text`, every token after the first scored exactly once, in sliding windows.
 
     A window holds at most `window` tokens and scores its last `step = min(stride, window - 1)` tokens, the
     ones before them serving as context only. stride == window therefore gives back-to-back windows that
     overlap by the one token each needs as context (no token is skipped); a smaller stride gives every
     scored token at least `window - stride` tokens of context (the usual sliding-window perplexity).
+    `batch_size` windows run per forward (`window_scores`); the result does not depend on it.
     """
-    ids = tokenizer(text, return_tensors="pt")["input_ids"][0]
-    if max_tokens:
-        ids = ids[:max_tokens]
-    if len(ids) < 2:
-        raise ValueError("perplexity needs at least 2 tokens of text")
-    step = max(1, min(stride, window - 1))
-    device = model_device(model)
-    nll, count, first = 0.0, 0, 1
-    while first < len(ids):
-        last = min(first + step, len(ids))  # score tokens [first, last)
-        start = max(0, last - window)
-        chunk = ids[start:last].unsqueeze(0).to(device)
-        logits = model(input_ids=chunk).logits[0, :-1].float()
-        logp = torch.log_softmax(logits, dim=-1).gather(1, chunk[0, 1:, None])[:, 0]
-        nll -= logp[-(last - first):].sum().item()
-        count += last - first
-        first = last
-    return math.exp(nll / count)
+    return window_scores(model, tokenizer, text, window, stride, max_tokens, batch_size).perplexity
 
 
 @torch.no_grad()
+def answer_scores(model: nn.Module, tokenizer: Any, examples: Sequence[Example], seq_len: int,
+                  batch_size: int = 8) -> TokenScores:
+    """Summed NLL and token count of each example's response given its prompt (the units of answer perplexity)."""
+    nll, tokens, device = [], [], model_device(model)
+    for i in range(0, len(examples), batch_size):
+        batch = collate([encode(tokenizer, e, seq_len) for e in examples[i:i + batch_size]], tokenizer.pad_token_id)
+        batch = {k: v.to(device) for k, v in batch.items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+        labels = batch["labels"][:, 1:]
+        mask = labels != -100
+        each = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none")
+        nll += (each * mask).sum(dim=1).tolist()
+        tokens += mask.sum(dim=1).tolist()
+    return TokenScores.of(nll, tokens)
+
+
 def mean_loss(model: nn.Module, tokenizer: Any, examples: Sequence[Example], seq_len: int,
               batch_size: int = 8) -> float:
     """Token-weighted mean NLL of each example's response given its prompt (NaN for no examples).
@@ -60,17 +93,20 @@ def mean_loss(model: nn.Module, tokenizer: Any, examples: Sequence[Example], seq
     exp() of it is the "answer perplexity" a client reports for question/instruction data: the quantity
     that instruction tuning minimises (loss on the response tokens only, as in training).
     """
-    total, count, device = 0.0, 0, model_device(model)
-    for i in range(0, len(examples), batch_size):
-        batch = collate([encode(tokenizer, e, seq_len) for e in examples[i:i + batch_size]], tokenizer.pad_token_id)
-        batch = {k: v.to(device) for k, v in batch.items()}
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
-        labels = batch["labels"][:, 1:]
-        mask = labels != -100
-        nll = torch.nn.functional.cross_entropy(logits[mask], labels[mask], reduction="sum")
-        total += nll.item()
-        count += int(mask.sum())
-    return total / count if count else math.nan
+    if not examples:
+        return math.nan
+    scores = answer_scores(model, tokenizer, examples, seq_len, batch_size)
+    return float(scores.nll.sum()) / scores.token_count if scores.token_count else math.nan
+
+
+def perplexity_metrics(scores: TokenScores, iters: int, seed: int) -> dict[str, float]:
+    """The eval row's perplexity keys: `ppl`, `ppl-tokens` and, with `iters` > 0, the 95% bootstrap interval over
+    the scored units `ppl-lo`, `ppl-hi` (intervals.perplexity_interval)."""
+    out = {"ppl": scores.perplexity, "ppl-tokens": float(scores.token_count)}
+    if iters > 0:
+        ci = perplexity_interval(scores, iters, seed)
+        out |= {"ppl-lo": ci.lo, "ppl-hi": ci.hi}
+    return out
 
 
 def local_mc_task(name: str, test_path: Path) -> dict[str, Any]:
@@ -94,11 +130,15 @@ def local_mc_task(name: str, test_path: Path) -> dict[str, Any]:
 
 
 def _simple_evaluate(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dict[str, Any]], batch_size: int,
-                     limit: int | None, include_path: str, log_samples: bool) -> dict[str, Any]:
-    """lm-eval's `simple_evaluate`, zero-shot, on an in-memory model (HFLM wrapper), tasks by name or as dicts."""
+                     limit: int | None, include_path: str, log_samples: bool, fast: bool = True) -> dict[str, Any]:
+    """lm-eval's `simple_evaluate`, zero-shot, on an in-memory model, tasks by name or as dicts. `fast`: the
+    log-likelihoods come from `fast_eval.PrefixCachedLM` (each context encoded once; it falls back to the stock
+    path, saying why, for a model that cannot use a KV cache); else from lm-eval's stock `HFLM`."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
+
+    from fedprune_app.llm.fast_eval import PrefixCachedLM
 
     logging.getLogger("lm-eval").setLevel(logging.WARNING)
     names = [t for t in tasks if isinstance(t, str)]
@@ -109,7 +149,8 @@ def _simple_evaluate(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dic
     manager = TaskManager(include_path=include_path or None, include_defaults=include_defaults)
     was_training = model.training
     model.eval()
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model_device(model)))
+    lm = (PrefixCachedLM if fast else HFLM)(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+                                            device=str(model_device(model)))
     res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, num_fewshot=0, limit=limit,
                                   log_samples=log_samples, bootstrap_iters=0, verbosity="WARNING")
     model.train(was_training)
@@ -117,9 +158,11 @@ def _simple_evaluate(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dic
 
 
 def lm_eval_accuracy(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dict[str, Any]], batch_size: int = 8,
-                     limit: int | None = None, include_path: str = "") -> dict[str, dict[str, float]]:
-    """lm-eval zero-shot accuracy: {task: {"acc": ., "acc_norm": .}} for task names or task dicts."""
-    res = _simple_evaluate(model, tokenizer, tasks, batch_size, limit, include_path, log_samples=False)
+                     limit: int | None = None, include_path: str = "",
+                     fast: bool = True) -> dict[str, dict[str, float]]:
+    """lm-eval zero-shot accuracy: {task: {"acc": ., "acc_norm": .}} for task names or task dicts (`fast`: see
+    `_simple_evaluate`)."""
+    res = _simple_evaluate(model, tokenizer, tasks, batch_size, limit, include_path, log_samples=False, fast=fast)
     out = {}
     for task, metrics in res["results"].items():
         out[task] = {m.split(",")[0]: float(v) for m, v in metrics.items()
@@ -128,10 +171,10 @@ def lm_eval_accuracy(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dic
 
 
 def lm_eval_per_example(model: nn.Module, tokenizer: Any, task: str | dict[str, Any], batch_size: int = 8,
-                        include_path: str = "") -> dict[str, list[float]]:
+                        include_path: str = "", fast: bool = True) -> dict[str, list[float]]:
     """lm-eval zero-shot correctness per document of one task, in document order: {"acc": [0/1, ...], "acc_norm":
     [...]} (the means are `lm_eval_accuracy`'s numbers; per example they allow paired bootstrap intervals)."""
-    res = _simple_evaluate(model, tokenizer, [task], batch_size, None, include_path, log_samples=True)
+    res = _simple_evaluate(model, tokenizer, [task], batch_size, None, include_path, log_samples=True, fast=fast)
     (samples,) = res["samples"].values()
     samples = sorted(samples, key=lambda s: int(s["doc_id"]))
     return {m: [float(s[m]) for s in samples] for m in ("acc", "acc_norm")}
@@ -209,7 +252,8 @@ def eval_task_for(cfg: RunConfig, data: ClientData, num_partitions: int) -> str 
 def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: RunConfig,
                     num_partitions: int) -> dict[str, float]:
     """A client's metrics on its own test split: acc/acc_norm (lm-eval) for multiple choice, rouge-l for
-    instructions, and ppl: of the answers given the prompts, or sliding-window over plain text."""
+    instructions, and ppl: of the answers given the prompts, or sliding-window over plain text, with its scored
+    token count and bootstrap interval over answers / windows (`perplexity_metrics`)."""
     metrics: dict[str, float] = {}
     task = eval_task_for(cfg, data, num_partitions)
     if task is not None:
@@ -217,10 +261,12 @@ def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: Run
                                include_path=cfg.eval_include_path)
         metrics.update(next(iter(res.values())))
     if data.test and data.test[0]["prompt"]:  # questions / instructions: perplexity of the answers
-        metrics["ppl"] = math.exp(mean_loss(model, tokenizer, data.test, cfg.seq_len, cfg.eval_batch_size))
+        scores = answer_scores(model, tokenizer, data.test, cfg.seq_len, cfg.eval_batch_size)
+        metrics.update(perplexity_metrics(scores, cfg.ppl_bootstrap_iters, cfg.seed))
     elif data.test and cfg.eval_ppl_tokens > 0:  # plain text: sliding-window perplexity
-        metrics["ppl"] = perplexity(model, tokenizer, text_of(data.test), cfg.ppl_window, cfg.ppl_stride,
-                                    cfg.eval_ppl_tokens)
+        scores = window_scores(model, tokenizer, text_of(data.test), cfg.ppl_window, cfg.ppl_stride,
+                               cfg.eval_ppl_tokens, cfg.eval_batch_size)
+        metrics.update(perplexity_metrics(scores, cfg.ppl_bootstrap_iters, cfg.seed))
     if data.test and not data.test[0]["choices"] and data.test[0]["prompt"]:
         preds = generate(model, tokenizer, [e["prompt"] for e in data.test], cfg.gen_max_new_tokens,
                          cfg.eval_batch_size)

@@ -198,3 +198,20 @@ def load_run(run_dir: str | Path, device: str | None = None) -> tuple[nn.Module,
     model = PeftModel.from_pretrained(base, run_dir / "adapter")
     model.eval()
     return model, load_tokenizer(cfg["model-name"])
+
+
+def save_adapter(model: nn.Module, out_dir: Path, merged_dir: Path | None = None, tokenizer: object = None) -> None:
+    """A standard PEFT adapter directory (peft's `save_pretrained`: `adapter_config.json` with the rank and α the
+    adapter was trained with, `adapter_model.safetensors`), loadable with `PeftModel.from_pretrained(base, out_dir)`.
+    With `merged_dir` (run-config `save-merged`), also the full model with the adapter merged (W + (α/r)·B·A,
+    `merge_and_unload` on a copy) and the tokenizer, loadable with plain `AutoModelForCausalLM.from_pretrained`.
+    `model` (a peft model, e.g. the cached one) is left as it was."""
+    import copy
+
+    model.save_pretrained(out_dir)
+    if merged_dir is None:
+        return
+    merged = copy.deepcopy(model).merge_and_unload()
+    merged.save_pretrained(merged_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(merged_dir)

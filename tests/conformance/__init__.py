@@ -36,6 +36,9 @@ class Conformance:
     evaluated_by: str = MessageType.EVALUATE  # the message type by which clients score a model
     privacy_checks: tuple[Callable[[Any], None], ...] = ()  # method-specific checks on the privacy run's grid
     tampers: dict[str, tuple[Tamper, str]] = field(default_factory=dict)  # method-specific bad replies
+    # a method whose arrays travel encoded (FedSpaLLM: uint8 packed masks, bfloat16 as uint16; core.encoding):
+    # (run config, record name, its arrays) -> the arrays as the server decodes them (raising if not an encoding)
+    decode: Callable[[Any, str, dict[str, Any]], dict[str, Any]] | None = None
 
     def allowed_records(self, message_type: str) -> set[str]:
         return COMMON_REPLIES.get(message_type, set()) | self.replies.get(message_type, set())

@@ -3,7 +3,8 @@
 - replies hold only the records each method declares (tests/conformance COMMON_REPLIES + the method's own, in
   tests/methods/<m>/__init__.py; also the threat-model table in docs/reliability.md);
 - no reply holds raw text (no string of a reply contains, or is contained in, any of the clients' examples) or
-  token ids (every array is float or bool, every metric a number);
+  token ids (every array is float or bool, every metric a number; a method whose arrays travel encoded, e.g.
+  FedSpaLLM's bit-packed masks and bfloat16 bits, is checked on what its `Conformance.decode` makes of them);
 - each method's own checks (SFT-P: the client embedding e_k never leaves `context.state`; FedTPA: the mean feature
   vector is the only data statistic beyond losses and counts, sent once).
 """
@@ -60,8 +61,12 @@ def check_privacy(method: str, tiny_model_dir: Path, tmp_path: Path) -> None:
         for name, record in content.metric_records.items():
             assert all(isinstance(v, int | float) for v in record.values()), (kind, name, dict(record))
         for name, record in content.array_records.items():
-            for key, array in record.items():
-                assert array.numpy().dtype.kind in "fb", (kind, name, key, array.numpy().dtype)
+            arrays = {key: array.numpy() for key, array in record.items()}
+            if spec.decode is not None:  # encoded arrays are checked as the server decodes them
+                assert all(a.dtype.kind in "fbu" for a in arrays.values()), (kind, name)
+                arrays = spec.decode(cfg, name, arrays)
+            for key, array in arrays.items():
+                assert array.dtype.kind in "fb", (kind, name, key, array.dtype)
     assert {MessageType.QUERY, MessageType.TRAIN, spec.evaluated_by} <= kinds
     for check in spec.privacy_checks:
         check(grid)

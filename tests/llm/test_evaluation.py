@@ -19,6 +19,7 @@ from fedprune_app.llm.evaluation import (
     perplexity,
     rouge_l,
     rouge_l_scores,
+    window_scores,
 )
 from fedprune_app.llm.models import load_base_model, load_tokenizer
 
@@ -70,6 +71,48 @@ def test_sliding_window_scores_each_token_once_with_its_context(tiny, window: in
     expected = math.exp(nll / (len(ids) - 1))
     got = perplexity(model, tok, TEXT, window=window, stride=stride, max_tokens=30)
     assert got == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize(("window", "stride", "batch"), [(8, 3, 4), (8, 8, 3), (5, 1, 64)])
+def test_batched_windows_score_as_one_window_at_a_time(tiny, window: int, stride: int, batch: int) -> None:
+    """The windows (shorter first ones included) run `batch` per forward; each window's NLL and token count
+    equal those of its own forward, and the perplexity that of batch size 1."""
+    model, tok = tiny
+    ids = tok(TEXT, return_tensors="pt")["input_ids"][0][:30]
+    got = window_scores(model, tok, TEXT, window, stride, 30, batch_size=batch)
+    step, nll, counts = min(stride, window - 1), [], []
+    for first in range(1, 30, step):
+        last = min(first + step, 30)
+        chunk = ids[max(0, last - window):last]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=chunk[None]).logits[0, :-1], -1).gather(1, chunk[1:, None])
+        nll.append(-logp[-(last - first):].sum().item())
+        counts.append(last - first)
+    assert got.tokens.tolist() == counts and sum(counts) == 29
+    assert got.nll.tolist() == pytest.approx(nll, rel=1e-5)
+    assert perplexity(model, tok, TEXT, window, stride, 30, batch_size=batch) == pytest.approx(
+        perplexity(model, tok, TEXT, window, stride, 30, batch_size=1), rel=1e-6)
+
+
+def test_client_eval_rows_carry_the_perplexity_interval_and_token_count(tiny_model_dir: Path) -> None:
+    """Answer perplexity of a client's test split: ppl unchanged (exp of mean_loss), ppl-tokens the scored answer
+    tokens, ppl-lo/hi the seeded bootstrap over its answers; none with ppl-bootstrap-iters = 0."""
+    from fedprune_app.llm.data import client_data
+    from fedprune_app.llm.evaluation import answer_scores, evaluate_client, mean_loss, perplexity_metrics
+    from fedprune_app.llm.intervals import perplexity_interval
+    from tests.conftest import small_config
+
+    model, tok = load_base_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    cfg = small_config(tiny_model_dir, client_data="bigbench:social_iqa", ppl_bootstrap_iters=200, test_examples=5)
+    data = client_data(cfg, 0, 1)
+    metrics = evaluate_client(model, tok, data, cfg, 1)
+    scores = answer_scores(model, tok, data.test, cfg.seq_len, cfg.eval_batch_size)
+    ci = perplexity_interval(scores, 200, cfg.seed)
+    assert set(metrics) == {"acc", "acc_norm", "ppl", "ppl-tokens", "ppl-lo", "ppl-hi"}
+    assert metrics["ppl"] == pytest.approx(math.exp(mean_loss(model, tok, data.test, cfg.seq_len)), rel=1e-5)
+    assert metrics["ppl-tokens"] == scores.token_count > 0
+    assert (metrics["ppl-lo"], metrics["ppl-hi"]) == (ci.lo, ci.hi) and ci.lo < metrics["ppl"] < ci.hi
+    assert set(perplexity_metrics(scores, 0, cfg.seed)) == {"ppl", "ppl-tokens"}  # ppl-bootstrap-iters = 0
 
 
 def _loglik(model, tok, prompt: str, continuation: str) -> float:

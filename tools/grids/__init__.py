@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from fedprune_app.core.progress import Clock, Countdown, duration
 
 
 @dataclass(frozen=True)
@@ -66,27 +69,44 @@ def finished_run(out_dir: Path, method: str, tag: str) -> Path | None:
     return None
 
 
-def run_cells(grid: Grid, cells: Sequence[Cell], out_dir: Path, quiet: bool = False) -> dict[str, Path]:
-    """Launch every cell that has no completed run yet (one `flwr run` each); return {tag: run dir}."""
+def cell_method(grid: Grid, cell: Cell) -> str:
+    """The method a cell runs: the grid's, or the cell's own (settings `method`, e.g. FedTPA's baselines); its run
+    directory is named after it."""
+    return str(cell.settings.get("method", grid.method))
+
+
+def run_cells(grid: Grid, cells: Sequence[Cell], out_dir: Path, quiet: bool = False,
+              clock: Clock = time.monotonic) -> dict[str, Path]:
+    """Launch every cell that has no completed run yet (one `flwr run` each); return {tag: run dir}. Prints
+    `cell i/N` before and after each launch, with the time elapsed and the time left: the mean time of the cells
+    launched so far times the cells still to launch (finished cells are skipped and cost nothing)."""
     from tools.launch import launch
 
     runs: dict[str, Path] = {}
+    todo = sum(finished_run(out_dir, cell_method(grid, c), c.tag) is None for c in cells)
+    countdown = Countdown(todo, clock)
     for i, cell in enumerate(cells, 1):
-        done = finished_run(out_dir, grid.method, cell.tag)
+        head = f"[grid] {grid.name} cell {i}/{len(cells)}"
+        done = finished_run(out_dir, cell_method(grid, cell), cell.tag)
         if done is None:
-            print(f"[grid] {grid.name} {i}/{len(cells)}: {cell.tag} ({cell.supernodes} clients)", flush=True)
+            print(f"{head}: {cell.tag} ({cell.supernodes} clients); {countdown.status()}", flush=True)
+            start = clock()
             launched = launch([*cell.run_config, f"run-tag=\"{cell.tag}\" output-dir=\"{out_dir}\""],
                               f"num-supernodes={cell.supernodes} client-resources-num-cpus=1", quiet=quiet)
+            countdown.done(clock() - start)
             done = launched.run_dir if launched.code == 0 else None
-            if done is None:
-                print(f"[grid] {cell.tag} failed (status {launched.status}); it is left out of the tables", flush=True)
+            outcome = "done" if done is not None else f"failed (status {launched.status}), left out of the tables"
+            print(f"{head}: {cell.tag} {outcome} in {duration(countdown.took[-1])}; {countdown.status()} "
+                  f"({countdown.left_units} of {todo} cells to run)", flush=True)
+        else:
+            print(f"{head}: {cell.tag} already done ({done.name})", flush=True)
         if done is not None:
             runs[cell.tag] = done
     return runs
 
 
 def collect_runs(grid: Grid, cells: Sequence[Cell], out_dir: Path) -> dict[str, Path]:
-    return {c.tag: run for c in cells if (run := finished_run(out_dir, grid.method, c.tag)) is not None}
+    return {c.tag: run for c in cells if (run := finished_run(out_dir, cell_method(grid, c), c.tag)) is not None}
 
 
 def selected_groups(args: Any, groups: Sequence[str], grid_name: str) -> list[str]:

@@ -28,15 +28,10 @@ def select(cells: list[Cell], tags: str, extra: str) -> list[Cell]:
 
 
 def runs_of(grid: Grid, cells: list[Cell], out_dir: Path, render_only: bool, quiet: bool) -> dict[str, Path]:
-    """Run (or only collect) the cells; a cell of another method (settings `method`, e.g. FedTPA's baselines)
-    is run and found under that method's run-directory name."""
-    if all(c.settings.get("method", grid.method) == grid.method for c in cells):
-        return collect_runs(grid, cells, out_dir) if render_only else run_cells(grid, cells, out_dir, quiet)
-    runs: dict[str, Path] = {}
-    for i, cell in enumerate(cells, 1):
-        one = replace(grid, name=f"{grid.name} cell {i}/{len(cells)},", method=cell.settings.get("method", grid.method))
-        runs |= collect_runs(one, [cell], out_dir) if render_only else run_cells(one, [cell], out_dir, quiet)
-    return runs
+    """Run (or only collect) the cells, with `cell i/N`, time elapsed and time left printed around each launch; a
+    cell of another method (settings `method`, e.g. FedTPA's baselines) is run and found under that method's
+    run-directory name (`cell_method`)."""
+    return collect_runs(grid, cells, out_dir) if render_only else run_cells(grid, cells, out_dir, quiet)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,14 @@ class L0Sum:
         self.kept += mask
         self.clients += 1
 
+    def add_kept(self, values: np.ndarray, mask: np.ndarray) -> None:
+        """`add` from a reply's wire form (core.encoding): the kept values W[M] in row-major order and M. The
+        same float64 additions at the kept positions (adding 0.0 elsewhere changes nothing), so the sums are
+        bit-identical to `add(unpack_kept(values, mask), mask)` without building the dense matrix."""
+        self.total[mask] += values.astype(np.float64)
+        self.kept += mask
+        self.clients += 1
+
     def merged(self, dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """(W_g = Σ M_i⊙W_i / Σ M_i, 0 where every client pruned; C = #clients that pruned, Eq. 6)."""
         merged = np.divide(self.total, self.kept, out=np.zeros_like(self.total), where=self.kept > 0)

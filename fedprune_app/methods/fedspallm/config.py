@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedprune_app.core.config import ConfigError, ConfigSection, RunConfig, key, split_list
+from fedprune_app.core.encoding import PAYLOAD_DTYPES
 
 FEDSPALLM_REFERENCES = ("random", "standalone", "centralized")
 
@@ -24,6 +25,12 @@ class FedSpaLLMConfig(ConfigSection):
     calib_seq_len: int = key(256, "Tokens per calibration segment (the paper: 2048).", minimum=8)
     sparsegpt_blocksize: int = key(128, "SparseGPT column block size.", minimum=1)
     sparsegpt_percdamp: float = key(0.01, "SparseGPT Hessian dampening (fraction of the mean diagonal).", minimum=0.0)
+    payload_dtype: str = key(
+        "float32",
+        "dtype of the weights FedSpaLLM sends each way (kept values only, masks bit-packed): 'float32' is exact; "
+        "'float16' / 'bfloat16' halve the values' bytes (docs/methods/fedspallm.md#payloads).",
+        choices=PAYLOAD_DTYPES,
+    )
     fedspallm_references: str = key(
         "random",
         "Comparison models scored beside the global one at the end "

@@ -1,4 +1,4 @@
-"""FedSpaLLM's masks on the wire and on disk: `<name>:mask` records, the exact ⌈s·d⌉ zero count, sparsity reports."""
+"""FedSpaLLM's masks: the exact ⌈s·d⌉ zero count, sparsity reports, `masks.npz` (wire format: core.encoding)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from typing import Any
 import numpy as np
 
 from fedprune_app.core.config import RunConfig
+from fedprune_app.core.encoding import MASK_SUFFIX as MASK_SUFFIX  # `<name>:mask`: bit-packed, True = kept
 from fedprune_app.llm.layers import model_with_weights
-
-MASK_SUFFIX = ":mask"  # a pruned matrix travels as `<name>` (weights) and `<name>:mask` (bool, True = kept)
 
 
 def target_count(sparsity: float, size: int) -> int:

@@ -37,6 +37,19 @@ class SFTPConfig(ConfigSection):
     )
     sftp_lambda: float = key(16.0, "SFT-P budget regulariser weight lambda (Eq. 13).", minimum=0.0)
     sftp_gate_bias: float = key(3.0, "SFT-P gate bias c in pi0 = sigmoid(s + c) (Eq. 12).", minimum=-20.0, maximum=20.0)
+    sftp_hold_open: str = key(
+        "massive",
+        "SFT-P gates fixed at 1 in every mask (counted as kept by the budget): 'massive' = the residual bus's "
+        "massive-activation coordinates (mean |h| above sftp-massive-factor x the median coordinate's on a fixed "
+        "probe text; dropping SmolLM2's coordinate 507 alone takes answer NLL from 2-6 to 14-17 nats, "
+        "docs/methods/sftp.md); 'none' = the paper's gates on every coordinate; 'all' = every gate open: the dense "
+        "model trained by the same recipe (the ceiling reference).",
+        choices=("massive", "none", "all"),
+    )
+    sftp_massive_factor: float = key(
+        10.0, "SFT-P: a bus coordinate is massive when its mean |h| exceeds this many times the median's.",
+        minimum=1.0,
+    )
     sftp_gate_tau: float = key(
         0.4,
         "SFT-P ReinMax temperature tau (Eq. 12; the reference implementation wants >= 1, the paper uses 0.4).",

@@ -83,6 +83,59 @@ def mask_rounding(s: Tensor, c: float, config: Any) -> dict[str, float]:
             "unsaturated": float(((pi > 0.1) & (pi < 0.9)).float().mean())}
 
 
+# --- gates held open (not in the paper; see `sftp-hold-open`) -------------------------------------------
+
+PROBE_TEXT = ("The committee met on Tuesday to discuss the budget. After a long debate, they agreed to fund the new "
+              "library, the park and two bus lines. Question: What did the committee fund? Answer: a library, a "
+              "park and two bus lines.")
+
+
+def massive_coordinates(model: nn.Module, tokenizer: Any, factor: float) -> list[int]:
+    """Residual-bus coordinates whose mean |h| (over every decoder layer's output and the tokens of PROBE_TEXT)
+    exceeds `factor` × the median coordinate's: the "massive activations" of Sun et al. (2024), few, fixed per
+    model and input-agnostic. Scored on the backbone (adapters disabled, masks off) so every process agrees."""
+    from contextlib import nullcontext
+
+    from fedprune_app.methods.sftp.routing import set_masks
+
+    ids = tokenizer(PROBE_TEXT, return_tensors="pt").to(model_device(model))
+    set_masks(model, None)
+    off = model.disable_adapter() if hasattr(model, "disable_adapter") else nullcontext()
+    with torch.no_grad(), off:
+        states = model(**ids, output_hidden_states=True).hidden_states[1:]
+    magnitude = torch.stack([h[0].float().abs().mean(0) for h in states]).mean(0)
+    return sorted(int(i) for i in torch.nonzero(magnitude > factor * magnitude.median()).flatten())
+
+
+_HELD: dict[tuple[str, float, int], list[int]] = {}
+
+
+def held_open(cfg: RunConfig, model: nn.Module, tokenizer: Any) -> Tensor | None:
+    """`sftp-hold-open` as a (d,) 0/1 vector of the gates fixed at 1 in every mask (None = none held): the
+    massive coordinates (cached per model name), or all of them for the dense-with-the-same-recipe ceiling."""
+    sftp_cfg = cfg.section(SFTPConfig)
+    d = int(model.config.hidden_size)
+    if sftp_cfg.sftp_hold_open == "none":
+        return None
+    held = torch.ones(d)
+    if sftp_cfg.sftp_hold_open == "massive":
+        cache_key = (cfg.model_name, sftp_cfg.sftp_massive_factor, d)
+        if cache_key not in _HELD:
+            _HELD[cache_key] = massive_coordinates(model, tokenizer, sftp_cfg.sftp_massive_factor)
+        held = torch.zeros(d)
+        held[_HELD[cache_key]] = 1.0
+    return held
+
+
+def hold_open(gates: Tensor, held: Tensor | None) -> Tensor:
+    """g·(1 − h) + h: the held gates read 1 (and pass no gradient to their logits); the others are unchanged.
+    `gates` (layers, 4, d), `held` (d,) or None."""
+    if held is None:
+        return gates
+    held = held.to(gates.device, gates.dtype)
+    return gates * (1 - held) + held
+
+
 # --- budget (Eq. 13–14) ---------------------------------------------------------------------------------
 
 def budget_penalty(kept: Tensor, target: float | Tensor) -> Tensor:

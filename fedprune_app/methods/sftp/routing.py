@@ -16,9 +16,10 @@ Choices where the paper is silent:
   HF reads for positions and masks) stays right.
 - LoRA: `compile_model` merges the adapters (peft `merge_and_unload`) on its copy before slicing.
 
-Load a compiled model with one call: `model = fedprune_app.methods.sftp.routing.load_compiled(out_dir)`
-(tokenizer, if saved: `AutoTokenizer.from_pretrained(out_dir)`); `model.save_pretrained` cannot store it, use
-`save_compiled`.
+The compiled model is `hf.FedpruneRoutedLlamaForCausalLM` (self-contained HF code, the one implementation of the
+compiled forward). `save_compiled` writes a standard HF directory that loads with `load_compiled(out_dir)` or, without
+fedprune, `AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True)` (docs/artefacts.md);
+`load_compiled` also reads directories of the earlier format ("fedprune-compiled/1").
 """
 
 from __future__ import annotations
@@ -34,10 +35,22 @@ import torch
 from torch import Tensor, nn
 
 from fedprune_app.llm.layers import decoder_layers
+from fedprune_app.methods.sftp.hf.configuration_fedprune_routed_llama import (
+    MASK_NAMES,
+    FedpruneRoutedLlamaConfig,
+)
+from fedprune_app.methods.sftp.hf.modeling_fedprune_routed_llama import (  # noqa: F401 (re-exported)
+    SPLIT_GATE_UP_ROWS,
+    CompiledAttention,
+    CompiledDecoderLayer,
+    CompiledMLP,
+    FedpruneRoutedLlamaForCausalLM,
+    _input_major,
+    _Lane,
+)
 
-MASK_NAMES = ("attn-in", "attn-out", "ffn-in", "ffn-out")
 LayerMasks = dict[str, torch.Tensor]
-FORMAT = "fedprune-compiled/1"
+FORMAT = "fedprune-compiled/2"  # routing.json's format; "fedprune-compiled/1": written before the HF model class
 
 
 # ---------------------------------------------------------------- masked form (Eq. 1–6)
@@ -159,212 +172,31 @@ def prunable_parameters(config: Any) -> int:
 
 
 # ---------------------------------------------------------------- compiled form (Appx. A.1, Eq. 16–18)
+# The compiled classes (`CompiledDecoderLayer`, ..., `FedpruneRoutedLlamaForCausalLM`) live in `hf/`, imported above.
 
-def _rms_norm(h: Tensor, weight: Tensor, eps: float) -> Tensor:
-    dtype = h.dtype
-    h = h.to(torch.promote_types(dtype, torch.float32))
-    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
-
-
-def _in_place() -> bool:
-    """In-place kernels only when autograd is off (the deployed model runs under no_grad / inference_mode)."""
-    return not torch.is_grad_enabled()
-
-
-def _rotary(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """HF's `apply_rotary_pos_emb` (x·cos + rotate_half(x)·sin) on the (batch, seq, heads, head_dim) q and k heads
-    at once: x·cos, then ∓ the swapped halves times sin added in place (no negated copy and concatenation as in
-    rotate_half). Returns a new contiguous tensor."""
-    half = qk.shape[-1] // 2
-    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
-    x1, x2 = qk[..., :half], qk[..., half:]
-    if not _in_place():
-        return torch.cat([x1 * cos[..., :half] - x2 * sin[..., :half], x2 * cos[..., half:] + x1 * sin[..., half:]],
-                         dim=-1)
-    out = qk * cos
-    out[..., :half].addcmul_(x2, sin[..., :half], value=-1)
-    out[..., half:].addcmul_(x1, sin[..., half:])
-    return out
+def _lanes(layer: nn.Module, g: LayerMasks | None, d: int) -> tuple[dict[str, list[int]], dict[str, list[bool]]]:
+    """The lanes π (index lists) of hard masks g (bool or 0/1, thresholded at 0.5; None = dense) and the bias flags
+    of a HF decoder layer's fused input / output projections."""
+    routing = {name: list(range(d)) if g is None else
+               torch.nonzero(g[name].detach().float().cpu() > 0.5).flatten().tolist() for name in MASK_NAMES}
+    attn, mlp = layer.self_attn, layer.mlp
+    bias = {"attn": [attn.q_proj.bias is not None, attn.o_proj.bias is not None],
+            "ffn": [mlp.gate_proj.bias is not None, mlp.down_proj.bias is not None]}
+    return routing, bias
 
 
-def _input_major(linear: nn.Linear) -> nn.Linear:
-    """Keep `linear`'s (out, in) weight as the transposed view of a row-major (in, out) array, so that F.linear
-    multiplies by a contiguous (in, out) matrix (MKL's non-transposed B). For the wide products of a lane (fused
-    q/k/v, fused gate/up: in = |π_in| ≤ d < out) one decoding token streams the weights ~2× faster this way
-    (SmolLM2 at keep 0.5, weights from DRAM, 1 thread: gate/up 288 → 3072 190 µs instead of 425 µs) and a
-    512-token prefill is no slower. Same shapes, values and state-dict names; `copy_`, `load_state_dict`,
-    `.to(dtype)` and `deepcopy` keep the layout (`save_compiled` writes contiguous tensors)."""
-    linear.weight = nn.Parameter(linear.weight.detach().t().contiguous().t(), requires_grad=linear.weight.requires_grad)
-    return linear
-
-
-class _Lane(nn.Module):
-    """Shared part of a compiled submodule: lane indices π_in, π_out (buffers), the sliced norm weight, the gather
-    with the lane norm (Eq. 1 + 3) and the write-back (Eq. 2 + 5). A lane keeping all d coordinates skips the
-    index ops; the residual is (n, d), the batch and sequence axes flattened."""
-
-    def __init__(self, pi_in: Sequence[int], pi_out: Sequence[int], eps: float, d: int) -> None:
-        super().__init__()
-        self.register_buffer("pi_in", torch.tensor(list(pi_in), dtype=torch.long), persistent=False)
-        self.register_buffer("pi_out", torch.tensor(list(pi_out), dtype=torch.long), persistent=False)
-        self.norm_weight = nn.Parameter(torch.ones(len(pi_in)))
-        self.eps = eps
-        self.full_in, self.full_out = list(pi_in) == list(range(d)), list(pi_out) == list(range(d))
-        # MKL's sgemm is ~12% slower when the output width is not a multiple of 16 (1 thread, 512 tokens: |π_out| =
-        # 461 costs nearly as much as d = 576): such lanes compute the transposed product W_out · hᵀ instead, whose
-        # output width is the token count (same values; the scatter of the transposed result costs ~0.2 ms more).
-        self.transposed_out = len(pi_out) % 16 != 0
-
-    def lane_input(self, x: Tensor) -> Tensor:
-        """Eq. 1 + 3: Norm(route(x; π_in)) on the k_in-wide lane, RMS over the lane only (index_select on the 2-D
-        view: on CPU several times faster than along the last axis of a 3-D tensor)."""
-        h = x if self.full_in else x.index_select(1, self.pi_in)
-        if not _in_place() or h.dtype not in (torch.float32, torch.float64):  # else: HF's upcast to float32
-            return _rms_norm(h, self.norm_weight, self.eps)
-        r = h.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()  # as HF's RMSNorm, in place on the lane
-        h = h * r if self.full_in else h.mul_(r)
-        return h.mul_(self.norm_weight)
-
-    def write_back(self, x: Tensor, h: Tensor, proj: nn.Linear, owned: bool) -> Tensor:
-        """Eq. 2 + 5 with Eq. 17–18: x + W_out h scattered to the π_out coordinates (`index_add`), in place when
-        this layer owns x (it created it) and autograd is off."""
-        if self.transposed_out:
-            w = proj.weight
-            update = (torch.mm(w, h.t()) if proj.bias is None else torch.addmm(proj.bias.unsqueeze(1), w, h.t())).t()
-        else:
-            update = proj(h)
-        owned = owned and _in_place()
-        if self.full_out:
-            return x.add_(update) if owned else x + update
-        return x.index_add_(1, self.pi_out, update) if owned else x.index_add(1, self.pi_out, update)
-
-
-class CompiledAttention(_Lane):
-    """Self-attention on a lane: fused q/k/v = X̃ W[π_in, :] (Eq. 16), o_proj restricted to the π_out rows
-    (Eq. 17–18). Rotary embeddings, GQA, attention masks and the KV cache as in HF's LlamaAttention."""
-
-    def __init__(self, config: Any, layer_idx: int, pi_in: Sequence[int], pi_out: Sequence[int],
-                 qkv_bias: bool, o_bias: bool) -> None:
-        d = int(config.hidden_size)
-        super().__init__(pi_in, pi_out, float(config.rms_norm_eps), d)
-        self.config, self.layer_idx, self.is_causal = config, layer_idx, True
-        self.num_heads = int(config.num_attention_heads)
-        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
-        self.head_dim = int(getattr(config, "head_dim", None) or d // self.num_heads)
-        self.num_key_value_groups = self.num_heads // self.num_kv_heads
-        self.scaling = self.head_dim ** -0.5
-        self.attention_dropout = float(getattr(config, "attention_dropout", 0.0))
-        self.split = [self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
-        self.qkv_proj = _input_major(nn.Linear(len(pi_in), sum(self.split), bias=qkv_bias))
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, len(pi_out), bias=o_bias)
-
-    def forward(self, x: Tensor, shape: tuple[int, int], position_embeddings: tuple[Tensor, Tensor],
-                attention_mask: Tensor | None, past_key_values: Any, owned: bool, **kwargs: Any) -> Tensor:
-        """x: the (batch·seq, d) residual; returns it with the attention update written back."""
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-        from transformers.models.llama.modeling_llama import eager_attention_forward
-
-        batch, seq = shape
-        qkv = self.qkv_proj(self.lane_input(x)).view(batch, seq, -1)
-        qk = _rotary(qkv[..., :self.split[0] + self.split[1]].view(batch, seq, -1, self.head_dim),
-                     *position_embeddings).transpose(1, 2)
-        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
-        v = qkv[..., -self.split[2]:].view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
-        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        out, _ = attend(self, q, k, v, attention_mask, dropout=self.attention_dropout if self.training else 0.0,
-                        scaling=self.scaling, **kwargs)
-        return self.write_back(x, out.reshape(batch * seq, -1), self.o_proj, owned)
-
-
-SPLIT_GATE_UP_ROWS = 128  # from this many tokens on, `CompiledMLP` runs gate and up as two products
-
-
-class CompiledMLP(_Lane):
-    """Gated MLP on a lane: fused gate/up = X̃ W[π_in, :] (Eq. 16), down_proj restricted to π_out (Eq. 17–18)."""
-
-    def __init__(self, config: Any, pi_in: Sequence[int], pi_out: Sequence[int], gate_up_bias: bool,
-                 down_bias: bool) -> None:
-        from transformers.activations import ACT2FN
-
-        super().__init__(pi_in, pi_out, float(config.rms_norm_eps), int(config.hidden_size))
-        inter = int(config.intermediate_size)
-        self.gate_up_proj = _input_major(nn.Linear(len(pi_in), 2 * inter, bias=gate_up_bias))
-        self.down_proj = nn.Linear(inter, len(pi_out), bias=down_bias)
-        self.act_fn = ACT2FN[config.hidden_act]
-
-    def forward(self, x: Tensor, owned: bool) -> Tensor:
-        """x: the (batch·seq, d) residual; returns it with the MLP update written back."""
-        h_in, proj = self.lane_input(x), self.gate_up_proj
-        if h_in.shape[0] >= SPLIT_GATE_UP_ROWS:
-            # many tokens (prefill): gate and up as two GEMMs on the halves of the one stored weight (views, no
-            # copy): MKL runs the two 1536-wide products ~5% faster than the 3072-wide one at 512 tokens and a
-            # lane of 288-461, and SiLU·up then works on contiguous halves. One decoding token keeps the fused
-            # product (the strided halves cost ~20% there).
-            inter = proj.out_features // 2
-            bias = (None, None) if proj.bias is None else (proj.bias[:inter], proj.bias[inter:])
-            gate = nn.functional.linear(h_in, proj.weight[:inter], bias[0])
-            up = nn.functional.linear(h_in, proj.weight[inter:], bias[1])
-        else:
-            gate, up = proj(h_in).chunk(2, dim=-1)
-        h = self.act_fn(gate)
-        return self.write_back(x, h.mul_(up) if _in_place() else h * up, self.down_proj, owned)
-
-
-class CompiledDecoderLayer(nn.Module):
-    """A decoder layer in compiled form (Eq. 3–6 with Appx. A.1): per submodule, gather the lane, run dense
-    sub-matrices, scatter-add back (`index_add`). `routing` holds the lanes π (index lists) it was built from;
-    a submodule with an empty lane is None (skipped)."""
-
-    def __init__(self, config: Any, layer_idx: int, routing: dict[str, list[int]], bias: dict[str, list[bool]]
-                 ) -> None:
-        super().__init__()
-        self.layer_idx, self.routing = layer_idx, {k: list(map(int, v)) for k, v in routing.items()}
-        self.bias_flags = {k: [bool(b) for b in v] for k, v in bias.items()}
-        r = self.routing
-        self.self_attn = CompiledAttention(config, layer_idx, r["attn-in"], r["attn-out"], *bias["attn"]) \
-            if r["attn-in"] and r["attn-out"] else None
-        self.mlp = CompiledMLP(config, r["ffn-in"], r["ffn-out"], *bias["ffn"]) \
-            if r["ffn-in"] and r["ffn-out"] else None
-        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-
-    def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                past_key_values: Any = None, use_cache: bool | None = False,
-                position_embeddings: tuple[Tensor, Tensor] | None = None, **kwargs: Any) -> Tensor:
-        batch, seq, d = hidden_states.shape
-        x, owned = hidden_states.reshape(batch * seq, d), False  # write in place only on a tensor made here
-        if self.self_attn is not None:
-            x = self.self_attn(x, (batch, seq), position_embeddings, attention_mask, past_key_values, owned,
-                               position_ids=position_ids, **kwargs)
-            owned = True
-        elif past_key_values is not None:  # keep this layer's cache length in step with the others
-            zeros = x.new_zeros(batch, self.num_kv_heads, seq, self.head_dim)
-            past_key_values.update(zeros, zeros, self.layer_idx)
-        if self.mlp is not None:
-            x = self.mlp(x, owned)
-        return x.view(batch, seq, d)
-
-    @classmethod
-    def from_layer(cls, layer: nn.Module, g: LayerMasks | None, layer_idx: int, config: Any) -> CompiledDecoderLayer:
-        """Slice a (merged, un-LoRA'd) HF decoder layer by hard masks g (bool or 0/1; None = dense)."""
-        d = int(config.hidden_size)
-        routing = {name: list(range(d)) if g is None else
-                   torch.nonzero(g[name].detach().float().cpu() > 0.5).flatten().tolist() for name in MASK_NAMES}
-        attn, mlp = layer.self_attn, layer.mlp
-        bias = {"attn": [attn.q_proj.bias is not None, attn.o_proj.bias is not None],
-                "ffn": [mlp.gate_proj.bias is not None, mlp.down_proj.bias is not None]}
-        out = cls(config, layer_idx, routing, bias).to(layer.input_layernorm.weight.device)
-        with torch.no_grad():
-            if (a := out.self_attn) is not None:
-                _fill(a, a.qkv_proj, a.o_proj, layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj],
-                      attn.o_proj)
-            if (f := out.mlp) is not None:
-                _fill(f, f.gate_up_proj, f.down_proj, layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj],
-                      mlp.down_proj)
-        return out.to(layer.input_layernorm.weight.dtype)
-
+def _compile_layer(layer: nn.Module, layer_idx: int, config: FedpruneRoutedLlamaConfig) -> CompiledDecoderLayer:
+    """Slice a (merged, un-LoRA'd) HF decoder layer to the lanes of `config.layer_spec(layer_idx)` (Eq. 16–17)."""
+    out = CompiledDecoderLayer(config, layer_idx, *config.layer_spec(layer_idx)).to(layer.input_layernorm.weight.device)
+    attn, mlp = layer.self_attn, layer.mlp
+    with torch.no_grad():
+        if (a := out.self_attn) is not None:
+            _fill(a, a.qkv_proj, a.o_proj, layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj],
+                  attn.o_proj)
+        if (f := out.mlp) is not None:
+            _fill(f, f.gate_up_proj, f.down_proj, layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj],
+                  mlp.down_proj)
+    return out.to(layer.input_layernorm.weight.dtype)
 
 def _fill(lane: _Lane, fused: nn.Linear, last: nn.Linear, norm: nn.Module, inputs: list[nn.Linear],
           output: nn.Linear) -> None:
@@ -387,10 +219,25 @@ def per_layer_masks(stacked: Mapping[str, Any]) -> list[LayerMasks]:
     return [{n: as_tensor[n][layer] for n in MASK_NAMES} for layer in range(as_tensor[MASK_NAMES[0]].shape[0])]
 
 
-def compile_model(model: nn.Module, masks: Sequence[LayerMasks | None]) -> nn.Module:
-    """The deployable model (Appx. A.1): a copy of `model` (peft adapters merged with `merge_and_unload`) whose
-    decoder layers are `CompiledDecoderLayer`s built from the hard masks (bool or 0/1, thresholded at 0.5).
-    The input model is left untouched; the result is in eval mode."""
+def routed_config(base: Any, lanes: Sequence[tuple[Mapping[str, Sequence[int]], Mapping[str, Sequence[bool]]]]
+                  ) -> FedpruneRoutedLlamaConfig:
+    """The compiled model's config: every value of the base (LLaMA-family) config, its model_type kept as
+    `base_model_type`, the attention implementation it runs with, and one `lanes` entry per (routing, bias)."""
+    values = {k: v for k, v in base.to_dict().items()
+              if k not in ("model_type", "architectures", "auto_map", "transformers_version", "lanes",
+                           "base_model_type", "num_hidden_layers")}
+    config = FedpruneRoutedLlamaConfig(**values, num_hidden_layers=len(lanes),
+                                       lanes=[FedpruneRoutedLlamaConfig.lane_spec(r, b) for r, b in lanes],
+                                       base_model_type=str(getattr(base, "base_model_type", base.model_type)))
+    config._attn_implementation = base._attn_implementation
+    return config
+
+
+def compile_model(model: nn.Module, masks: Sequence[LayerMasks | None]) -> FedpruneRoutedLlamaForCausalLM:
+    """The deployable model (Appx. A.1): a `FedpruneRoutedLlamaForCausalLM` whose decoder layers are
+    `CompiledDecoderLayer`s sliced from a copy of `model` (peft adapters merged with `merge_and_unload`) by the hard
+    masks (bool or 0/1, thresholded at 0.5); embeddings, final norm and lm_head are the copy's. The input model is
+    left untouched; the result is in eval mode (`save_compiled` / `save_pretrained` store it)."""
     layers = decoder_layers(model)
     if len(masks) != len(layers):
         raise ValueError(f"got masks for {len(masks)} layers, the model has {len(layers)}")
@@ -403,60 +250,76 @@ def compile_model(model: nn.Module, masks: Sequence[LayerMasks | None]) -> nn.Mo
                 layer.routing_masks = g
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
-    layers = decoder_layers(model)
-    for i, g in enumerate(masks):
-        layers[i] = CompiledDecoderLayer.from_layer(layers[i], g, i, model.config)
-    return model.eval()
+    layers, d = decoder_layers(model), int(model.config.hidden_size)
+    config = routed_config(model.config, [_lanes(layer, g, d) for layer, g in zip(layers, masks, strict=True)])
+    decoder = model.get_decoder()
+    if not all(hasattr(decoder, n) for n in ("embed_tokens", "norm", "rotary_emb")):
+        raise TypeError(f"compile_model takes a LLaMA-family causal LM (embed_tokens, norm, rotary_emb), got "
+                        f"{type(model).__name__}")
+    with torch.device("meta"):  # the shell allocates nothing: every module is replaced by the copy's or a sliced one
+        out = FedpruneRoutedLlamaForCausalLM(config)
+    out.model.embed_tokens, out.model.norm = decoder.embed_tokens, decoder.norm
+    out.model.rotary_emb = decoder.rotary_emb
+    out.lm_head = model.get_output_embeddings()
+    for i in range(len(layers)):
+        out.model.layers[i] = _compile_layer(layers[i], i, config)
+        layers[i] = nn.Identity()  # the dense layer is no longer needed
+    if any(t.is_meta for t in [*out.parameters(), *out.buffers()]):
+        raise TypeError(f"compile_model: {type(model).__name__} has modules the compiled LLaMA model does not take")
+    out.generation_config = copy.deepcopy(model.generation_config)
+    return out.eval()
 
 
 # ---------------------------------------------------------------- save / load
 
 def save_compiled(model: nn.Module, out_dir: Path, tokenizer: Any = None) -> None:
-    """`config.json` (base config), `routing.json` (lanes π as index lists per layer), `model.safetensors`,
-    `generation_config.json`, and the tokenizer when given. Load with `load_compiled(out_dir)`."""
-    from safetensors.torch import save_model
-
+    """A standard Hugging Face model directory (`save_pretrained`): `config.json` (model_type
+    "fedprune_routed_llama", the lanes, an `auto_map` to the two code files), `model.safetensors`,
+    `generation_config.json`, `configuration_fedprune_routed_llama.py` + `modeling_fedprune_routed_llama.py`, the
+    tokenizer when given, and `routing.json` (the lanes as index lists, for reading; the loaders use config.json).
+    Loads with `load_compiled(out_dir)` or `AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True)`."""
+    if not isinstance(model, FedpruneRoutedLlamaForCausalLM):
+        raise TypeError(f"save_compiled takes the output of compile_model, got {type(model).__name__}")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    layers = decoder_layers(model)
-    if not all(isinstance(layer, CompiledDecoderLayer) for layer in layers):
-        raise TypeError("save_compiled takes the output of compile_model")
-    model.config.save_pretrained(out_dir)
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(out_dir)
-    meta = {"format": FORMAT, "layers": [{"routing": layer.routing, "bias": layer.bias_flags} for layer in layers]}
+    model.save_pretrained(out_dir)
+    meta = {"format": FORMAT, "layers": [{"routing": layer.routing, "bias": layer.bias_flags}
+                                         for layer in model.model.layers]}
     (out_dir / "routing.json").write_text(json.dumps(meta) + "\n")
-    save_model(model, str(out_dir / "model.safetensors"))
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
 
 
-def load_compiled(out_dir: Path) -> nn.Module:
-    """The model saved by `save_compiled`, in eval mode, ready for forward / `generate()`."""
-    from safetensors.torch import load_model
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
+def load_compiled(out_dir: Path) -> FedpruneRoutedLlamaForCausalLM:
+    """The model saved by `save_compiled`, in eval mode, ready for forward / `generate()`; also a directory written
+    before the HF model class (config.json of the base model + routing.json of format "fedprune-compiled/1")."""
     out_dir = Path(out_dir)
-    meta = json.loads((out_dir / "routing.json").read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{out_dir} is not a compiled fedprune model (format {meta.get('format')!r})")
-    config = AutoConfig.from_pretrained(out_dir)
-    n_layers = config.num_hidden_layers
-    config.num_hidden_layers = 0  # build the shell without dense decoder layers, then add the compiled ones
-    model = AutoModelForCausalLM.from_config(config)
-    model.config.num_hidden_layers = config.num_hidden_layers = n_layers
-    layers = model.get_decoder().layers
-    layers.extend(CompiledDecoderLayer(model.config, i, spec["routing"], spec["bias"])
-                  for i, spec in enumerate(meta["layers"]))
-    model.to(model.get_input_embeddings().weight.dtype)
+    config = json.loads((out_dir / "config.json").read_text())
+    if config.get("model_type") == FedpruneRoutedLlamaConfig.model_type:
+        return FedpruneRoutedLlamaForCausalLM.from_pretrained(out_dir).eval()
+    return _load_format_1(out_dir)
+
+
+def _load_format_1(out_dir: Path) -> FedpruneRoutedLlamaForCausalLM:
+    """A compiled model saved before `FedpruneRoutedLlamaForCausalLM`: base config.json, routing.json (format
+    "fedprune-compiled/1": per layer the lanes as index lists and the bias flags), model.safetensors with the same
+    tensor names."""
+    from safetensors.torch import load_model
+    from transformers import AutoConfig, GenerationConfig
+
+    routing = out_dir / "routing.json"
+    meta = json.loads(routing.read_text()) if routing.exists() else {}
+    if meta.get("format") != "fedprune-compiled/1":
+        raise ValueError(f"{out_dir} is not a compiled fedprune model (config.json model_type is not "
+                         f"{FedpruneRoutedLlamaConfig.model_type!r} and routing.json format is "
+                         f"{meta.get('format')!r}, not 'fedprune-compiled/1')")
+    config = routed_config(AutoConfig.from_pretrained(out_dir), [(spec["routing"], spec["bias"])
+                                                                 for spec in meta["layers"]])
+    model = FedpruneRoutedLlamaForCausalLM(config)
+    model.to(config.dtype if isinstance(config.dtype, torch.dtype) else getattr(torch, str(config.dtype or "float32")))
     load_model(model, str(out_dir / "model.safetensors"), strict=True)
     if (out_dir / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(out_dir)
     return model.eval()
-
-
-
-
 
 
 def mask_statistics(masks: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, Any]:

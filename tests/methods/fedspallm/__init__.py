@@ -2,31 +2,60 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from flwr.app import MessageType, RecordDict
 
+from fedprune_app.core.encoding import decode_sparse
 from fedprune_app.core.protocol import numpy_state, to_record
+from fedprune_app.methods.fedspallm.config import FedSpaLLMConfig
 from fedprune_app.methods.fedspallm.masks import MASK_SUFFIX
 from tests.conformance import Conformance
 
 
-def mask_mismatch(content: RecordDict) -> RecordDict:
-    """A mask that says 'pruned' where the weight is not zero."""
-    arrays = {k: v.copy() for k, v in numpy_state(content.array_records["arrays"]).items()}
-    key = next(k for k in arrays if k.endswith(MASK_SUFFIX))
-    weight = arrays[key[: -len(MASK_SUFFIX)]].reshape(-1)
-    position = np.flatnonzero(arrays[key].reshape(-1) & (weight != 0))[0]
-    arrays[key].reshape(-1)[position] = False
+def _with_arrays(content: RecordDict, arrays: dict[str, np.ndarray]) -> RecordDict:
     out = RecordDict()
     for name, record in content.items():
         out[name] = to_record(arrays) if name == "arrays" else record
     return out
 
 
+def mask_mismatch(content: RecordDict) -> RecordDict:
+    """A packed mask that keeps one weight fewer than the kept values it comes with."""
+    arrays = {k: v.copy() for k, v in numpy_state(content.array_records["arrays"]).items()}
+    packed = arrays[next(k for k in arrays if k.endswith(MASK_SUFFIX))]
+    byte = np.flatnonzero(packed)[0]
+    packed[byte] &= packed[byte] - 1  # clear its lowest set bit
+    return _with_arrays(content, arrays)
+
+
+def unpacked_masks(content: RecordDict) -> RecordDict:
+    """The format before bit-packed masks: every mask as bool (of the kept values' length)."""
+    arrays = numpy_state(content.array_records["arrays"])
+    return _with_arrays(content, {k: np.unpackbits(v).astype(bool) if k.endswith(MASK_SUFFIX) else v
+                                  for k, v in arrays.items()})
+
+
+def decode(cfg: Any, name: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A train reply's `arrays` as the server decodes them: kept values (float32) and bool masks."""
+    from fedprune_app.llm.layers import prunable_weights
+
+    if name != "arrays":
+        return arrays
+    dense = prunable_weights(cfg)[0]
+    shapes = {k: dense[k].shape for k in arrays if not k.endswith(MASK_SUFFIX)}
+    decoded = decode_sparse(arrays, shapes, cfg.section(FedSpaLLMConfig).payload_dtype)
+    return {k: v for key, (values, mask) in decoded.items() for k, v in ((key, values), (key + MASK_SUFFIX, mask))}
+
+
 CONFORMANCE = Conformance(
     settings={"client-data": "squad_shifts:nyt,squad_shifts:reddit,squad_shifts:amazon_reviews,squad_shifts:squaddev",
               "calib-segments": 2, "calib-seq-len": 32, "fedspallm-resources": "0.5"},
-    privacy_settings={"fedspallm-references": "standalone"},
+    # the privacy run sends bfloat16 (uint16 bits on the wire) so the decoding of every encoding is checked
+    privacy_settings={"fedspallm-references": "standalone", "payload-dtype": "bfloat16"},
     evaluated_by=f"{MessageType.EVALUATE}.reference",  # the server scores the global model; clients their own
-    tampers={"mask does not match weights": (mask_mismatch, r"weights at pruned positions are not zero")},
+    tampers={"mask does not match the kept values": (mask_mismatch, r"keeps \d+ weights, so the kept values"),
+             "unpacked bool masks": (unpacked_masks, r"unpacked bool mask .*update the client")},
+    decode=decode,
 )

@@ -14,8 +14,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
 from fedprune_app.client_app import app
+from fedprune_app.core.encoding import decode_dense, decode_sparse, encode_sparse
 from fedprune_app.core.replies import to_record
-from fedprune_app.llm.layers import prunable_names
+from fedprune_app.llm.layers import prunable_names, prunable_weights
 from fedprune_app.methods.fedspallm.aggregation import L0Sum, expand_masks, l0_aggregate, layer_quota, sample_layers
 from fedprune_app.methods.fedspallm.masks import MASK_SUFFIX, target_count
 from strategies.fedspallm import FedSpaLLMStrategy
@@ -112,13 +113,14 @@ def test_client_prunes_and_returns_only_its_sampled_layers(fedspallm_cfg, flower
                       state=RecordDict(), run_config=fedspallm_cfg.to_dict())
     content = RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord({"server-round": 1, "layers": "[1]"})})
     reply = app(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=3), context).content
-    arrays = reply.array_records["arrays"]
+    arrays = {k: v.numpy() for k, v in reply.array_records["arrays"].items()}
     weights = [k for k in arrays if not k.endswith(MASK_SUFFIX)]
     assert weights and all(k.startswith("model.layers.1.") for k in weights)
     assert len(weights) == 7  # q k v o gate up down
-    for k in weights:
-        w, m = arrays[k].numpy(), arrays[k + MASK_SUFFIX].numpy()
-        assert m.dtype == np.bool_ and (w[~m] == 0).all() and abs((~m).mean() - 0.5) < 0.01
+    shapes = {k: v.shape for k, v in prunable_weights(fedspallm_cfg)[0].items() if k in weights}
+    for k, (values, m) in decode_sparse(arrays, shapes).items():  # kept values + bit-packed masks
+        assert arrays[k + MASK_SUFFIX].dtype == np.uint8 and values.size == m.sum()
+        assert (values != 0).all() and abs((~m).mean() - 0.5) < 0.01
     assert reply.metric_records["metrics"]["num-examples"] == 4
 
 
@@ -136,27 +138,32 @@ def test_strategy_aggregates_hand_built_replies(fedspallm_cfg, flower_ids: None)
     assert set().union(*(set(json.loads(m.content.config_records["config"]["layers"])) for m in sent)) == {0, 1}
     rng = np.random.default_rng(3)
     replies = []
+    dense: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}  # reply -> {name: (pruned W, mask)} unpacked
     for i, msg in enumerate(sent):
-        payload = {}
-        for k, v in msg.content.array_records["arrays"].items():
-            w = v.numpy() + rng.normal(scale=0.01, size=v.shape).astype(np.float32)
+        got = {k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}
+        names = {k: before[k].shape for k in got if not k.endswith(MASK_SUFFIX)}
+        dense[i] = {}
+        for k, w in decode_dense(got, names).items():  # what was sent is the (dense) global weights
+            np.testing.assert_array_equal(w, before[k])
             keep = rng.random(w.shape) > 0.5
-            payload[k], payload[k + MASK_SUFFIX] = np.where(keep, w, 0).astype(np.float32), keep
+            dense[i][k] = (np.where(keep, w + rng.normal(scale=0.01, size=w.shape), 0).astype(np.float32), keep)
+        payload = encode_sparse({k: w for k, (w, _) in dense[i].items()}, {k: m for k, (_, m) in dense[i].items()})
         content = RecordDict({"arrays": to_record(payload),
                               "metrics": MetricRecord({"num-examples": 4, "partition-id": i})})
         replies.append(Message(content=content, reply_to=msg))
-    bad = RecordDict({"arrays": to_record({k: np.full(v.shape, np.nan, np.float32) for k, v in
-                                           sent[0].content.array_records["arrays"].items()}),
+    first = {k: v.numpy() for k, v in replies[0].content.array_records["arrays"].items()}
+    bad = RecordDict({"arrays": to_record({k: np.full(v.shape, np.nan, np.float32) if v.dtype.kind == "f" else v
+                                           for k, v in first.items()}),
                       "metrics": MetricRecord({"num-examples": 4})})
     replies.append(Message(content=bad, reply_to=sent[0]))
     arrays, _ = strategy.aggregate_train(1, replies)
     assert arrays is not None and [r["status"] for r in rows].count("rejected") == 1
     assert strategy.l0 == {}  # the round's sums are spent; no reply's weights are held after the round
-    for k in {k for m in sent for k in m.content.array_records["arrays"]}:  # folded in = Eq. 5–7 over the list
-        got = [r.content.array_records["arrays"] for r in replies[:-1] if k in r.content.array_records["arrays"]]
-        merged, counts = l0_aggregate([a[k].numpy() for a in got], [a[k + MASK_SUFFIX].numpy() for a in got])
+    sampled = {k for m in sent for k in m.content.array_records["arrays"] if not k.endswith(MASK_SUFFIX)}
+    for k in sampled:  # packed replies folded in = Eq. 5–7 over the unpacked fp32 replies, bit for bit
+        got = [d[k] for d in dense.values() if k in d]
+        merged, counts = l0_aggregate([w for w, _ in got], [m for _, m in got])
         np.testing.assert_array_equal(strategy.global_state[k], expand_masks(merged, counts, len(got), 0.5)[0])
-    sampled = {k for m in sent for k in m.content.array_records["arrays"]}
     for k, v in strategy.global_state.items():
         if k in sampled:
             assert (v == 0).sum() == math.ceil(0.5 * v.size)

@@ -345,7 +345,7 @@ def test_prefill_sized_inputs_split_gate_and_up_and_still_equal_the_masked_form(
         model: nn.Module, attn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """From `SPLIT_GATE_UP_ROWS` tokens on, gate and up run as two products on the halves of the stored weight:
     the same logits as the fused product and as the masked form."""
-    import fedprune_app.methods.sftp.routing as routing
+    import fedprune_app.methods.sftp.hf.modeling_fedprune_routed_llama as routing  # where CompiledMLP reads it
 
     model.set_attn_implementation(attn)
     masks = random_masks(2, CASES["attn dense-ish, ffn sparse"], seed=13)

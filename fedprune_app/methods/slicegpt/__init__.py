@@ -1,0 +1,6 @@
+"""SliceGPT: the residual stream rotated by its principal components and sliced; federated covariance sums."""
+
+from fedprune_app.core.registry import register_method
+from fedprune_app.methods.slicegpt.config import SliceGPTConfig
+
+register_method("slicegpt", config=SliceGPTConfig)

@@ -1,0 +1,196 @@
+"""LLM-Pruner, federated (Ma et al. 2023; SFT-P's Table 1 baseline "LLM-Pruner+FT" in federated form).
+
+Round 1: every sampled client sends its Taylor rows (`fedprune_app.methods.llmpruner.importance`); the server
+averages them weighted by the clients' token counts, takes |·|, sums them per coupled structure (kv groups, MLP
+channels) and cuts ONE global structure at the budget `llmpruner-keep-ratio` (`structure.cut`, LLM-Pruner's
+block-wise recipe over `llmpruner-layer-start/-end`). Rounds 2..R: FedAvg LoRA recovery (FedIT) on the pruned
+model; the structure travels as bool arrays `llmpruner-keep.heads` / `llmpruner-keep.channels` and never changes.
+
+References in one run: round 0 = dense, round 1 = post hoc (the cut, zero LoRA), the last round = llmpruner; with
+`llmpruner-centralized` the server also scores (simulation only) the cut from the pooled calibration data of all
+clients ('centralized') and the federated cut, both without recovery. `save_final` writes `compiled/` (LoRA merged,
+heads and channels removed: `fedprune_app.methods.llmpruner.structure.load_pruned`), `adapter/`, `structure.npz`,
+`importance.npz`, and `phase: compiled` rows (size, kept ratio, server perplexity, optional speed) for results.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, RecordDict
+
+from fedprune_app.core.config import RunConfig, split_list
+from fedprune_app.core.protocol import flat_metrics
+from fedprune_app.core.recovery import Spec, StatisticsThenRecovery
+from fedprune_app.core.registry import register_strategy
+from fedprune_app.core.runtime import client_seed
+from fedprune_app.core.strategy import Recorder
+from fedprune_app.llm.data import client_data, training_batches
+from fedprune_app.llm.models import initial_adapter_state, peft_model_for, set_adapter_state
+from fedprune_app.methods.llmpruner.config import LLMPrunerConfig
+from fedprune_app.methods.llmpruner.importance import (
+    IMPORTANCE_PREFIX,
+    average_rows,
+    client_importance,
+    group_scores,
+    row_widths,
+)
+from fedprune_app.methods.llmpruner.models import dense_model, keep_from_arrays, pruned_model_for
+from fedprune_app.methods.llmpruner.structure import (
+    KEEP_PREFIX,
+    cut,
+    kept_parameters,
+    layer_range,
+    merged_copy,
+    pruned_ceiling,
+    save_pruned,
+    shrink_,
+)
+from fedprune_app.methods.sftp.routing import prunable_parameters
+
+log = logging.getLogger("flwr")
+
+
+@register_strategy("llmpruner")
+class LLMPrunerStrategy(StatisticsThenRecovery):
+    """Round 1: Taylor rows → averaged → one global cut; rounds 2..R: FedAvg over LoRA on the pruned model."""
+
+    structure_prefix = KEEP_PREFIX
+    statistics_name = "importance"
+    array_state = ("keep", "scores")
+
+    def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
+        super().__init__(cfg, recorder)
+        self.section = cfg.section(LLMPrunerConfig)
+        self.keep: dict[str, np.ndarray] | None = None
+        self.scores: dict[str, np.ndarray] | None = None
+
+    def initial_arrays(self) -> ArrayRecord:
+        """FedIT's Φ^(0) on the dense model (B = 0): round 0 evaluates the dense model."""
+        model, _ = peft_model_for(self.cfg)
+        return ArrayRecord(initial_adapter_state(model))
+
+    def statistics_shapes(self) -> Spec:
+        """Round 1: float32 (layers, width) per Taylor row array."""
+        model, _ = peft_model_for(self.cfg)
+        layers = int(model.config.num_hidden_layers)
+        return {IMPORTANCE_PREFIX + n: ((layers, w), "float32") for n, w in row_widths(model.config).items()}
+
+    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
+        """The base checks, then `param_first` rows must be ≥ 0 (sums of absolute values)."""
+        problem = super().reply_problem(node_id, reply)
+        if problem is not None or self.section.llmpruner_taylor != "param_first":
+            return problem
+        negative = [k for k, v in reply.array_records["arrays"].items()
+                    if k.startswith(IMPORTANCE_PREFIX) and (v.numpy() < 0).any()]
+        return f"param_first Taylor rows must be >= 0 (sums of |w * grad|): {negative[0]}" if negative else None
+
+    def cut_from_rows(self, rows: dict[str, np.ndarray], config: Any) -> tuple[dict[str, np.ndarray],
+                                                                            dict[str, np.ndarray]]:
+        """(structure, group scores) of averaged Taylor rows at this run's budget and layer range."""
+        scores = group_scores(rows, config)
+        layers = layer_range(config, self.section.llmpruner_layer_start, self.section.llmpruner_layer_end)
+        return cut(scores, config, self.section.llmpruner_keep_ratio, layers), scores
+
+    def cut(self, states: list[dict[str, np.ndarray]], replies: list[RecordDict]) -> dict[str, np.ndarray]:
+        """Taylor rows averaged by token count, one global cut; the fresh LoRA of the pruned model."""
+        weights = [float(flat_metrics(r)["num-examples"]) for r in replies]
+        rows = average_rows([{k[len(IMPORTANCE_PREFIX):]: v for k, v in s.items()} for s in states], weights)
+        model, _ = peft_model_for(self.cfg)
+        self.keep, self.scores = self.cut_from_rows(rows, model.config)
+        kept = kept_parameters(model.config, self.keep) / prunable_parameters(model.config)
+        log.info("[fedprune] llmpruner: global cut keeps %.4f of the prunable weights (%d kv groups, %d channels)",
+                 kept, int(self.keep["heads"].sum()), int(self.keep["channels"].sum()))
+        pruned, _ = pruned_model_for(self.cfg, self.keep)
+        return {k: v.numpy() for k, v in initial_adapter_state(pruned).items()}
+
+    def structure_arrays(self) -> dict[str, np.ndarray] | None:
+        return None if self.keep is None else {KEEP_PREFIX + k: v for k, v in self.keep.items()}
+
+    def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
+        """The pruned LoRA model with the global adapter (the dense one before round 1)."""
+        state = arrays.to_torch_state_dict()
+        keep = keep_from_arrays(state)
+        model, tokenizer = peft_model_for(self.cfg) if keep is None else pruned_model_for(self.cfg, keep)
+        model.eval()
+        set_adapter_state(model, self.lora_state(state))
+        return model, tokenizer
+
+    def reference_models(self) -> dict[str, Callable[[], tuple[Any, Any]]]:
+        """With `llmpruner-centralized` (simulation only): 'centralized' = the cut from the Taylor rows of every
+        partition's round-1 calibration batches pooled (the server rebuilds them from the run's data sources with
+        the clients' seeds), 'federated-cut' = the federated cut; both without LoRA recovery."""
+        if not self.section.llmpruner_centralized or self.keep is None:
+            return {}
+        keep = self.keep
+
+        def federated() -> tuple[Any, Any]:
+            model, tokenizer = dense_model(self.cfg)
+            return shrink_(model, keep), tokenizer
+
+        return {"centralized": self.centralized_model, "federated-cut": federated}
+
+    def centralized_model(self) -> tuple[Any, Any]:
+        model, tokenizer = dense_model(self.cfg)
+        n = max(1, self.num_connected)
+        batches = [b for pid in range(n) for b in training_batches(
+            client_data(self.cfg, pid, n).train, tokenizer, self.cfg.batch_size, self.section.llmpruner_batches,
+            self.cfg.seq_len, client_seed(self.cfg.seed, 1, pid), targets="sequence")]
+        log.info("[fedprune] reference centralized: Taylor importance on the pooled calibration data of %d clients", n)
+        rows, _ = client_importance(model, batches, self.section.llmpruner_taylor)
+        keep, _ = self.cut_from_rows(rows, model.config)
+        agree = float(np.mean(np.concatenate([(keep[k] == self.keep[k]).reshape(-1) for k in keep])))
+        log.info("[fedprune] reference centralized: its cut agrees with the federated one on %.4f of the structures",
+                 agree)
+        self.record({"phase": "llmpruner-cut-agreement", "agreement": agree})
+        return shrink_(model, keep), tokenizer
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        model, tokenizer = self.global_model(arrays)
+        model.save_pretrained(out_dir / "adapter")
+        artefacts = {"adapter": "adapter"}
+        if self.keep is None:
+            return artefacts
+        compiled = merged_copy(model)  # the global model is the pruned one: merge its LoRA
+        save_pruned(compiled, out_dir / "compiled", tokenizer)
+        np.savez_compressed(out_dir / "structure.npz", **self.keep)
+        np.savez_compressed(out_dir / "importance.npz", **(self.scores or {}))
+        self.record_compiled(compiled, tokenizer)
+        return artefacts | {"compiled": "compiled", "structure": "structure.npz", "importance": "importance.npz"}
+
+    def record_compiled(self, compiled: Any, tokenizer: Any) -> None:
+        """`phase: compiled` rows for the dense and the pruned model: parameters, MB, kept ratio of the prunable
+        projections, the server's held-out perplexity, and (`llmpruner-speed-prefill` > 0) prefill latency and
+        generation speed against the dense model, each beside its FLOP ceiling (`structure.pruned_ceiling`)."""
+        from fedprune_app.llm.evaluation import held_out_text, perplexity
+        from fedprune_app.methods.sftp.speed import speed_table, weights
+
+        dense, _ = dense_model(self.cfg)
+        models = {"dense": dense, "llmpruner": compiled}
+        kept = {"dense": 1.0, "llmpruner": kept_parameters(dense.config, self.keep) / prunable_parameters(dense.config)}
+        scores: dict[str, dict[str, float]] = {name: {} for name in models}
+        for source in split_list(self.cfg.server_eval_data) if self.cfg.eval_ppl_tokens else []:
+            text = held_out_text(source, self.cfg)
+            for name, m in models.items():
+                scores[name][f"ppl/{source}"] = perplexity(m, tokenizer, text, self.cfg.ppl_window,
+                                                           self.cfg.ppl_stride, self.cfg.eval_ppl_tokens)
+        prefill = self.section.llmpruner_speed_prefill
+        if prefill > 0:
+            table = speed_table(models, int(dense.config.vocab_size), dense.config.eos_token_id, prefill=prefill)
+            for task in ("prefill", "generate"):
+                for name in models:
+                    ceiling = 1.0 if name == "dense" else pruned_ceiling(dense.config, self.keep, task, prefill)
+                    table[name][f"{task}-ceiling"] = ceiling
+                    table[name][f"{task}-of-ceiling"] = table[name][f"{task}-speedup"] / ceiling
+        else:
+            table = {name: dict(zip(("params", "MB"), map(float, weights(m)), strict=True))
+                     for name, m in models.items()}
+        for name, row in table.items():
+            self.record({"phase": "compiled", "model": name, "prefill-tokens": prefill, **row,
+                         "params-ratio": row["params"] / table["dense"]["params"],
+                         "kept-ratio-prunable": kept[name], **scores[name]})
+

@@ -1,0 +1,73 @@
+"""Perplexity intervals against brute force: an explicit resampling loop with the same seed, percentiles by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fedprune_app.llm.intervals import (
+    TokenScores,
+    bootstrap_percentile,
+    paired_perplexity_interval,
+    perplexity_interval,
+)
+
+A = TokenScores.of([12.0, 30.5, 7.25, 19.0, 44.0, 3.5, 25.0], [5, 11, 4, 8, 13, 2, 9])
+B = TokenScores.of([10.0, 33.0, 6.0, 21.5, 40.0, 5.0, 20.0], [5, 11, 4, 8, 13, 2, 9])
+
+
+def _percentile_by_hand(values: list[float], q: float) -> float:
+    """Linear interpolation between the order statistics at rank q/100 · (n − 1)."""
+    v, rank = sorted(values), q / 100 * (len(values) - 1)
+    low = math.floor(rank)
+    return v[low] + (rank - low) * (v[min(low + 1, len(v) - 1)] - v[low])
+
+
+def _loop(scores: list[TokenScores], combine, iters: int, seed: int) -> list[float]:
+    """One resample at a time: n unit indices drawn with replacement, each model's ppl on them, combined."""
+    rng, n, out = np.random.default_rng(seed), len(scores[0].nll), []
+    for _ in range(iters):
+        idx = [int(i) for i in rng.integers(0, n, size=n)]
+        ppl = [math.exp(sum(s.nll[i] for i in idx) / sum(int(s.tokens[i]) for i in idx)) for s in scores]
+        out.append(combine(*ppl))
+    return out
+
+
+def test_perplexity_interval_is_the_percentile_of_an_explicit_resampling_loop() -> None:
+    ci = perplexity_interval(A, iters=300, seed=11, level=0.9)
+    ref = _loop([A], lambda p: p, 300, 11)
+    assert ci.estimate == pytest.approx(math.exp(sum(A.nll) / 52))
+    assert ci.lo == pytest.approx(_percentile_by_hand(ref, 5.0), rel=1e-12)
+    assert ci.hi == pytest.approx(_percentile_by_hand(ref, 95.0), rel=1e-12)
+    assert ci.lo < ci.estimate < ci.hi
+    assert perplexity_interval(A, iters=300, seed=11, level=0.9) == ci  # seeded
+    assert perplexity_interval(A, iters=300, seed=12, level=0.9) != ci
+
+
+@pytest.mark.parametrize(("statistic", "combine"), [("ratio", lambda a, b: a / b), ("difference", lambda a, b: a - b)])
+def test_paired_interval_resamples_both_models_on_the_same_units(statistic: str, combine) -> None:
+    ci = paired_perplexity_interval(A, B, statistic, iters=200, seed=5)
+    ref = _loop([A, B], combine, 200, 5)
+    assert ci.estimate == pytest.approx(combine(A.perplexity, B.perplexity))
+    assert (ci.lo, ci.hi) == pytest.approx((_percentile_by_hand(ref, 2.5), _percentile_by_hand(ref, 97.5)),
+                                           rel=1e-12)
+
+
+def test_a_model_against_itself_has_a_zero_width_paired_interval_but_not_an_unpaired_one() -> None:
+    assert paired_perplexity_interval(A, A, "ratio", iters=100) == pytest.approx(
+        type(perplexity_interval(A))(1.0, 1.0, 1.0, 0.95))
+    ci = perplexity_interval(A, iters=100)
+    assert ci.hi - ci.lo > 0.1 * ci.estimate
+
+
+def test_bad_input_names_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        paired_perplexity_interval(A, B, "quotient")
+    with pytest.raises(ValueError, match="same units"):
+        paired_perplexity_interval(A, TokenScores.of([1.0], [1]))
+    with pytest.raises(ValueError, match="level must be in"):
+        bootstrap_percentile(lambda idx: idx.mean(axis=1), 3, 10, 0, level=1.5)
+    with pytest.raises(ValueError, match="at least one"):
+        TokenScores.of([], [])
