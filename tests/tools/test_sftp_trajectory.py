@@ -19,7 +19,9 @@ def test_rows_per_round_and_one_client_federated_equals_alone(tiny_model_dir: Pa
     assert rows[0]["kept"] == 1.0 and rows[0]["adapter-shift"] == 0.0
     for rnd in (1, 2):  # averaging over a single client is the identity: the same model either way
         fed, alone = (next(r for r in rows if r["mode"] == m and r["round"] == rnd) for m in ("federated", "alone"))
-        assert fed["answer-nll"] == pytest.approx(alone["answer-nll"], rel=1e-6)
+        # 1e-5: the server's average of one reply is exact, but the two clients' float32 runs may sum in another
+        # order (seen once at 1.2e-6 in a clean clone); a wrong average or a different model is off by far more
+        assert fed["answer-nll"] == pytest.approx(alone["answer-nll"], rel=1e-5)
         assert fed["kept"] == alone["kept"] and fed["adapter-shift"] > 0
     assert "| 2 |" in table(rows)
 
