@@ -42,8 +42,9 @@ def adapter_movement(model: nn.Module) -> dict[str, float]:
         if not (hasattr(module, "lora_A") and hasattr(module, "base_layer")) or not module.lora_A:
             continue
         name = next(iter(module.lora_A))
-        delta = module.scaling[name] * module.lora_B[name].weight.float() @ module.lora_A[name].weight.float()
-        weight = module.base_layer.weight.float()
+        with torch.no_grad():
+            delta = module.scaling[name] * module.lora_B[name].weight.float() @ module.lora_A[name].weight.float()
+            weight = module.base_layer.weight.float()
         rel.append(float(delta.norm() / weight.norm()))
         peak = max(peak, float(delta.abs().max() / weight.pow(2).mean().sqrt()))
     return {"delta-rel-fro": sum(rel) / max(len(rel), 1), "delta-max-over-rms": peak, "modules": len(rel)}
