@@ -25,7 +25,7 @@ from fedprune_app.methods.llmpruner.structure import (
     structure_json,
     zero_pruned_,
 )
-from tests.methods.llmpruner.hf_checks import (
+from tests.methods.hf_checks import (
     ALLOWED_IMPORTS,
     absolute_imports,
     check_auto_and_loader,

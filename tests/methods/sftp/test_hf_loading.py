@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from fedprune_app.methods.sftp.routing import (
     save_compiled,
     set_masks,
 )
+from tests.methods.hf_checks import load_without_fedprune
 
 D = 64  # tiny LLaMA hidden size
 
@@ -161,35 +160,8 @@ def test_without_trust_remote_code_the_error_names_the_option(saved: dict, modul
 def test_loads_where_fedprune_cannot_be_imported(saved: dict, tmp_path: Path) -> None:
     """A fresh interpreter in which every `fedprune_app` import fails loads the directory through the Auto classes
     (only torch + transformers), and computes the logits and greedy tokens of the compiled model."""
-    ids = saved["ids"]
-    expected = {"logits": _logits(saved["compiled"], ids), "ids": ids,
-                "greedy": saved["compiled"].generate(ids[:1, :5], max_new_tokens=4, min_new_tokens=4,
-                                                     do_sample=False)}
-    torch.save(expected, tmp_path / "expected.pt")
-    script = textwrap.dedent(f"""
-        import importlib.abc, sys
-        class Block(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("fedprune_app", "strategies", "clients", "tools", "tests"):
-                    raise ImportError("blocked: " + name)
-        sys.meta_path.insert(0, Block())
-        import torch
-        from transformers import AutoModelForCausalLM
-        want = torch.load({str(tmp_path / "expected.pt")!r})
-        model = AutoModelForCausalLM.from_pretrained({str(saved["dir"])!r}, trust_remote_code=True)
-        assert not any(m.startswith("fedprune_app") for m in sys.modules)
-        with torch.no_grad():
-            torch.testing.assert_close(model(input_ids=want["ids"]).logits, want["logits"], atol=1e-5, rtol=1e-5)
-        out = model.generate(want["ids"][:1, :5], max_new_tokens=4, min_new_tokens=4, do_sample=False)
-        assert torch.equal(out, want["greedy"]), (out, want["greedy"])
-        print("OK", type(model).__module__)
-    """)
-    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
-    env |= {"HF_MODULES_CACHE": str(tmp_path / "hf-modules"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "OK transformers_modules." in result.stdout
+    module = load_without_fedprune(saved["dir"], saved["compiled"], saved["ids"], tmp_path)
+    assert module.startswith("transformers_modules.")
 
 
 def test_load_compiled_reads_directories_written_before_the_hf_class(saved: dict, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from fedprune_app.llm.models import load_base_model
 from fedprune_app.methods.slicegpt.hf import FedpruneSlicedLlamaConfig, FedpruneSlicedLlamaForCausalLM
 from fedprune_app.methods.slicegpt.pca import covariance_sums, one_shot_bases
 from fedprune_app.methods.slicegpt.sliced import FORMAT, load_sliced, num_points, save_sliced, slice_model
-from tests.methods.llmpruner.hf_checks import (
+from tests.methods.hf_checks import (
     ALLOWED_IMPORTS,
     absolute_imports,
     check_auto_and_loader,
