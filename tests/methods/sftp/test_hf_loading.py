@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import ast
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,7 @@ from fedprune_app.methods.sftp.routing import (
     save_compiled,
     set_masks,
 )
-from tests.methods.hf_checks import load_without_fedprune
+from tests.methods.hf_checks import load_without_fedprune, modules_cache  # noqa: F401 (a fixture)
 
 D = 64  # tiny LLaMA hidden size
 
@@ -62,20 +60,6 @@ def saved(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     out = tmp_path_factory.mktemp("compiled") / "client-0"
     save_compiled(compiled, out, AutoTokenizer.from_pretrained(tiny_model_dir))
     return {"dir": out, "ids": ids, "masked": masked, "compiled": compiled, "base": model, "masks": masks}
-
-
-@pytest.fixture(scope="module")
-def modules_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Where transformers copies the directory's code (HF_MODULES_CACHE, read once at import, so patched; one
-    folder per process: the `transformers_modules` package it creates stays imported)."""
-    import transformers.dynamic_module_utils as dyn
-
-    cache = Path(sys.modules["transformers_modules"].__path__[0]).parent if "transformers_modules" in sys.modules \
-        else tmp_path_factory.mktemp("hf-modules")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dyn, "HF_MODULES_CACHE", str(cache))
-        patch.setenv("HF_MODULES_CACHE", str(cache))
-        yield cache
 
 
 def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -114,7 +98,7 @@ def test_the_directory_is_a_standard_hf_model_directory(saved: dict) -> None:
 
 
 def test_auto_model_with_trust_remote_code_equals_load_compiled_and_the_masked_form(
-        saved: dict, modules_cache: Path) -> None:
+        saved: dict, modules_cache: Path) -> None:  # noqa: F811 (fixture)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     ids = saved["ids"]
@@ -139,7 +123,7 @@ def test_auto_model_with_trust_remote_code_equals_load_compiled_and_the_masked_f
         saved["base"].config.name_or_path)("the same text")["input_ids"]
 
 
-def test_without_trust_remote_code_the_error_names_the_option(saved: dict, modules_cache: Path,
+def test_without_trust_remote_code_the_error_names_the_option(saved: dict, modules_cache: Path,  # noqa: F811
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """transformers 5.23 asks y/N on a terminal (15 s) and, where it cannot ask, raises this ValueError."""
     import builtins
@@ -187,7 +171,7 @@ def test_load_compiled_reads_directories_written_before_the_hf_class(saved: dict
 
 
 def test_bfloat16_compiled_models_keep_their_dtype(tiny_model_dir: Path, saved: dict, tmp_path: Path,
-                                                   modules_cache: Path) -> None:
+                                                   modules_cache: Path) -> None:  # noqa: F811 (fixture)
     from transformers import AutoModelForCausalLM
 
     base = load_base_model(str(tiny_model_dir), dtype="bfloat16", device="cpu")
