@@ -28,7 +28,7 @@ from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     MaskGenerator,
     cosine_lr,
-    deterministic_mask,
+    deployed_gates,
     get_generator_state,
     held_open,
     hold_open,
@@ -111,6 +111,15 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     return report
 
 
+def expected_kept(model: nn.Module, tokenizer: Any, generator: MaskGenerator, embedding: nn.Parameter | None,
+                  cfg: RunConfig) -> float:
+    """E[T(g)]/T_total under the sampled gates g ~ Bernoulli(π) (held gates at 1): T is linear in each gate, so
+    this is T(π)/T_total, the kept ratio Eq. 14's penalty drives to p (Fig. 4b's curve)."""
+    pi = torch.sigmoid(generator(embedding).detach().float() + cfg.section(SFTPConfig).sftp_gate_bias)
+    kept = kept_parameters(model.config, layer_masks(hold_open(pi, held_open(cfg, model, tokenizer))))
+    return float(kept) / prunable_parameters(model.config)
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
@@ -152,12 +161,13 @@ class SFTPClient(FederatedClient):
 
     def own_masks(self, model: nn.Module, tokenizer: Any, generator: MaskGenerator,
                   embedding: nn.Parameter | None) -> list[LayerMasks]:
-        """This client's deterministic mask 1[σ(h_Θ(e_k) + c) > 0.5] with the `sftp-hold-open` gates at 1, one
-        LayerMasks per decoder layer."""
-        bias = self.cfg.section(SFTPConfig).sftp_gate_bias
+        """This client's deployed mask of h_Θ(e_k) (`deployed_gates`: by default the top-π gates that fit its
+        budget p, the `sftp-hold-open` gates at 1), one LayerMasks per decoder layer."""
+        sftp_cfg = self.cfg.section(SFTPConfig)
         held = held_open(self.cfg, model, tokenizer)
         with torch.no_grad():
-            return layer_masks(hold_open(deterministic_mask(generator(embedding), bias), held))
+            return layer_masks(deployed_gates(generator(embedding), sftp_cfg.sftp_gate_bias, held, model.config,
+                                              self.keep_ratio, sftp_cfg.sftp_deploy_mask))
 
     def train(self, content: RecordDict) -> RecordDict:
         start = time.perf_counter()
@@ -171,6 +181,7 @@ class SFTPClient(FederatedClient):
         self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1
         masks = self.own_masks(model, tokenizer, generator, embedding)
         with torch.no_grad():
+            expected = expected_kept(model, tokenizer, generator, embedding, self.cfg)
             set_masks(model, masks)
             try:
                 val_loss = mean_loss(model, tokenizer, self.data.val, self.cfg.seq_len) if self.data.val \
@@ -183,14 +194,15 @@ class SFTPClient(FederatedClient):
         metrics = MetricRecord({
             "num-examples": len(self.data.train), "partition-id": self.partition_id, "keep-target": self.keep_ratio,
             "train-loss": _mean(report.objective), "clm-loss": _mean(report.clm), "penalty": _mean(report.penalty),
-            "val-loss": val_loss, **model_kept_ratios(model, masks), "train-seconds": report.seconds,
+            "val-loss": val_loss, **model_kept_ratios(model, masks), "kept-expected": expected,
+            "train-seconds": report.seconds,
             "seconds": time.perf_counter() - start,
         })
         return RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics, "info": self.info()})
 
     def evaluate(self, content: RecordDict) -> RecordDict:
-        """Round 0: the dense model. Later: the client's deterministic mask 1[σ(h_Θ(e_k) + c) > 0.5] on the routed
-        model. At the last round the reply also carries that mask as bool arrays `masks` {name: (layers, d)}:
+        """Round 0: the dense model. Later: the client's deployed mask (`own_masks`) on the routed model. At the
+        last round the reply also carries that mask as bool arrays `masks` {name: (layers, d)}:
         the structure the server compiles and deploys for this client. It is all the server learns about the
         client beyond Θ/Φ and the metrics (e_k itself never leaves)."""
         start = time.perf_counter()

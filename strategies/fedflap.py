@@ -32,16 +32,17 @@ from fedprune_app.methods.fedflap.importance import (
     IMPORTANCE_PREFIX,
     MASK_PREFIX,
     average_importance,
-    coordinate_costs,
     cut_masks,
     fedflap_model_for,
     masks_from_arrays,
     single_keep_ratio,
     standardise,
 )
+from fedprune_app.methods.sftp.generator import held_open
 from fedprune_app.methods.sftp.routing import (
     MASK_NAMES,
     compile_model,
+    coordinate_costs,
     mask_statistics,
     per_layer_masks,
     prunable_parameters,
@@ -119,14 +120,17 @@ class FedFLAPStrategy(StatisticsThenRecovery):
         return f"importance scores must be >= 0 (variances times squared norms): {negative[0]}" if negative else None
 
     def cut(self, states: list[dict[str, np.ndarray]], replies: list[RecordDict]) -> dict[str, np.ndarray]:
-        """Importance averaged by num-examples, standardised per (layer, mask), one global cut at the budget."""
+        """Importance averaged by num-examples, standardised per (layer, mask), one global cut at the budget that
+        keeps the `sftp-hold-open` coordinates (default: the massive activations, as SFT-P's masks do)."""
         weights = [float(flat_metrics(r)["num-examples"]) for r in replies]
         mean = average_importance([{k[len(IMPORTANCE_PREFIX):]: v for k, v in s.items()} for s in states], weights)
-        model, _ = fedflap_model_for(self.cfg)
+        model, tokenizer = fedflap_model_for(self.cfg)
         target = self.keep_ratio * prunable_parameters(model.config)
+        held = held_open(self.cfg, model, tokenizer)
         normalised = {n: standardise(v) for n, v in mean.items()}
         self.importance = {n: v.astype(np.float32) for n, v in mean.items()}
-        self.masks = cut_masks(normalised, coordinate_costs(model.config), target)
+        self.masks = cut_masks(normalised, coordinate_costs(model.config), target,
+                               None if held is None else held.numpy() > 0.5)
         return {k: v.numpy() for k, v in initial_adapter_state(model).items()}
 
     def structure_arrays(self) -> dict[str, np.ndarray] | None:

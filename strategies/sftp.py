@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-from fedprune_app.core.config import RunConfig
+from fedprune_app.core.config import RunConfig, split_list
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import to_record, weighted_average
@@ -94,7 +94,7 @@ class SFTPStrategy(FederatedStrategy):
         states = [numpy_state(r.array_records["arrays"]) for r in replies]
         metrics = [flat_metrics(r) for r in replies]
         weights = [1.0 if sftp_cfg.sftp_aggregation == "equal" else float(m["num-examples"]) for m in metrics]
-        kept_keys = ("kept-ratio-prunable", "kept-ratio-model", "keep-target")
+        kept_keys = ("kept-ratio-prunable", "kept-ratio-model", "kept-expected", "keep-target")
         for m in metrics:
             self.kept_history.append({"round": server_round, "client": m.get("partition-id"),
                                       **{k: m.get(k) for k in kept_keys}})
@@ -118,25 +118,34 @@ class SFTPStrategy(FederatedStrategy):
         return routed_model_with(self.cfg, arrays.to_torch_state_dict())
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
-        """The model the server scores every round: backbone + the global Φ, routed by h_Θ's deterministic mask
-        for the shared fixed input (the zero vector). Under NOC that input is every client's, so this is each
-        client's model (masked form; its compiled form computes the same). Under +C the clients' masks are
-        h_Θ(e_k) with private e_k (drawn N(0, I), then trained on the client); the server knows none, and no
-        client ever routed through h_Θ(0): this model is nobody's, neither its mask nor its kept ratio need be
-        any client's. `global_model_notes` says which it is and holds its kept ratios (the server-evaluate rows
-        carry them); the deployed models are scored after the last round (`record_compiled`)."""
+        """The model the server scores every round: backbone + the global Φ, routed by h_Θ's 0.5-rounded mask
+        1[π > 0.5] (held gates at 1) for the shared fixed input (the zero vector): at round 0 that is the dense
+        model, as the clients' round-0 evaluation is. Under NOC that input is every client's, so with
+        `sftp-deploy-mask = 'threshold'` this is each client's model (masked form; its compiled form computes the
+        same); with 'budget' each client's deployed mask is these gates refilled to its budget. Under +C the
+        clients' masks are h_Θ(e_k) with private e_k (drawn N(0, I), then trained on the client); the server knows
+        none, and no client ever routed through h_Θ(0): this model is nobody's, neither its mask nor its kept
+        ratio need be any client's. `global_model_notes` says which it is and holds its kept ratios (the
+        server-evaluate rows carry them); the deployed models are scored after the last round (`record_compiled`)."""
         sftp_cfg = self.cfg.section(SFTPConfig)
         model, tokenizer, generator = self.load(arrays)
         with torch.no_grad():
             logits = generator(generator.shared_input)
-        masks = layer_masks(hold_open(deterministic_mask(logits, sftp_cfg.sftp_gate_bias),
-                                      held_open(self.cfg, model, tokenizer)))
+        held = held_open(self.cfg, model, tokenizer)
+        masks = layer_masks(hold_open(deterministic_mask(logits, sftp_cfg.sftp_gate_bias), held))
         set_masks(model, masks)
-        label = ("the backbone with the global Φ, routed by h_Θ(0), which under NOC is every client's mask: each "
-                 "client's model" if not sftp_cfg.sftp_conditioning else
-                 "the backbone with the global Φ, routed by h_Θ(0), the generator at the zero input. Under +C client "
-                 "k's mask is h_Θ(e_k) with its private e_k, so this is no client's model, and its kept ratio need not "
-                 "be any client's; the models the clients deploy are scored under 'Compiled models' below")
+        if sftp_cfg.sftp_conditioning:
+            label = ("the backbone with the global Φ, routed by h_Θ(0), the generator at the zero input. Under +C "
+                     "client k's mask is h_Θ(e_k) with its private e_k, so this is no client's model, and its kept "
+                     "ratio need not be any client's; the models the clients deploy are scored under 'Compiled "
+                     "models' below")
+        elif sftp_cfg.sftp_deploy_mask == "threshold":
+            label = ("the backbone with the global Φ, routed by h_Θ(0), which under NOC is every client's mask: each "
+                     "client's model")
+        else:
+            label = ("the backbone with the global Φ, routed by h_Θ(0) rounded at π > 0.5: under NOC every client's "
+                     "gates before its deployed mask fills its budget (sftp-deploy-mask 'budget'); the deployed "
+                     "models are scored under 'Compiled models' below")
         self.global_model_notes = {"model": label, **model_kept_ratios(model, masks)}
         return model, tokenizer
 
@@ -184,7 +193,6 @@ class SFTPStrategy(FederatedStrategy):
         > 0) its prefill latency and generation speed against the dense model, each beside its FLOP ceiling
         (`fedprune_app.methods.sftp.speed.speed_table`, timed round-robin in this process). results.md tables
         them."""
-        from fedprune_app.core.config import split_list
         from fedprune_app.llm.evaluation import held_out_text, perplexity
         from fedprune_app.llm.models import load_base_model
         from fedprune_app.methods.sftp.speed import speed_table, weights
@@ -211,7 +219,8 @@ class SFTPStrategy(FederatedStrategy):
                          "params-ratio": row["params"] / table["dense"]["params"], **extra, **scores[name]})
 
     def plot_kept_ratio(self, path: Path) -> None:
-        """Fig. 4b: the deterministic mask's kept ratio of the prunable projections per client and round."""
+        """Fig. 4b: per client and round, the kept ratio of the prunable projections that the budget penalty
+        drives (expected under the sampled gates, `kept-expected`; records without it: the deployed mask's)."""
         if not self.kept_history:
             return
         import matplotlib
@@ -223,7 +232,8 @@ class SFTPStrategy(FederatedStrategy):
         path.parent.mkdir(parents=True, exist_ok=True)
         fig, ax = plt.subplots(figsize=(5, 3.2))
         for client in sorted({r["client"] for r in self.kept_history}, key=str):
-            rows = sorted((r["round"], r["kept-ratio-prunable"]) for r in self.kept_history if r["client"] == client)
+            rows = sorted((r["round"], r.get("kept-expected") or r["kept-ratio-prunable"])
+                          for r in self.kept_history if r["client"] == client)
             ax.plot([r for r, _ in rows], [v for _, v in rows], marker="o", label=f"client {client}")
         for target in sorted({r["keep-target"] for r in self.kept_history if r["keep-target"] is not None}):
             ax.axhline(target, color="grey", linestyle="--", linewidth=0.8)

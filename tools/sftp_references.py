@@ -33,8 +33,10 @@ from typing import Any
 from fedprune_app.core.config import ConfigError
 from tools import launch
 
-CEILING = "sftp-hold-open='all' sftp-speed-prefill=0 run-tag='ceiling'"
-FLOOR = "method='fedflap' num-server-rounds=1 run-tag='post-hoc'"
+# The references skip what the SFT-P run already measures: the untouched model (round 0) and the server's view.
+SKIP = "eval-untouched=false server-eval-data=''"
+CEILING = f"sftp-hold-open='all' sftp-speed-prefill=0 {SKIP} run-tag='ceiling'"
+FLOOR = f"method='fedflap' num-server-rounds=1 {SKIP} run-tag='post-hoc'"
 
 
 def evaluate_rows(run_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:

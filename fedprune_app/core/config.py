@@ -237,6 +237,11 @@ class SharedConfig(ConfigSection):
         "the last round); 0 = only round 0 and the last round.",
         minimum=0,
     )
+    eval_untouched: bool = key(
+        True,
+        "Round 0's federated evaluation of the untouched model; false skips it (a reference run whose untouched "
+        "scores another run of the same data already has, e.g. tools/sftp_references.py's floor and ceiling).",
+    )
     eval_tasks: str = key(
         "",
         "lm-eval task names, one for all clients or one per client; empty = a local task "

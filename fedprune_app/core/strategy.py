@@ -456,7 +456,9 @@ class FederatedStrategy(Strategy):
                                      "seconds": metrics.get("seconds")})
 
     def evaluates(self, server_round: int) -> bool:
-        """Round 0 and the last round always; every `eval-every` rounds in between."""
+        """Round 0 (unless `eval-untouched` is false) and the last round; every `eval-every` rounds between."""
+        if server_round == 0 and not self.cfg.eval_untouched:
+            return False
         every = self.cfg.eval_every
         return server_round in (0, self.cfg.num_server_rounds) or (every > 0 and server_round % every == 0)
 

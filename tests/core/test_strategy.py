@@ -125,6 +125,17 @@ def test_sampling_is_seeded_and_respects_the_fraction() -> None:
     assert len(a.sample(grid, 0.5)) == 5 and len(a.sample(grid, 0.01)) == 1
 
 
+def test_round_zero_evaluation_follows_eval_untouched(flower_ids: None) -> None:
+    """Round 0 (the untouched model) is evaluated unless `eval-untouched` is false; the last round always."""
+    arrays, grid = to_record(_state(np.random.default_rng(0))), FakeGrid([1, 2])
+    for untouched, sent in ((True, 2), (False, 0)):
+        strategy = FedITStrategy(RunConfig.from_flower({"seed": 0, "num-server-rounds": 3,
+                                                        "eval-untouched": untouched}))
+        assert len(list(strategy.configure_evaluate(0, arrays, ConfigRecord(), grid))) == sent
+        assert len(list(strategy.configure_evaluate(1, arrays, ConfigRecord(), grid))) == 0
+        assert len(list(strategy.configure_evaluate(3, arrays, ConfigRecord(), grid))) == 2
+
+
 def test_evaluate_replies_are_logged_per_client(flower_ids: None) -> None:
     rows: list[dict[str, Any]] = []
     strategy = _strategy(rows)

@@ -18,7 +18,7 @@ from fedprune_app.methods.sftp.generator import routed_model_for
 from fedprune_app.methods.sftp.routing import (
     MASK_NAMES,
     LayerMasks,
-    bus_dims,
+    fill_budget,
     per_layer_masks,
     set_masks,
 )
@@ -138,39 +138,25 @@ def standardise(scores: np.ndarray) -> np.ndarray:
     return np.divide(scores - scores.mean(axis=-1, keepdims=True), std, out=np.zeros_like(scores), where=std > 0)
 
 
-def coordinate_costs(config: Any) -> dict[str, int]:
-    """Parameters one kept bus coordinate of each mask adds to `routing.kept_parameters` (all lanes non-empty)."""
-    _, attn_in, attn_out, ffn_in, ffn_out = bus_dims(config)
-    return {"attn-in": attn_in, "attn-out": attn_out, "ffn-in": ffn_in, "ffn-out": ffn_out}
-
-
-def cut_masks(scores: Mapping[str, np.ndarray], costs: Mapping[str, int], target: float) -> dict[str, np.ndarray]:
+def cut_masks(scores: Mapping[str, np.ndarray], costs: Mapping[str, int], target: float,
+              held: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """One global mask {name: bool (layers, d)} at a parameter budget `target` (= p · prunable_parameters).
 
-    Every (layer, mask) first keeps its best coordinate (no empty lane: the submodule stays in the model); then
-    all remaining coordinates of all layers and masks, in descending score order (stable: ties by mask, layer,
-    index), are kept while the running cost stays ≤ target; the first that does not fit ends the cut. So the
-    kept set is the top of the global ranking and the cost is within one coordinate's cost below the target
-    (above it only when the 4·layers forced coordinates alone exceed it).
+    Every (layer, mask) first keeps its best coordinate (no empty lane: the submodule stays in the model) and
+    every `held` bus coordinate ((d,) bool: `sftp-hold-open`, the massive activations); then `fill_budget` keeps
+    the rest of the global ranking while the cost stays ≤ target. So the kept set is the top of the global
+    ranking and the cost is within one coordinate's cost below the target (above it only when the forced
+    coordinates alone exceed it).
     """
-    names = [n for n in MASK_NAMES if n in scores]
-    layers, d = scores[names[0]].shape
-    flat = np.concatenate([np.asarray(scores[n], np.float64).reshape(-1) for n in names])
-    cost = np.concatenate([np.full(layers * d, costs[n], np.int64) for n in names])
-    keep = np.zeros(flat.size, dtype=bool)
-    rows = flat.reshape(len(names) * layers, d)
-    best = np.argmax(rows, axis=1) + np.arange(len(names) * layers) * d  # first maximum per row
-    keep[best] = True
-    spent = int(cost[keep].sum())
-    for i in np.argsort(-flat, kind="stable"):
-        if keep[i]:
-            continue
-        if spent + cost[i] > target:
-            break
-        keep[i] = True
-        spent += int(cost[i])
-    parts = keep.reshape(len(names), layers, d)
-    return {n: parts[j].copy() for j, n in enumerate(names)}
+    forced = {}
+    for n, v in scores.items():
+        rows = np.asarray(v).reshape(-1, np.asarray(v).shape[-1])
+        f = np.zeros(rows.shape, dtype=bool)
+        f[np.arange(rows.shape[0]), np.argmax(rows, axis=1)] = True  # first maximum per row
+        if held is not None:
+            f |= np.asarray(held, bool)[None, :]
+        forced[n] = f.reshape(np.asarray(v).shape)
+    return fill_budget(scores, costs, target, forced)
 
 
 def single_keep_ratio(cfg: RunConfig) -> float:

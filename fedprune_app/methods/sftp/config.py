@@ -50,6 +50,13 @@ class SFTPConfig(ConfigSection):
         10.0, "SFT-P: a bus coordinate is massive when its mean |h| exceeds this many times the median's.",
         minimum=1.0,
     )
+    sftp_deploy_mask: str = key(
+        "budget",
+        "SFT-P deployed mask (evaluation and the compiled models): 'budget' = the gates in descending "
+        "pi = sigmoid(s + c) that fit the client's budget p (held gates first; kept ratio = p to one coordinate); "
+        "'threshold' = 1[pi > 0.5], whose kept ratio can miss p by the gates not yet saturated.",
+        choices=("budget", "threshold"),
+    )
     sftp_gate_tau: float = key(
         0.4,
         "SFT-P ReinMax temperature tau (Eq. 12; the reference implementation wants >= 1, the paper uses 0.4).",

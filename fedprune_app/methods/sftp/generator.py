@@ -12,13 +12,21 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from fedprune_app.core.config import RunConfig
 from fedprune_app.llm.models import model_device, set_adapter_state
 from fedprune_app.methods.sftp.config import SFTPConfig
-from fedprune_app.methods.sftp.routing import MASK_NAMES, LayerMasks, kept_parameters, prunable_parameters
+from fedprune_app.methods.sftp.routing import (
+    MASK_NAMES,
+    LayerMasks,
+    coordinate_costs,
+    fill_budget,
+    kept_parameters,
+    prunable_parameters,
+)
 
 GENERATOR_PREFIX = "mask-generator."  # Θ's tensors in a message; Φ (LoRA) keeps peft's names
 
@@ -70,6 +78,30 @@ def reinmax_binary(s: Tensor, tau: float, c: float, generator: torch.Generator |
 def deterministic_mask(s: Tensor, c: float) -> Tensor:
     """1[σ(s + c) > 0.5] (in s's dtype, no gradient): the mask used for evaluation and compilation."""
     return (torch.sigmoid(s.detach() + c) > 0.5).to(s.dtype)
+
+
+def deployed_gates(s: Tensor, c: float, held: Tensor | None, config: Any, keep_ratio: float | None,
+                   rule: str = "budget") -> Tensor:
+    """The hard gates a client deploys (evaluation, the masks the server compiles), (layers, 4, d) 0/1.
+
+    'threshold': 1[π > 0.5], π = σ(s + c), with the held gates at 1. 'budget' (default; the paper is silent on
+    the deployment rule): the gates in descending π that fit p · T_total (`fill_budget`, held gates first), so
+    the compiled model's kept ratio is p to one bus coordinate's cost whatever rounding 1[π > 0.5] would add;
+    the gates it drops or adds are those whose π is nearest to the threshold. `keep_ratio` None = 'threshold'.
+    """
+    if rule == "threshold" or keep_ratio is None:
+        return hold_open(deterministic_mask(s, c), held)
+    if rule != "budget":
+        raise ValueError(f"deployed mask rule must be 'budget' or 'threshold', got {rule!r}")
+    pi = torch.sigmoid(s.detach().float() + c).cpu().numpy()
+    scores = {name: pi[:, i] for i, name in enumerate(MASK_NAMES)}
+    forced = None
+    if held is not None:
+        row = held.detach().cpu().numpy() > 0.5
+        forced = {name: np.broadcast_to(row, pi[:, i].shape) for i, name in enumerate(MASK_NAMES)}
+    kept = fill_budget(scores, coordinate_costs(config), keep_ratio * prunable_parameters(config), forced)
+    gates = np.stack([kept[name] for name in MASK_NAMES], axis=1)
+    return torch.from_numpy(gates).to(s.device, s.dtype)
 
 
 def mask_rounding(s: Tensor, c: float, config: Any) -> dict[str, float]:

@@ -165,6 +165,40 @@ def kept_parameters(config: Any, masks: Sequence[LayerMasks]) -> Tensor:
     return total
 
 
+def coordinate_costs(config: Any) -> dict[str, int]:
+    """Parameters one kept bus coordinate of each mask adds to `kept_parameters` (all lanes non-empty)."""
+    _, attn_in, attn_out, ffn_in, ffn_out = bus_dims(config)
+    return {"attn-in": attn_in, "attn-out": attn_out, "ffn-in": ffn_in, "ffn-out": ffn_out}
+
+
+def fill_budget(scores: Mapping[str, np.ndarray], costs: Mapping[str, int], target: float,
+                forced: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The top of one global ranking that fits a parameter budget: {name: bool (layers, d)}.
+
+    The `forced` coordinates are kept first; then all others of all layers and masks, in descending score order
+    (stable: ties by mask, layer, index), are kept while the running cost (`costs` per coordinate of each mask)
+    stays ≤ `target`; the first that does not fit ends the fill. So the kept set is the top of the ranking and
+    its cost lies within one coordinate's cost below the target (above it only when the forced ones exceed it).
+    The cost assumes every lane non-empty (`kept_parameters` counts an empty lane's submodule as 0).
+    """
+    names = [n for n in MASK_NAMES if n in scores]
+    flat = np.concatenate([np.asarray(scores[n], np.float64).reshape(-1) for n in names])
+    cost = np.concatenate([np.full(np.asarray(scores[n]).size, costs[n], np.int64) for n in names])
+    keep = np.zeros(flat.size, dtype=bool) if forced is None else \
+        np.concatenate([np.asarray(forced[n], bool).reshape(-1) for n in names])
+    spent = int(cost[keep].sum())
+    for i in np.argsort(-flat, kind="stable"):
+        if keep[i]:
+            continue
+        if spent + cost[i] > target:
+            break
+        keep[i] = True
+        spent += int(cost[i])
+    shape = np.asarray(scores[names[0]]).shape
+    parts = keep.reshape(len(names), *shape)
+    return {n: parts[j].copy() for j, n in enumerate(names)}
+
+
 def prunable_parameters(config: Any) -> int:
     """T_total: `kept_parameters` at all-ones masks (q/k/v/o/gate/up/down weights of every decoder layer)."""
     d, attn_in, attn_out, ffn_in, ffn_out = bus_dims(config)

@@ -18,7 +18,6 @@ from fedprune_app.methods.fedflap.importance import (
     IMPORTANCE_PREFIX,
     MASK_PREFIX,
     average_importance,
-    coordinate_costs,
     cut_masks,
     fedflap_model_for,
     importance_scores,
@@ -27,6 +26,7 @@ from fedprune_app.methods.fedflap.importance import (
 )
 from fedprune_app.methods.sftp.routing import (
     MASK_NAMES,
+    coordinate_costs,
     kept_parameters,
     load_compiled,
     per_layer_masks,

@@ -84,10 +84,10 @@ def test_bad_setting_names_the_key_and_the_choices(tiny_model_dir: Path) -> None
 
 
 def test_a_closed_generator_deploys_exactly_the_held_gates(planted_dir: Path, flower_ids: None) -> None:
-    """With every logit far below −c the client's deployed mask is the held set itself (massive), or all ones
-    (ceiling); the server's view holds them open the same way."""
+    """With every logit far below −c the client's deployed mask (rule 'threshold') is the held set itself
+    (massive), or all ones (ceiling); the server's view holds them open the same way."""
     for setting, kept in (("massive", 1.0 / 64), ("all", 1.0)):
-        cfg = sftp_config(planted_dir, sftp_hold_open=setting)
+        cfg = sftp_config(planted_dir, sftp_hold_open=setting, sftp_deploy_mask="threshold")
         strategy = SFTPStrategy(cfg)
         client = make_client(cfg)
         model, tokenizer, generator = client.load(content(strategy.initial_arrays(), 1))

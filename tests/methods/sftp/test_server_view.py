@@ -112,9 +112,9 @@ def test_after_the_last_round_the_server_scores_each_clients_compiled_model(
 
 def test_under_noc_the_per_round_model_is_every_clients_deployed_model(
         tiny_model_dir: Path, text_source: str, tmp_path: Path, flower_ids: None) -> None:
-    """NOC: h_Θ(0) is every client's mask, so the last round's server score is each client's compiled model's
-    (masked form vs compiled form: equal up to float rounding)."""
-    cfg = sftp_cfg(tiny_model_dir, text_source, tmp_path, sftp_conditioning=False)
+    """NOC with the threshold rule: h_Θ(0) is every client's mask, so the last round's server score is each
+    client's compiled model's (masked form vs compiled form: equal up to float rounding)."""
+    cfg = sftp_cfg(tiny_model_dir, text_source, tmp_path, sftp_conditioning=False, sftp_deploy_mask="threshold")
     run = RunDirectory.create(cfg)
     strategy = SFTPStrategy(cfg, run.log)
     arrays = trained_arrays(strategy, seed=2)

@@ -18,8 +18,10 @@ from fedprune_app.core.rundir import render_compiled
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     GENERATOR_PREFIX,
+    deployed_gates,
     deterministic_mask,
     generator_for,
+    held_open,
     layer_masks,
     routed_model_for,
 )
@@ -263,10 +265,11 @@ def test_only_the_final_evaluation_carries_the_masks(round_one) -> None:
     assert dense.metric_records["metrics"]["kept-ratio-prunable"] == 1.0
     assert {"acc", "acc_norm"} <= set(final.metric_records["metrics"])
     sent = final.array_records["masks"]
-    model, _, generator = client.load(content(trained, ROUNDS))
+    model, tokenizer, generator = client.load(content(trained, ROUNDS))
     embedding, _ = client.embedding()
     with torch.no_grad():
-        expected = deterministic_mask(generator(embedding), 3.0)
+        expected = deployed_gates(generator(embedding), 3.0, held_open(cfg, model, tokenizer),
+                                  model.config, client.keep_ratio, "budget")
     assert set(sent) == set(MASK_NAMES)
     for i, name in enumerate(MASK_NAMES):
         arr = sent[name].numpy()
