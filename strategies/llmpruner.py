@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from fedprune_app.core.config import RunConfig, split_list
+from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics
 from fedprune_app.core.recovery import Spec, StatisticsThenRecovery
 from fedprune_app.core.registry import register_strategy
@@ -166,31 +166,16 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
         """`phase: compiled` rows for the dense and the pruned model: parameters, MB, kept ratio of the prunable
         projections, the server's held-out perplexity, and (`llmpruner-speed-prefill` > 0) prefill latency and
         generation speed against the dense model, each beside its FLOP ceiling (`structure.pruned_ceiling`)."""
-        from fedprune_app.llm.evaluation import held_out_text, perplexity
-        from fedprune_app.methods.sftp.speed import speed_table, weights
+        from fedprune_app.methods.sftp.speed import compiled_rows
 
         dense, _ = dense_model(self.cfg)
-        models = {"dense": dense, "llmpruner": compiled}
         kept = {"dense": 1.0, "llmpruner": kept_parameters(dense.config, self.keep) / prunable_parameters(dense.config)}
-        scores: dict[str, dict[str, float]] = {name: {} for name in models}
-        for source in split_list(self.cfg.server_eval_data) if self.cfg.eval_ppl_tokens else []:
-            text = held_out_text(source, self.cfg)
-            for name, m in models.items():
-                scores[name][f"ppl/{source}"] = perplexity(m, tokenizer, text, self.cfg.ppl_window,
-                                                           self.cfg.ppl_stride, self.cfg.eval_ppl_tokens)
         prefill = self.section.llmpruner_speed_prefill
-        if prefill > 0:
-            table = speed_table(models, int(dense.config.vocab_size), dense.config.eos_token_id, prefill=prefill)
-            for task in ("prefill", "generate"):
-                for name in models:
-                    ceiling = 1.0 if name == "dense" else pruned_ceiling(dense.config, self.keep, task, prefill)
-                    table[name][f"{task}-ceiling"] = ceiling
-                    table[name][f"{task}-of-ceiling"] = table[name][f"{task}-speedup"] / ceiling
-        else:
-            table = {name: dict(zip(("params", "MB"), map(float, weights(m)), strict=True))
-                     for name, m in models.items()}
-        for name, row in table.items():
-            self.record({"phase": "compiled", "model": name, "prefill-tokens": prefill, **row,
-                         "params-ratio": row["params"] / table["dense"]["params"],
-                         "kept-ratio-prunable": kept[name], **scores[name]})
+
+        def ceiling(name: str, task: str) -> float:
+            return 1.0 if name == "dense" else pruned_ceiling(dense.config, self.keep, task, prefill)
+
+        for row in compiled_rows(self.cfg, {"dense": dense, "llmpruner": compiled}, tokenizer, kept, prefill,
+                                 ceiling):
+            self.record(row)
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-from fedprune_app.core.config import RunConfig, split_list
+from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import to_record, weighted_average
@@ -193,30 +193,13 @@ class SFTPStrategy(FederatedStrategy):
         > 0) its prefill latency and generation speed against the dense model, each beside its FLOP ceiling
         (`fedprune_app.methods.sftp.speed.speed_table`, timed round-robin in this process). results.md tables
         them."""
-        from fedprune_app.llm.evaluation import held_out_text, perplexity
         from fedprune_app.llm.models import load_base_model
-        from fedprune_app.methods.sftp.speed import speed_table, weights
+        from fedprune_app.methods.sftp.speed import compiled_rows
 
         dense = load_base_model(self.cfg.model_name, self.cfg.model_dtype, "none", self.cfg.device)
-        models = {"dense": dense, **compiled}
-        sources = split_list(self.cfg.server_eval_data) if tokenizer is not None and self.cfg.eval_ppl_tokens else []
-        scores: dict[str, dict[str, float]] = {name: {} for name in models}
-        for source in sources:
-            text = held_out_text(source, self.cfg)
-            for name, m in models.items():
-                scores[name][f"ppl/{source}"] = perplexity(m, tokenizer, text, self.cfg.ppl_window,
-                                                           self.cfg.ppl_stride, self.cfg.eval_ppl_tokens)
-                log.info("[fedprune] %s: perplexity on %s = %.2f", name, source, scores[name][f"ppl/{source}"])
-        prefill = self.cfg.section(SFTPConfig).sftp_speed_prefill
-        if prefill > 0:
-            table = speed_table(models, int(dense.config.vocab_size), dense.config.eos_token_id, prefill=prefill)
-        else:
-            table = {name: dict(zip(("params", "MB"), map(float, weights(m)), strict=True))
-                     for name, m in models.items()}
-        for name, row in table.items():
-            extra = {} if kept is None or name not in kept else {"kept-ratio-prunable": kept[name]}
-            self.record({"phase": "compiled", "model": name, "prefill-tokens": prefill, **row,
-                         "params-ratio": row["params"] / table["dense"]["params"], **extra, **scores[name]})
+        for row in compiled_rows(self.cfg, {"dense": dense, **compiled}, tokenizer, dict(kept or {}),
+                                 self.cfg.section(SFTPConfig).sftp_speed_prefill):
+            self.record(row)
 
     def plot_kept_ratio(self, path: Path) -> None:
         """Fig. 4b: per client and round, the kept ratio of the prunable projections that the budget penalty

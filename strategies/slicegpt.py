@@ -187,33 +187,19 @@ class SliceGPTStrategy(StatisticsThenRecovery):
         """'Compiled models' rows: dense and the compiled sliced model, parameters (the sliced one's untied LM
         head counted), held-out perplexity (`server-eval-data`), and (`slicegpt-speed-prefill` > 0) prefill and
         generation timed round-robin against the dense model, beside the FLOP ceiling (`sliced_flops`)."""
-        from fedprune_app.llm.evaluation import held_out_text, perplexity
         from fedprune_app.llm.models import load_base_model
-        from fedprune_app.methods.sftp.speed import speed_table, weights, workload_flops
+        from fedprune_app.methods.sftp.speed import compiled_rows, workload_flops
 
         dense = load_base_model(self.cfg.model_name, self.cfg.model_dtype, "none", self.cfg.device)
-        models = {"dense": dense, "slicegpt": compiled}
-        scores: dict[str, dict[str, float]] = {name: {} for name in models}
-        if self.cfg.eval_ppl_tokens:
-            for source in split_list(self.cfg.server_eval_data):
-                text = held_out_text(source, self.cfg)
-                for name, m in models.items():
-                    scores[name][f"ppl/{source}"] = perplexity(m, tokenizer, text, self.cfg.ppl_window,
-                                                               self.cfg.ppl_stride, self.cfg.eval_ppl_tokens)
-        prefill = self.options.slicegpt_speed_prefill
-        if prefill > 0:
-            table = speed_table(models, int(dense.config.vocab_size), dense.config.eos_token_id, prefill=prefill)
-            dims = list(compiled.config.slicegpt_dims)
-            for task in ("prefill", "generate"):
-                ceiling = (workload_flops(dense.config, None, task, prefill=prefill)
-                           / sliced_flops(dense.config, dims, task, prefill=prefill))
-                table["slicegpt"][f"{task}-ceiling"] = ceiling
-                table["slicegpt"][f"{task}-of-ceiling"] = table["slicegpt"][f"{task}-speedup"] / ceiling
-        else:
-            table = {name: dict(zip(("params", "MB"), map(float, weights(m)), strict=True))
-                     for name, m in models.items()}
+        prefill, dims = self.options.slicegpt_speed_prefill, list(compiled.config.slicegpt_dims)
+
+        def ceiling(name: str, task: str) -> float | None:
+            if name != "slicegpt":
+                return None
+            return (workload_flops(dense.config, None, task, prefill=prefill)
+                    / sliced_flops(dense.config, dims, task, prefill=prefill))
+
         kept = {"dense": 1.0, "slicegpt": float(self.stats.get("kept-ratio-prunable", 1.0))}
-        for name, row in table.items():
-            self.record({"phase": "compiled", "model": name, "prefill-tokens": prefill, **row,
-                         "params-ratio": row["params"] / table["dense"]["params"],
-                         "kept-ratio-prunable": kept[name], **scores[name]})
+        for row in compiled_rows(self.cfg, {"dense": dense, "slicegpt": compiled}, tokenizer, kept, prefill,
+                                 ceiling):
+            self.record(row)

@@ -178,3 +178,43 @@ def flop_ceiling(config: Any, lanes: Sequence[Lanes] | None, task: str, referenc
     """The speed-up over `reference` (default: the dense model) that `lanes` can reach on `task` if time were
     proportional to matmul FLOPs: FLOPs(reference) / FLOPs(lanes) (`workload_flops`)."""
     return workload_flops(config, reference, task, **workload) / workload_flops(config, lanes, task, **workload)
+
+
+# ---------------------------------------------------------------- results.md's "Compiled models" rows
+
+def compiled_rows(cfg: Any, models: Mapping[str, nn.Module], tokenizer: Any, kept: Mapping[str, float],
+                  prefill: int, ceiling: Callable[[str, str], float | None] | None = None,
+                  ) -> list[dict[str, Any]]:
+    """One `phase: compiled` row per model (the first, "dense", is the reference): parameters, MB, params-ratio,
+    the kept ratio of the prunable projections (`kept`, where given), the perplexity of the server's held-out text
+    (`ppl/<source>` per `server-eval-data` source, scored as the per-round server evaluation does; with a
+    `tokenizer` and `eval-ppl-tokens` > 0) and, with `prefill` > 0, prefill latency and generation speed against
+    the dense model (`speed_table`, timed round-robin in this process). `ceiling(model, task)` replaces
+    `speed_table`'s lane-based FLOP ceiling for structures that lanes do not describe (LLM-Pruner's, SliceGPT's);
+    None keeps it. Shared by SFT-P's, llmpruner's and slicegpt's strategies."""
+    from fedprune_app.core.config import split_list
+    from fedprune_app.llm.evaluation import held_out_text, perplexity
+
+    sources = split_list(cfg.server_eval_data) if tokenizer is not None and cfg.eval_ppl_tokens else []
+    scores: dict[str, dict[str, float]] = {name: {} for name in models}
+    for source in sources:
+        text = held_out_text(source, cfg)
+        for name, m in models.items():
+            scores[name][f"ppl/{source}"] = perplexity(m, tokenizer, text, cfg.ppl_window, cfg.ppl_stride,
+                                                       cfg.eval_ppl_tokens)
+    dense = next(iter(models.values()))
+    if prefill > 0:
+        table = speed_table(models, int(dense.config.vocab_size), dense.config.eos_token_id, prefill=prefill)
+        for name, row in table.items():
+            for task in ("prefill", "generate"):
+                value = None if ceiling is None else ceiling(name, task)
+                if value is not None:
+                    row[f"{task}-ceiling"] = value
+                    row[f"{task}-of-ceiling"] = row[f"{task}-speedup"] / value
+    else:
+        table = {name: dict(zip(("params", "MB"), map(float, weights(m)), strict=True)) for name, m in models.items()}
+    reference = table[next(iter(models))]["params"]
+    return [{"phase": "compiled", "model": name, "prefill-tokens": prefill, **row,
+             "params-ratio": row["params"] / reference,
+             **({"kept-ratio-prunable": kept[name]} if name in kept else {}), **scores[name]}
+            for name, row in table.items()]

@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fedprune_app.llm.models import load_base_model
 from fedprune_app.methods.sftp.routing import MASK_NAMES, LayerMasks, compile_model
 from fedprune_app.methods.sftp.speed import (
+    compiled_rows,
     flop_ceiling,
     forward_flops,
     lane_widths,
@@ -158,3 +159,27 @@ def test_speed_table_puts_each_speedup_beside_its_ceiling(eager: nn.Module) -> N
         assert row[f"{task}-ceiling"] == pytest.approx(flop_ceiling(eager.config, lane_widths(compiled), task,
                                                                     **work))
         assert row[f"{task}-of-ceiling"] == pytest.approx(row[f"{task}-speedup"] / row[f"{task}-ceiling"])
+
+
+def test_compiled_rows_use_a_given_ceiling_and_kept_ratio(tiny_model_dir: Path) -> None:
+    """The shared 'Compiled models' rows: params ratio against the first model, kept ratio only where given, the
+    lane-based ceiling unless `ceiling` gives one, and of-ceiling = speed-up / that ceiling."""
+    from tests.conftest import small_config
+
+    cfg = small_config(tiny_model_dir)
+    dense = load_base_model(str(tiny_model_dir))
+    pruned = compile_model(dense, masks_with({n: 0.5 for n in MASK_NAMES}))
+    rows = {r["model"]: r for r in compiled_rows(cfg, {"dense": dense, "pruned": pruned, "other": pruned}, None,
+                                                  {"pruned": 0.5}, prefill=8,
+                                                  ceiling=lambda name, task: 3.0 if name == "other" else None)}
+    assert list(rows) == ["dense", "pruned", "other"] and all(r["phase"] == "compiled" for r in rows.values())
+    assert rows["dense"]["params-ratio"] == 1.0 and rows["pruned"]["params-ratio"] < 1.0
+    assert "kept-ratio-prunable" not in rows["dense"] and rows["pruned"]["kept-ratio-prunable"] == 0.5
+    lanes = flop_ceiling(dense.config, lane_widths(pruned), "prefill", None, prefill=8)
+    assert rows["pruned"]["prefill-ceiling"] == pytest.approx(lanes) and lanes > 1.0
+    for task in ("prefill", "generate"):
+        assert rows["other"][f"{task}-ceiling"] == 3.0
+        assert rows["other"][f"{task}-of-ceiling"] == pytest.approx(rows["other"][f"{task}-speedup"] / 3.0)
+    assert not any(k.startswith("ppl/") for r in rows.values() for k in r)  # no tokenizer: no perplexity
+    sizes = compiled_rows(cfg, {"dense": dense, "pruned": pruned}, None, {}, prefill=0)
+    assert [set(r) >= {"params", "MB", "params-ratio"} and "prefill-ms" not in r for r in sizes] == [True, True]
