@@ -1,5 +1,7 @@
-"""Re-score finished SFT-P grid runs (`sftp`, `fedflap`) on more held-out examples per client than they evaluated
-in-run, so that Table 1/2 accuracies built on 30 test examples per client can be checked for noise.
+"""Re-score finished SFT-P grid runs (sftp, fedflap, llmpruner, slicegpt) on more held-out examples per client.
+
+In-run each client evaluates a small test split (30 examples by default), so that Table 1/2 accuracies can be
+checked for noise.
 
 Each client k is scored, with lm-eval zero-shot like in-run, on its own task's test split (the in-run examples)
 plus up to `--examples` examples of that task that no split of the run read (`data.unused_tail`: the seeded
@@ -8,7 +10,8 @@ the model it deploys:
   sftp     `compiled/client-<k>` (its deterministic mask, LoRA merged; equal to the in-run masked model within
            float tolerance, see tests/test_routing.py);
   fedflap  `compiled/` for every client, and the run's two references: `post-hoc` (the base model compiled with
-           the run's masks.npz, no LoRA: fedflap's round 1) and `dense` (the base model: round 0).
+           the run's masks.npz, no LoRA: fedflap's round 1) and `dense` (the base model: round 0);
+  llmpruner, slicegpt  `compiled/` (the pruned / sliced model, LoRA merged) for every client.
 Per-example correctness (acc and acc_norm) goes to `<run>/rescore.json`; the SFT-P grid renders it with paired,
 per-client stratified bootstrap intervals. A run whose rescore.json has the same `--examples` is skipped.
 
@@ -35,7 +38,7 @@ from fedprune_app.llm.models import load_base_model, load_tokenizer  # noqa: E40
 from fedprune_app.methods.sftp.routing import compile_model, load_compiled, per_layer_masks  # noqa: E402
 from tools.rescore import rescore_runs  # noqa: E402
 
-METHODS = ("sftp", "fedflap")
+METHODS = ("sftp", "fedflap", "llmpruner", "slicegpt")
 
 
 def evaluated_clients(run_dir: Path) -> list[int]:
@@ -55,6 +58,14 @@ def models_of(run_dir: Path, cfg: RunConfig, clients: list[int]) -> dict[str, di
     """{row: {client: the model it is scored with}} of one run (see the module docstring)."""
     if cfg.method == "sftp":
         return {"final": {k: load_compiled(run_dir / "compiled" / f"client-{k}") for k in clients}}
+    if cfg.method == "llmpruner":
+        from fedprune_app.methods.llmpruner.structure import load_pruned
+
+        return {"final": dict.fromkeys(clients, load_pruned(run_dir / "compiled").eval())}
+    if cfg.method == "slicegpt":
+        from fedprune_app.methods.slicegpt.sliced import load_sliced
+
+        return {"final": dict.fromkeys(clients, load_sliced(run_dir / "compiled").eval())}
     final = load_compiled(run_dir / "compiled")
     base = load_base_model(cfg.model_name, cfg.model_dtype).eval()
     post_hoc = compile_model(base, per_layer_masks(np.load(run_dir / "masks.npz")))

@@ -35,7 +35,8 @@ def fake_run(out: Path, tag: str, sparsity: float, fed: float, standalone: float
         "a": {"zeros": target_count(sparsity, size), "size": size}, "b": {"zeros": zeros, "size": size}}}))
     rows = [{"phase": "train", "status": "accepted", "bytes-down": 4e6, "bytes-up": 5e6} for _ in range(4)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run / "config.json").write_text(json.dumps({"method": "fedspallm", "model-name": "embedded"}))
+    (run / "config.json").write_text(json.dumps({"method": "fedspallm", "model-name": "embedded",
+                                                 "eval-ppl-tokens": 2048}))
     return run
 
 
@@ -71,8 +72,10 @@ def test_tables_mark_claims_held(tmp_path: Path) -> None:
     text = GRID.render(cells, runs)
     assert "| 60% | standalone (mean of 4) | 44.00 | 44.00 |" in text and "| 50% | random | 1.00e+06 |" in text
     claims = text.split("## Claims")[1].split("## Communication")[0]
-    assert claims.count("**held**") == 4 and "not held" not in claims
-    assert "6/6 (setting, domain) pairs" in claims and "6/6 matrices over 3 runs" in claims
+    # the two perplexity comparisons hold at their point estimates but carry no interval: unresolved
+    assert claims.count("**held**") == 2 and claims.count("**unresolved**") == 2 and "not held" not in claims
+    assert "6/6 (setting, domain) pairs at the point estimates on 2,048 tokens per domain" in claims
+    assert "6/6 matrices over 3 runs" in claims
 
 
 def test_tables_mark_claims_not_held(tmp_path: Path) -> None:
@@ -82,7 +85,8 @@ def test_tables_mark_claims_not_held(tmp_path: Path) -> None:
             for c, (fed, std, exact) in zip(cells, specs, strict=True)}
     claims = GRID.render(cells, runs).split("## Claims")[1].split("## Communication")[0]
     lines = [line for line in claims.splitlines() if line.startswith("- ")]
-    assert all("**not held**" in line for line in lines), lines
+    assert ["**unresolved**" in line for line in lines] == [True, True, False, False], lines
+    assert all("**not held**" in line for line in lines[2:]), lines
     assert "table1 50%: FedSpaLLM above standalone on wiki, nyt" in claims
     assert "5/6 matrices" in claims
 
@@ -165,3 +169,28 @@ def test_grid_modules_import_each_other_without_cycles() -> None:
         tables, figures = f"tools.grids.{grid}.tables", f"tools.grids.{grid}.figures"
         assert not reaches(tables, figures, set()) and not reaches(figures, tables, set())
         assert f"tools.grids.{grid}.records" in graph[tables] & graph[figures]
+
+
+def test_a_verdict_follows_its_interval() -> None:
+    """held only when the claim holds over the whole 95% interval of Δ, not held when nowhere on it, unresolved when
+    the interval straddles the margin or is missing; one not-held pair decides, a missing cell leaves it unchecked."""
+    from tools.grids import UNRESOLVED, decide, judge
+
+    def gt(a: float, b: float) -> bool:
+        return a > b
+
+    def within_one(a: float, b: float) -> bool:
+        return a >= b - 1.0
+
+    assert decide(gt, 52, 50, (0.5, 3.5, 100)) is True and decide(gt, 48, 50, (-3.5, -0.5, 100)) is False
+    assert decide(gt, 52, 50, (-0.5, 4.5, 100)) == UNRESOLVED
+    assert decide(within_one, 49.5, 50, (-0.9, 0.1, 100)) is True
+    assert decide(within_one, 49.5, 50, (-2.0, 1.0, 100)) == UNRESOLVED
+    assert decide(within_one, 47, 50, (-4.0, -2.0, 100)) is False
+    held, text = judge([("a vs b", 52, 50, gt, (0.5, 3.5, 100)), ("c vs d", 52, 50, gt, (-0.5, 4.5, 100))])
+    assert held == UNRESOLVED and text == ("a vs b: 52.00 vs 50.00 (Δ +2.00 [0.50, 3.50], n = 100); "
+                                           "c vs d: 52.00 vs 50.00 (Δ +2.00 [-0.50, 4.50], n = 100) ?")
+    assert judge([("a", 52, 50, gt)])[0] == UNRESOLVED  # a point comparison decides nothing
+    assert judge([("a", 52, 50, gt, (-0.5, 4.5, 9)), ("b", 40, 50, gt, (-12.0, -8.0, 9))])[0] is False
+    assert judge([("a", 52, 50, gt, (0.5, 3.5, 9)), ("b", None, 50, gt, None)])[0] is None
+    assert judge([("a", 52, 50, gt, (0.5, 3.5, 9)), ("b", 53, 50, gt, (1.0, 5.0, 9))])[0] is True

@@ -15,14 +15,16 @@ from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.routing import MASK_NAMES, mask_statistics
 from tools.grids.__main__ import main
 from tools.grids.sftp import GRID
-from tools.grids.sftp.cells import MIXED, PRESETS, tag_of
+from tools.grids.sftp.cells import BASELINES, KEEP_KEYS, MIXED, preset_of, sftp_schedule, tag_of
 from tools.grids.sftp.figures import FIG3, FIG4B, FIG5
 from tools.launch import merged_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_EXAMPLES = 30  # the tolerance of the mixed-budget claim: 1/30 = 3.33 points
-# mean accuracy of each cell's clients (client c gets + 0.01·c): +C above NOC, +C/+A above fedflap
-GOOD = {"noc-noa": 0.40, "noc-a": 0.42, "c-noa": 0.45, "c-a": 0.50, "fedflap": 0.35}
+EXAMPLES = 2000  # examples behind each evaluate row: the binomial interval of a 4-client Δ is then ±1.55 points
+# mean accuracy of each cell's clients (client c gets + 0.01·c): +C above NOC, +C/+A above every baseline
+GOOD = {"noc-noa": 0.40, "noc-a": 0.42, "c-noa": 0.45, "c-a": 0.50, "fedflap": 0.35, "llmpruner": 0.33,
+        "slicegpt": 0.31}
 
 
 def args(only: str = "") -> Namespace:
@@ -49,12 +51,13 @@ def agreeing_masks(clients: int = 4, layers: int = 3, d: int = 8) -> dict[int, d
 
 
 def fake_run(out: Path, cell, acc: float | dict[int, float], model_dir: Path, kept: dict[int, float] | None = None,
-             final_eval: bool = True, masks: bool = False) -> Path:
-    """A run directory as an SFT-P / fedflap run leaves it (only the files the grid reads). Round 0 = dense (40%
+             final_eval: bool = True, masks: bool = False, examples: int = EXAMPLES) -> Path:
+    """A run directory as an SFT-P or baseline run leaves it (only the files the grid reads). Round 0 = dense (40%
     + 1 point per client); SFT-P's train rows move each client's kept ratio linearly from 1 to its target by the
-    last round; fedflap's round 1 = importance + post hoc (30%), rounds 2..5 recovery."""
+    last round; a baseline's round 1 = statistics (fedflap's also post hoc, 30%), rounds 2..5 recovery. Every
+    evaluate row stands for `examples` examples."""
     method = cell.settings["method"]
-    rounds = 5 if method == "fedflap" else 4
+    rounds = 4 if method == "sftp" else 5
     run = out / f"20260101-000000-{method}-{cell.tag}"
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({
@@ -66,7 +69,7 @@ def fake_run(out: Path, cell, acc: float | dict[int, float], model_dir: Path, ke
     kept = {c: target[c] for c in range(4)} | (kept or {})
     data = {c: f"bigbench:task{c}" for c in range(4)}
     rows = [{"round": 0, "phase": "evaluate", "client": c, "status": "ok", "acc": 0.40 + 0.01 * c,
-             "kept-ratio-prunable": 1.0, "data": data[c]} for c in range(4)]
+             "kept-ratio-prunable": 1.0, "data": data[c], "num-examples": examples} for c in range(4)]
     for t in range(1, rounds + 1):
         for c in range(4):
             row = {"round": t, "phase": "train", "client": c, "status": "accepted", "data": data[c]}
@@ -80,11 +83,11 @@ def fake_run(out: Path, cell, acc: float | dict[int, float], model_dir: Path, ke
             rows.append(row)
         if method == "fedflap" and t == 1:
             rows += [{"round": 1, "phase": "evaluate", "client": c, "status": "ok", "acc": 0.30 + 0.01 * c,
-                      "kept-ratio-prunable": target[c], "data": data[c]} for c in range(4)]
+                      "kept-ratio-prunable": target[c], "data": data[c], "num-examples": examples} for c in range(4)]
     rows.append({"round": 2, "phase": "train", "client": 0, "status": "rejected", "bytes-up": 9e12})
     if final_eval:
         rows += [{"round": rounds, "phase": "evaluate", "client": c, "status": "ok", "acc": accs[c],
-                  "kept-ratio-prunable": kept[c], "data": data[c]} for c in range(4)]
+                  "kept-ratio-prunable": kept[c], "data": data[c], "num-examples": examples} for c in range(4)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if masks:
         m = agreeing_masks()
@@ -101,12 +104,13 @@ def score(cell, table: dict[str, float]) -> float | dict[int, float]:
 
 
 def runs_for(tmp: Path, model_dir: Path, table: dict[str, float] = GOOD, skip: tuple[str, ...] = (),
-             **special) -> dict[str, Path]:
+             examples: int = EXAMPLES, **special) -> dict[str, Path]:
     """A finished run per cell (except `skip`); `special[tag]` = keyword arguments of fake_run for that cell."""
     runs = {}
     for c in GRID.cells(args()):
         if c.tag not in skip:
-            kwargs = {"acc": score(c, table), "masks": c.tag == "p50-c-a"} | special.get(c.tag.replace("-", "_"), {})
+            kwargs = {"acc": score(c, table), "masks": c.tag == "p50-c-a", "examples": examples} \
+                | special.get(c.tag.replace("-", "_"), {})
             runs[c.tag] = fake_run(tmp, c, model_dir=model_dir, **kwargs)
     return runs
 
@@ -118,19 +122,27 @@ def claims_of(text: str) -> list[str]:
 def test_cells_use_valid_presets_once_each() -> None:
     cells = GRID.cells(args())
     tags = [c.tag for c in cells]
-    assert len(tags) == len(set(tags)) == 11  # 8 SFT-P + 2 fedflap (Table 1) + the mixed run; shared cells once
-    assert tags == ["p80-noc-noa", "p80-noc-a", "p80-c-noa", "p80-c-a", "p80-fedflap", "p50-noc-noa", "p50-noc-a",
-                    "p50-c-noa", "p50-c-a", "p50-fedflap", "mixed-c-a"]
+    assert len(tags) == len(set(tags)) == 15  # 8 SFT-P + 2 × 3 baselines (Table 1) + the mixed run; shared once
+    assert tags == ["p80-noc-noa", "p80-noc-a", "p80-c-noa", "p80-c-a", "p80-fedflap", "p80-llmpruner",
+                    "p80-slicegpt", "p50-noc-noa", "p50-noc-a", "p50-c-noa", "p50-c-a", "p50-fedflap",
+                    "p50-llmpruner", "p50-slicegpt", "mixed-c-a"]
     assert cell_of("p50-c-a").settings["groups"] == ("table1", "table2", "figs", "comm")
     assert cell_of("mixed-c-a").settings["groups"] == ("table2", "figs")
     for cell in cells:  # every cell's merged config validates, on its method's preset, all 4 clients waited for
         cfg = RunConfig.from_flower(merged_config(ROOT, list(cell.run_config)))
         s = cell.settings
-        assert cell.run_config[0] == PRESETS[s["method"]] and cfg.method == s["method"]
-        assert cell.supernodes == cfg.min_nodes == 4 and cfg.section(SFTPConfig).sftp_keep_ratios == keep_ratios(cell)
+        assert cell.run_config[0] == preset_of(s["method"], s["budget"]) and cfg.method == s["method"]
+        assert cell.supernodes == cfg.min_nodes == 4
+        rounds, steps, lora_lr = sftp_schedule(s["budget"])
         if s["method"] == "sftp":
+            assert cfg.section(SFTPConfig).sftp_keep_ratios == keep_ratios(cell)
             assert (cfg.section(SFTPConfig).sftp_conditioning, cfg.section(SFTPConfig).sftp_adapters) == (
                 s["variant"].startswith("c-"), s["variant"].endswith("-a"))
+            assert (cfg.num_server_rounds, cfg.local_steps) == (rounds, steps)
+        else:  # the same LoRA steps and rate as SFT-P at this budget, after one statistics round
+            assert str(cfg[KEEP_KEYS[s["method"]]]) in (keep_ratios(cell), f"{s['budget']}")
+            assert (cfg.num_server_rounds, cfg.local_steps, cfg.learning_rate) == (rounds + 1, steps, lora_lr)
+    assert sftp_schedule(0.8)[:2] == (6, 25) and sftp_schedule(0.5)[:2] == (12, 50)
     assert str(RunConfig.from_flower(merged_config(ROOT, list(cell_of("mixed-c-a").run_config)))["sftp-keep-ratios"]) \
         == "0.8,0.8,0.5,0.5"
 
@@ -140,15 +152,16 @@ def test_only_selects_groups_with_the_cells_they_read() -> None:
     assert [c.tag for c in GRID.cells(args("figs"))] == ["p80-c-a", "p50-c-a", "mixed-c-a"]
     assert [c.tag for c in GRID.cells(args("comm"))] == ["p50-noc-noa", "p50-noc-a", "p50-c-noa", "p50-c-a",
                                                          "p50-fedflap"]
-    assert len(GRID.cells(args("table1"))) == 10
+    assert len(GRID.cells(args("table1"))) == 14
     with pytest.raises(SystemExit, match="unknown group"):
         GRID.cells(args("table4"))
 
 
 def test_tables_and_claims_held(tmp_path: Path, tiny_model_dir: Path) -> None:
     # client 3 of p50-c-a ends exactly 0.02 above its budget (held: the tolerance is inclusive); the mixed run's
-    # 0.8 group scores 3.33 points (one of 30 test examples) below the uniform run (held: within the tolerance)
-    mixed = {c: GOOD["c-a"] + 0.01 * c - (1 / TEST_EXAMPLES if c < 2 else 0.0) for c in range(4)}
+    # 0.8 group scores 1 point below the uniform run: held, its interval [-4.1, 2.1] lies above -3.33 (one of 30
+    # test examples)
+    mixed = {c: GOOD["c-a"] + 0.01 * c - (0.01 if c < 2 else 0.0) for c in range(4)}
     runs = runs_for(tmp_path, tiny_model_dir, p50_c_a={"kept": {3: 0.52}}, mixed_c_a={"acc": mixed})
     cells = GRID.cells(args())
     text = GRID.render(cells, runs)
@@ -157,21 +170,29 @@ def test_tables_and_claims_held(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert "| dense (round 0 of `p50-fedflap`) | 40.00 | 41.00 | 42.00 | 43.00 | 41.50 | 1.000 |" in block50
     assert "| post hoc (fedflap round 1) | 30.00 | 31.00 | 32.00 | 33.00 | 31.50 | 0.500 |" in block50
     assert "| fedflap (round 5) | 35.00 | 36.00 | 37.00 | 38.00 | 36.50 | 0.500 |" in block50
+    assert "| LLM-Pruner (FL) (round 5) | 33.00 | 34.00 | 35.00 | 36.00 | 34.50 | 0.500 |" in block50
+    assert "| SliceGPT (FL) (round 5) | 31.00 | 32.00 | 33.00 | 34.00 | 32.50 | 0.500 |" in block50
     assert "| SFT-P NOC/NOA | 40.00 | 41.00 | 42.00 | 43.00 | 41.50 | 0.500 |" in block50
     assert "| SFT-P +C/+A | 50.00 | 51.00 | 52.00 | 53.00 | 51.50 | 0.505 |" in block50
     assert "| SFT-P +C/NOA | 45.00 | 46.00 | 47.00 | 48.00 | 46.50 | 0.800 |" in text.split("### 50%")[0]
     # Table 2: the 0.8 group (clients 0, 1) and the 0.5 group (2, 3), mixed vs uniform, kept vs target
     assert "| +C/+A (20% all) | 50.00 | 51.00 | 50.50 |" in text
-    assert "| +C/+A (mixed) | 46.67 | 47.67 | 47.17 |" in text
+    assert "| +C/+A (mixed) | 49.00 | 50.00 | 49.50 |" in text
     assert "| +C/+A (50% all) | 52.00 | 53.00 | 52.50 |" in text and "| +C/+A (mixed) | 52.00 | 53.00 | 52.50 |" in text
     assert "| kept / target (mixed) | 0.800 / 0.80 | 0.800 / 0.80 | |" in text
     assert "| kept / target (50% all) | 0.500 / 0.50 | 0.520 / 0.50 | |" in text
     lines = claims_of(text)
-    assert len(lines) == 4 and all("**held**" in line for line in lines), lines
+    assert len(lines) == 5 and all("**held**" in line for line in lines), lines
     assert "`p50-c-a` 0.500/0.50, 0.500/0.50, 0.500/0.50, 0.520/0.50;" in lines[0] and "✗" not in lines[0]
-    assert "+C/+A vs NOC/+A: 51.50 vs 43.50; +C/NOA vs NOC/NOA: 46.50 vs 41.50" in lines[1]
-    assert "+C/+A vs fedflap: 51.50 vs 36.50" in lines[2]
-    assert "= 3.33 points" in lines[3] and "keep 0.8 (clients 0,1) mixed vs uniform: 47.17 vs 50.50" in lines[3]
+    pairs = [(0.50 + 0.01 * c, 0.42 + 0.01 * c) for c in range(4)]  # +C/+A and NOC/+A per client
+    half = 1.96 * 100 * (sum(a * (1 - a) / EXAMPLES + b * (1 - b) / EXAMPLES for a, b in pairs) / 16) ** 0.5
+    assert (f"+C/+A vs NOC/+A: 51.50 vs 43.50 (Δ +8.00 [{8 - half:.2f}, {8 + half:.2f}], n = {4 * EXAMPLES}); "
+            "+C/NOA vs NOC/NOA: 46.50 vs 41.50 (Δ +5.00 [") in lines[1]
+    assert "at 20% pruned" in lines[2] and "at 50% pruned" in lines[3]
+    for line in lines[2:4]:
+        assert all(f"+C/+A vs {label}: 51.50 vs" in line for label in BASELINES.values()) and "?" not in line
+    assert "= 3.33 points" in lines[4] and "keep 0.8 (clients 0,1) mixed vs uniform: 49.50 vs 50.50 (Δ -1.00 [" \
+        in lines[4]
     # communication: accepted train rows only (the rejected 9 TB row is not counted), per client, vs fp32 model
     from transformers import AutoModelForCausalLM
 
@@ -188,12 +209,24 @@ def test_each_claim_not_held(tmp_path: Path, tiny_model_dir: Path) -> None:
     mixed = {c: GOOD["c-a"] + 0.01 * c - (2 / TEST_EXAMPLES if c >= 2 else 0.0) for c in range(4)}
     runs = runs_for(tmp_path, tiny_model_dir, bad, mixed_c_a={"acc": mixed, "kept": {3: 0.479}})
     lines = claims_of(GRID.render(GRID.cells(args()), runs))
-    assert len(lines) == 4 and all("**not held**" in line for line in lines), lines
+    assert len(lines) == 5 and all("**not held**" in line for line in lines), lines
     assert "`mixed-c-a` 0.800/0.80, 0.800/0.80, 0.500/0.50, 0.479/0.50 ✗" in lines[0]
-    assert "+C/NOA vs NOC/NOA: 39.50 vs 41.50 ✗" in lines[1] and "+C/+A vs NOC/+A: 51.50 vs 43.50;" in lines[1]
-    assert "+C/+A vs fedflap: 51.50 vs 56.50 ✗" in lines[2]
-    assert "keep 0.5 (clients 2,3) mixed vs uniform: 45.83 vs 52.50 ✗" in lines[3]
-    assert "keep 0.8 (clients 0,1) mixed vs uniform: 50.50 vs 50.50;" in lines[3]
+    assert "+C/NOA vs NOC/NOA: 39.50 vs 41.50 (Δ -2.00 [" in lines[1] and lines[1].endswith("✗).")
+    assert "+C/+A vs NOC/+A: 51.50 vs 43.50 (Δ +8.00 [" in lines[1]
+    assert "+C/+A vs fedflap: 51.50 vs 56.50 (Δ -5.00 [" in lines[3] and "+C/+A vs SliceGPT (FL): 51.50 vs 32.50" \
+        in lines[3]
+    assert "keep 0.5 (clients 2,3) mixed vs uniform: 45.83 vs 52.50 (Δ -6.67 [" in lines[4]
+    assert "keep 0.8 (clients 0,1) mixed vs uniform: 50.50 vs 50.50 (Δ +0.00 [" in lines[4]
+
+
+def test_a_difference_inside_its_interval_is_unresolved(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The same scores as the held test on 30 examples per client: +C/+A's 8-point lead over NOC/+A has a
+    binomial interval of ±12 points, so the claim reads unresolved, never held."""
+    runs = runs_for(tmp_path, tiny_model_dir, examples=30)
+    lines = claims_of(GRID.render(GRID.cells(args()), runs))
+    assert "**unresolved**" in lines[1] and "+C/+A vs NOC/+A: 51.50 vs 43.50 (Δ +8.00 [" in lines[1]
+    assert "n = 120) ?" in lines[1]
+    assert "**held**" in lines[3]  # a 15-point lead over every baseline is resolved even at n = 30
 
 
 def rescore(run: Path, correct: dict[str, dict[int, int]], sizes: dict[int, int]) -> None:
@@ -220,7 +253,7 @@ def test_rescored_tables_and_claims_use_the_per_example_scores(tmp_path: Path, t
                                   "dense": {0: 78, 1: 78, 2: 78, 3: 15}}, sizes)
     text = GRID.render(GRID.cells(args()), runs)
     in_run, rescored = text.split("# Re-scored on more examples per client")
-    assert "+C/+A vs fedflap: 51.50 vs 36.50" in claims_of(in_run)[2] and "**held**" in claims_of(in_run)[2]
+    assert "+C/+A vs fedflap: 51.50 vs 36.50" in claims_of(in_run)[3] and "**held**" in claims_of(in_run)[3]
     assert "examples per client: 0: 130, 1: 130, 2: 130, 3: 30" in rescored
     block50 = rescored.split("### 50% pruned (keep 0.5)")[1].split("###")[0]
     assert "| dense (round 0 of `p50-fedflap`) | 60.00 | 60.00 | 60.00 | 50.00 | 57.50 | 1.000 |" in block50
@@ -230,11 +263,11 @@ def test_rescored_tables_and_claims_use_the_per_example_scores(tmp_path: Path, t
     assert "| SFT-P NOC/NOA | – | – | – | – | – |" in block50  # not re-scored: never the in-run numbers
     lines = [line for line in rescored.split("## Claims (re-scored)")[1].splitlines() if line.startswith("- ")]
     assert not any("±2%" in line for line in lines)  # the masks' claim is the in-run one
-    flap = next(line for line in lines if "fedflap" in line)
+    flap = next(line for line in lines if "at 50% pruned" in line)
     a = [1.0] * 52 + [0.0] * 78 + [1.0] * 65 + [0.0] * 65 + [1.0] * 26 + [0.0] * 104 + [1.0] * 9 + [0.0] * 21
     b = [1.0] * 65 + [0.0] * 65 + [1.0] * 65 + [0.0] * 65 + [1.0] * 39 + [0.0] * 91 + [1.0] * 12 + [0.0] * 18
     _, lo, hi = bootstrap_ci(a, b, strata=[0] * 130 + [1] * 130 + [2] * 130 + [3] * 30)
-    assert f"+C/+A vs fedflap (Δ 95% CI [{100 * lo:.2f}, {100 * hi:.2f}]): 35.00 vs 42.50 ✗" in flap
+    assert f"+C/+A vs fedflap: 35.00 vs 42.50 (Δ -7.50 [{100 * lo:.2f}, {100 * hi:.2f}], n = 420) ✗" in flap
     assert "**not held**" in flap and hi < 0  # −7.5 points, resolved
     assert "+C beats NOC" in lines[0] and "**not checked**" in lines[0]  # NOC cells not re-scored
 
@@ -249,10 +282,10 @@ def test_missing_cells_are_not_checked_never_invented(tmp_path: Path, tiny_model
     assert "99.00" not in text and "- `mixed-c-a`: not run" in text
     assert "| SFT-P NOC/+A (p50-noc-a) | *not run* | | | | |" in text
     lines = claims_of(text)
-    assert len(lines) == 4 and all("**not checked**" in line for line in lines), lines
+    assert len(lines) == 5 and all("**not checked**" in lines[i] for i in (0, 1, 3, 4)), lines
     assert "missing: `p50-noc-a`, `mixed-c-a`" in lines[0]
     assert "missing: +C/+A vs NOC/+A" in lines[1] and "+C/NOA vs NOC/NOA: 46.50 vs 41.50" in lines[1]
-    assert "missing: +C/+A vs fedflap" in lines[2] and "missing: keep 0.8" in lines[3]
+    assert "missing: +C/+A vs fedflap" in lines[3] and "missing: keep 0.8" in lines[4]
     # one client's final evaluation missing: that run's average is not a four-client average
     runs["p50-c-a"] = fake_run(tmp_path / "b", cell_of("p50-c-a"), 0.5, tiny_model_dir)
     rows = (runs["p50-c-a"] / "metrics.jsonl").read_text().splitlines()
@@ -290,7 +323,7 @@ def test_command_renders_finished_runs_of_both_methods(tmp_path: Path, tiny_mode
     text = (tmp_path / "tables.md").read_text()
     assert "| fedflap (round 5) | 35.00 | 36.00 | 37.00 | 38.00 | 36.50 | 0.500 |" in text
     assert all((tmp_path / name).is_file() for name in (FIG3, FIG4B, FIG5)) and f"`{FIG4B}`" in text
-    assert len(list(archive.iterdir())) == 11
+    assert len(list(archive.iterdir())) == 15
     assert main(["sftp", "--only", "table1", "--out", str(archive), "--render-only", "--archive", "none"]) == 0
     assert "| SFT-P +C/+A | 50.00 | 51.00 | 52.00 | 53.00 | 51.50 | 0.500 |" in (archive / "tables.md").read_text()
     code = main(["sftp", "--tags", "p50-c-a", "--out", str(tmp_path / "one"), "--render-only", "--archive", "none"])

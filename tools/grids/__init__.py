@@ -176,7 +176,13 @@ def train_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in read_metrics(run_dir) if r.get("phase") == "train" and r.get("status") == "accepted"]
 
 
-def mark(held: bool | None) -> str:
+Verdict = bool | str | None  # True held, False not held, UNRESOLVED, None not checked (cells missing)
+UNRESOLVED = "unresolved"
+
+
+def mark(held: Verdict) -> str:
+    if held == UNRESOLVED:
+        return "**unresolved**"
     return "**held**" if held else ("**not held**" if held is not None else "**not checked** (cells missing)")
 
 
@@ -204,18 +210,50 @@ def fmt_ppl(value: float | None) -> str:
     return f"{value:.2e}" if value >= 1e4 else f"{value:.2f}"
 
 
-def judge(pairs: list[tuple[str, float | None, float | None, Callable[[float, float], bool]]]) -> tuple[
-        bool | None, str]:
-    """(held?, evidence) of comparisons (label, a, b, ok(a, b)): not held as soon as one measured pair fails,
-    not checked while a needed cell is missing, else held."""
-    measured = [(label, a, b, ok(a, b)) for label, a, b, ok in pairs if a is not None and b is not None]
-    missing = [label for label, a, b, _ in pairs if a is None or b is None]
-    held = False if any(not good for *_, good in measured) else (None if missing or not pairs else True)
-    text = "; ".join(f"{label}: {a:.2f} vs {b:.2f}" + ("" if good else " ✗") for label, a, b, good in measured)
+Interval = tuple[float, float, int]  # (lo, hi) of a 95% interval of a − b, and the sample size n behind it
+Pair = tuple[str, float | None, float | None, Callable[[float, float], bool]] | \
+    tuple[str, float | None, float | None, Callable[[float, float], bool], Interval | None]
+
+
+def decide(ok: Callable[[float, float], bool], a: float, b: float, interval: Interval | None) -> Verdict:
+    """One comparison. Without an interval: ok(a, b), a point comparison (`judge` counts it unresolved). With
+    the 95% interval [lo, hi] of a − b: held when ok holds over the whole interval (at b + lo and at b + hi), not held
+    when it holds nowhere on it, else UNRESOLVED: an interval that straddles the claim's margin (0 for a > b)
+    cannot decide it."""
+    if interval is None:
+        return ok(a, b)
+    lo, hi, _ = interval
+    at_lo, at_hi = ok(b + lo, b), ok(b + hi, b)
+    return True if at_lo and at_hi else (False if not at_lo and not at_hi else UNRESOLVED)
+
+
+def judge(pairs: list[Pair]) -> tuple[Verdict, str]:
+    """(verdict, evidence) of comparisons (label, a, b, ok(a, b)[, interval of a − b]): not held as soon as one
+    measured pair is not held; else not checked while a needed cell is missing; else unresolved while one is
+    unresolved or has no interval (a point comparison carries no uncertainty, so it decides nothing either way);
+    else held. Evidence per pair: a vs b and the effect Δ = a − b with its 95% interval and n ("no interval"
+    where none is given), ✗ when not held, ? when unresolved."""
+    measured, missing = [], []
+    for pair in pairs:
+        label, a, b, ok = pair[:4]
+        interval = pair[4] if len(pair) > 4 else None  # type: ignore[misc]
+        if a is None or b is None:
+            missing.append(label)
+        else:
+            measured.append((label, a, b, interval, decide(ok, a, b, interval) if interval else UNRESOLVED))
+    verdicts = [v for *_, v in measured]
+    if False in verdicts:
+        held: Verdict = False
+    elif missing or not pairs:
+        held = None
+    else:
+        held = UNRESOLVED if UNRESOLVED in verdicts else True
+    parts = []
+    for label, a, b, interval, v in measured:
+        effect = (f"Δ {a - b:+.2f} [{interval[0]:.2f}, {interval[1]:.2f}], n = {interval[2]}" if interval is not None
+                  else f"Δ {a - b:+.2f}, no interval")
+        parts.append(f"{label}: {a:.2f} vs {b:.2f} ({effect})" + {False: " ✗", UNRESOLVED: " ?"}.get(v, ""))
+    text = "; ".join(parts)
     if missing:
         text += ("; " if text else "") + "missing: " + ", ".join(missing)
     return held, text
-
-
-def paired(interval: str) -> str:
-    return f" (Δ 95% CI{interval})" if interval else ""

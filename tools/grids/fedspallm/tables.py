@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools.grids import Cell, fmt_ppl, mark, model_parameters, read_config, read_metrics, runs_section
+from tools.grids import UNRESOLVED, Cell, fmt_ppl, mark, model_parameters, read_config, read_metrics, runs_section
 from tools.grids.fedspallm.cells import TABLES
 from tools.grids.fedspallm.records import exact_sparsity, model_rows
 
@@ -60,23 +60,31 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
             exact_counts[1] += total
             claims["exact"].append(exact == total)
         lines.append("")
-    lines += ["## Claims", ""]
+    tokens = sorted({int(t) for c in grid_cells if c.tag in runs
+                     if (t := read_config(runs[c.tag]).get("eval-ppl-tokens")) is not None})
+    counted = f"{' / '.join(f'{t:,}' for t in tokens)} tokens per domain" if tokens else "an unrecorded token count"
+    basis = f"point estimates on {counted}, no interval: unresolved until the perplexities carry bootstrap intervals"
+    lines += ["## Claims", "",
+              "A claim between two perplexities is decided only by an interval; these records hold point "
+              "estimates, so those claims read unresolved with their point comparison beside them.", ""]
     le = claims["le"]
     lines.append(f"- The global model's perplexity is at or below the standalone mean at every sparsity: "
-                 f"{mark(all(le) if le else None)} ({sum(le)}/{len(le)} (setting, domain) pairs)"
+                 f"{mark(UNRESOLVED if le else None)} ({sum(le)}/{len(le)} (setting, domain) pairs at the {basis})"
                  + (f"; exceptions: {'; '.join(details)}" if details else "") + ".")
     grows = [all(b > a for a, b in zip(list(g.values()), list(g.values())[1:], strict=False))
              for g in gaps.values() if len(g) > 1]
     gap_text = "; ".join(f"{group}: " + ", ".join(f"{round(s * 100)}% {100 * v:+.1f}%" for s, v in sorted(g.items()))
                          for group, g in gaps.items())
     lines.append(f"- The gap (standalone − FedSpaLLM, relative, mean over domains) grows with sparsity: "
-                 f"{mark(all(grows) if grows else None)} ({gap_text}).")
+                 f"{mark(UNRESOLVED if grows else None)} ({gap_text}; grows in {sum(grows)}/{len(grows)} groups at "
+                 f"the {basis}).")
     rnd = claims["random"]
     lines.append(f"- Random pruning is orders of magnitude worse (≥ 100× FedSpaLLM's perplexity): "
-                 f"{mark(all(rnd) if rnd else None)} ({sum(rnd)}/{len(rnd)}).")
+                 f"{mark(all(rnd) if rnd else None)} ({sum(rnd)}/{len(rnd)}; a margin of 100× no sampling error of "
+                 "a perplexity on these token counts approaches).")
     ex = claims["exact"]
     lines.append(f"- Every pruned matrix of the global model has exactly ⌈s·d⌉ zeros: {mark(all(ex) if ex else None)} "
-                 f"({exact_counts[0]}/{exact_counts[1]} matrices over {len(ex)} runs).")
+                 f"({exact_counts[0]}/{exact_counts[1]} matrices over {len(ex)} runs; a count, no sampling error).")
     lines += ["", *communication(grid_cells, runs), "", *runs_section(grid_cells, runs)]
     return "\n".join(lines) + "\n"
 

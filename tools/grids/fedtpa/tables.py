@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tools.grids import Cell, judge, mark, paired, runs_section, train_rows
+from tools.grids import Cell, Interval, judge, mark, runs_section, train_rows
 from tools.grids.fedtpa.cells import ABLATIONS, LABELS, NON_IID, PRESETS, TABLE4_ALPHA, alpha_name, tag_of
 from tools.grids.fedtpa.records import final_rouge, rescored_table, rouge_table
 
@@ -16,24 +16,28 @@ def fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
-Interval = Callable[[str, str | None], str]  # (tag, paired-with tag or None) -> " [lo, hi]" or ""
+IntervalOf = Callable[[str, str | None], Interval | None]  # (tag, paired-with tag or None) -> 95% interval (×100)
 
 
-def bootstrap_interval(scores: dict[str, list[float]]) -> Interval:
+def shown(interval: Interval | None) -> str:
+    return "" if interval is None else f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def bootstrap_interval(scores: dict[str, list[float]]) -> IntervalOf:
     """A cell's bootstrap 95% interval (×100), or the paired one of its difference to another cell."""
     from fedprune_app.llm.evaluation import bootstrap_ci
 
-    def interval(tag: str, other: str | None) -> str:
+    def interval(tag: str, other: str | None) -> Interval | None:
         if tag not in scores or (other is not None and (other not in scores
                                                          or len(scores[other]) != len(scores[tag]))):
-            return ""
+            return None
         _, lo, hi = bootstrap_ci(scores[tag], None if other is None else scores[other])
-        return f" [{100 * lo:.2f}, {100 * hi:.2f}]"
+        return 100 * lo, 100 * hi, len(scores[tag])
 
     return interval
 
 
-def score_sections(groups: set[str], alphas: list[float], score: dict[str, float | None], interval: Interval,
+def score_sections(groups: set[str], alphas: list[float], score: dict[str, float | None], interval: IntervalOf,
                    runs: dict[str, Path] | None = None, heading: str = "") -> list[str]:
     """Tables II–IV and the claims for one set of Rouge-L scores ({tag: ×100}); `interval` adds bootstrap
     intervals (nothing for the in-run scores); `runs` given: Table II shows the untouched model (round 0)."""
@@ -41,7 +45,7 @@ def score_sections(groups: set[str], alphas: list[float], score: dict[str, float
     def r(method: str, alpha: float, variant: str = "") -> float | None:
         return score.get(tag_of(method, alpha, variant))
 
-    def ci(a: tuple[Any, ...], b: tuple[Any, ...] | None = None) -> str:
+    def ci(a: tuple[Any, ...], b: tuple[Any, ...] | None = None) -> Interval | None:
         return interval(tag_of(*a), None if b is None else tag_of(*b))
 
     ge, le = (lambda a, b: a >= b), (lambda a, b: a < b)
@@ -51,7 +55,7 @@ def score_sections(groups: set[str], alphas: list[float], score: dict[str, float
                   "| α | FedIT | FlexLoRA | FedTPA |" + (" untouched (round 0) |" if runs is not None else ""),
                   "|---|---|---|---|" + ("---|" if runs is not None else "")]
         for a in alphas:
-            row = f"| {alpha_name(a)} | " + " | ".join(fmt(r(m, a)) + ci((m, a)) for m in PRESETS) + " |"
+            row = f"| {alpha_name(a)} | " + " | ".join(fmt(r(m, a)) + shown(ci((m, a))) for m in PRESETS) + " |"
             if runs is not None:
                 run = runs.get(tag_of("fedtpa", a))
                 untouched = final_rouge(run, 0) if run is not None else None
@@ -63,7 +67,7 @@ def score_sections(groups: set[str], alphas: list[float], score: dict[str, float
                   "|---|---|---|"]
         for a in alphas:
             lcwa, avg = r("fedtpa", a), r("fedtpa", a, "fedavg")
-            delta = (f" ({avg - lcwa:+.2f}{ci(('fedtpa', a, 'fedavg'), ('fedtpa', a))})"
+            delta = (f" ({avg - lcwa:+.2f}{shown(ci(('fedtpa', a, 'fedavg'), ('fedtpa', a)))})"
                      if lcwa is not None and avg is not None else "")
             lines.append(f"| {alpha_name(a)} | {fmt(lcwa)} | {fmt(avg)}{delta} |")
         lines.append("")
@@ -73,25 +77,27 @@ def score_sections(groups: set[str], alphas: list[float], score: dict[str, float
                   "| combination | Rouge-L (Δ vs full) |", "|---|---|"]
         for variant, label in ABLATIONS:
             v = r("fedtpa", TABLE4_ALPHA, variant)
-            delta = (f" ({v - full:+.2f}{ci(('fedtpa', TABLE4_ALPHA, variant), ('fedtpa', TABLE4_ALPHA))})"
+            delta = (f" ({v - full:+.2f}{shown(ci(('fedtpa', TABLE4_ALPHA, variant), ('fedtpa', TABLE4_ALPHA)))})"
                      if variant and v is not None and full is not None else "")
             lines.append(f"| {label} | {fmt(v)}{delta} |")
         lines.append("")
-    lines += [f"## Claims{heading}", ""]
+    lines += [f"## Claims{heading}", "",
+              "Each comparison: a vs b (Δ = a − b, its 95% interval, n = the examples behind a). Held: the claim "
+              "holds over the whole interval; not held: nowhere on it; unresolved: the interval straddles 0, or "
+              "there is no interval (the in-run scores have none: the re-scored claims decide).", ""]
     if "table2" in groups:
-        pairs = [(f"α={alpha_name(a)} FedTPA vs {LABELS[m]}" + paired(ci(("fedtpa", a), (m, a))),
-                  r("fedtpa", a), r(m, a), ge) for a in NON_IID for m in ("fedit", "flexlora")]
+        pairs = [(f"α={alpha_name(a)} FedTPA vs {LABELS[m]}", r("fedtpa", a), r(m, a), ge,
+                  ci(("fedtpa", a), (m, a))) for a in NON_IID for m in ("fedit", "flexlora")]
         held, text = judge(pairs)
         lines.append(f"- FedTPA ≥ FedIT and ≥ FlexLoRA under non-IID α (0.5 and 1): {mark(held)} ({text}).")
     if "table3" in groups:
-        held, text = judge([(f"α={alpha_name(a)} FedAvg vs LCWA" + paired(ci(("fedtpa", a, "fedavg"), ("fedtpa", a))),
-                             r("fedtpa", a, "fedavg"), r("fedtpa", a), le) for a in alphas])
+        held, text = judge([(f"α={alpha_name(a)} FedAvg vs LCWA", r("fedtpa", a, "fedavg"), r("fedtpa", a), le,
+                             ci(("fedtpa", a, "fedavg"), ("fedtpa", a))) for a in alphas])
         lines.append(f"- FedAvg aggregation scores below LCWA at every α (Table III): {mark(held)} ({text}).")
     if "table4" in groups:
         full = r("fedtpa", TABLE4_ALPHA)
-        held, text = judge([(label.split(" (")[1].rstrip(")") + " vs full"
-                             + paired(ci(("fedtpa", TABLE4_ALPHA, v), ("fedtpa", TABLE4_ALPHA))),
-                             r("fedtpa", TABLE4_ALPHA, v), full, le) for v, label in ABLATIONS if v])
+        held, text = judge([(label.split(" (")[1].rstrip(")") + " vs full", r("fedtpa", TABLE4_ALPHA, v), full, le,
+                             ci(("fedtpa", TABLE4_ALPHA, v), ("fedtpa", TABLE4_ALPHA))) for v, label in ABLATIONS if v])
         lines.append(f"- Each component removed costs Rouge-L (−ITPA, −DAPR, −LCWA each < full): {mark(held)} "
                      f"({text}).")
     return lines
@@ -106,7 +112,7 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
              "read from each run's metrics.jsonl (`evaluate` rows; one client evaluates: every client would score "
              "the same split). α: Dirichlet concentration over the task categories; inf = IID. 5 clients each. "
              "Run directories at the end.", ""]
-    lines += score_sections(groups, alphas, rouge_table(grid_cells, runs), lambda *_: "", runs)
+    lines += score_sections(groups, alphas, rouge_table(grid_cells, runs), lambda *_: None, runs)
     wide = rescored_table(grid_cells, runs)
     if wide:
         sizes = sorted({len(v) for v in wide.values()})
@@ -114,8 +120,8 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
                   "The same final models scored by `tools/rescore_rouge.py` on examples of the same source that "
                   "no split of the runs read (the seeded shuffle's tail after test | val | train), identical for "
                   "every run: mean Rouge-L ×100 with a bootstrap 95% interval; a Δ's interval is paired (the two "
-                  "runs resampled on the same examples). A claim is judged on the means; an interval that "
-                  "straddles 0 says the ranking is within noise.", ""]
+                  "runs resampled on the same examples). A claim is judged on the intervals: one that straddles 0 "
+                  "leaves it unresolved.", ""]
         lines += score_sections(groups, alphas, {t: 100 * sum(v) / len(v) for t, v in wide.items()},
                                 bootstrap_interval(wide), heading=" (re-scored)")
     if "comm" in groups:

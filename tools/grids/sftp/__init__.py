@@ -2,10 +2,11 @@
 on re-scored accuracies: rescored.py), and Figs. 3, 4b, 5 (figures.py).
 
 Every cell is one run with 4 SuperNodes (`min-nodes = 4`: the round waits for all four clients, the paper's q = 1)
-of `conf/sftp.toml` or `conf/fedflap.toml` with overrides: SFT-P NOC/NOA, NOC/+A, +C/NOA, +C/+A
-(`sftp-conditioning`, `sftp-adapters`) at uniform keep ratios 0.8 ("20% pruning") and 0.5 ("50%"); fedflap at 0.8
-and 0.5 (one run gives the dense model = round 0, post hoc = round 1, fedflap = the last round); +C/+A with mixed
-budgets "0.8,0.8,0.5,0.5" (Table 2). Groups: table1, table2, figs, comm; a cell several groups read runs once.
+of a preset with overrides (cells.py): SFT-P NOC/NOA, NOC/+A, +C/NOA, +C/+A (`sftp-conditioning`,
+`sftp-adapters`) at uniform keep ratios 0.8 ("20% pruning", `conf/sftp.toml`) and 0.5 ("50%", `conf/sftp-50.toml`);
+the federated baselines fedflap, LLM-Pruner (FL) and SliceGPT (FL) at both budgets with SFT-P's LoRA steps and rate
+(fedflap's run also gives the dense model = round 0 and post hoc = round 1); +C/+A with mixed budgets
+"0.8,0.8,0.5,0.5" (Table 2). Groups: table1, table2, figs, comm; a cell several groups read runs once.
 
 Every number is read from the runs' own files: accuracy and kept ratio from the `evaluate` rows of metrics.jsonl
 (per client = partition id, on its own test split, in the run's last round, `num-server-rounds` of config.json);

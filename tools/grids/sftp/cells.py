@@ -1,12 +1,25 @@
-"""The SFT-P grid's cells: presets × budgets × variants, each run once whatever groups read it."""
+"""The SFT-P grid's cells: presets × budgets × variants, each run once whatever groups read it.
+
+Each budget runs on its own SFT-P schedule (`SFTP_PRESETS`: keep 0.8 = `conf/sftp.toml`, 6 × 25 steps; keep 0.5
+and the mixed budgets = `conf/sftp-50.toml`, 12 × 50 steps), and every baseline (fedflap, LLM-Pruner (FL),
+SliceGPT (FL)) gets the same recovery: one statistics round, then as many rounds × local steps of LoRA as SFT-P
+trains, at SFT-P's LoRA learning rate (`baseline_schedule`). So every row of Table 1 has seen the same data and
+steps.
+"""
 
 from __future__ import annotations
 
+import tomllib
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from tools.grids import Cell, plan, selected_groups
 
-PRESETS = {"sftp": "conf/sftp.toml", "fedflap": "conf/fedflap.toml"}
+PRESETS = {"fedflap": "conf/fedflap.toml", "llmpruner": "conf/llmpruner.toml", "slicegpt": "conf/slicegpt.toml"}
+SFTP_PRESETS = {0.8: "conf/sftp.toml", 0.5: "conf/sftp-50.toml", "mixed": "conf/sftp-50.toml"}
+BASELINES = {"fedflap": "fedflap", "llmpruner": "LLM-Pruner (FL)", "slicegpt": "SliceGPT (FL)"}  # method: label
+KEEP_KEYS = {"fedflap": "sftp-keep-ratios", "llmpruner": "llmpruner-keep-ratio", "slicegpt": "slicegpt-keep-ratio"}
 VARIANTS = {"noc-noa": ("NOC/NOA", False, False), "noc-a": ("NOC/+A", False, True),
             "c-noa": ("+C/NOA", True, False), "c-a": ("+C/+A", True, True)}  # label, conditioning, adapters
 BUDGETS = (0.8, 0.5)  # keep ratios: 20% and 50% structural pruning
@@ -14,6 +27,7 @@ MIXED = "0.8,0.8,0.5,0.5"  # Table 2: 20% on clients 0-1, 50% on clients 2-3
 GROUPS = ("table1", "table2", "figs", "comm")
 CLIENTS = 4
 BUDGET_TOLERANCE = 0.02  # absolute, on the kept ratio of the prunable projections (Fig. 4b's ±2% band)
+APP_DIR = Path(__file__).resolve().parents[3]
 Budget = float | str  # a keep ratio, or "mixed"
 
 
@@ -26,25 +40,47 @@ def budget_label(budget: Budget) -> str:
 
 
 def tag_of(method: str, budget: Budget, variant: str = "") -> str:
-    return f"{budget_name(budget)}-{variant if method == 'sftp' else 'fedflap'}"
+    return f"{budget_name(budget)}-{variant if method == 'sftp' else method}"
+
+
+@lru_cache(maxsize=4)
+def sftp_schedule(budget: Budget) -> tuple[int, int, float]:
+    """(rounds, local steps, LoRA lr) of the SFT-P preset of a budget, read from the preset file."""
+    preset = tomllib.loads((APP_DIR / SFTP_PRESETS[budget]).read_text())
+    return int(preset["num-server-rounds"]), int(preset["local-steps"]), float(preset["sftp-lora-lr"])
+
+
+def baseline_schedule(budget: Budget) -> str:
+    """A baseline's overrides for SFT-P's schedule at this budget: round 1 collects statistics, rounds 2..R+1
+    train LoRA for SFT-P's R × E steps at SFT-P's LoRA learning rate."""
+    rounds, steps, lr = sftp_schedule(budget)
+    return f"num-server-rounds={rounds + 1} local-steps={steps} learning-rate={lr:g}"
 
 
 def overrides(method: str, budget: Budget, variant: str) -> str:
     ratios = MIXED if budget == "mixed" else f"{float(budget):g}"
-    parts = [f'sftp-keep-ratios="{ratios}"', f"min-nodes={CLIENTS}"]
+    parts = [f"min-nodes={CLIENTS}"]
     if method == "sftp":
         _, conditioning, adapters = VARIANTS[variant]
-        parts += [f"sftp-conditioning={str(conditioning).lower()}", f"sftp-adapters={str(adapters).lower()}"]
+        parts += [f'sftp-keep-ratios="{ratios}"', f"sftp-conditioning={str(conditioning).lower()}",
+                  f"sftp-adapters={str(adapters).lower()}"]
+    else:
+        value = f'"{ratios}"' if method == "fedflap" else ratios
+        parts += [f"{KEEP_KEYS[method]}={value}", baseline_schedule(budget)]
     return " ".join(parts)
+
+
+def preset_of(method: str, budget: Budget) -> str:
+    return SFTP_PRESETS[budget] if method == "sftp" else PRESETS[method]
 
 
 def cells(args: Any) -> list[Cell]:
     """The cells the selected groups (`--only`) need; a cell several groups read is run once."""
     only = selected_groups(args, GROUPS, "SFT-P")
     needs = [n for b in BUDGETS
-             for n in [*(("table1", ("sftp", b, v)) for v in VARIANTS), ("table1", ("fedflap", b, ""))]]
+             for n in [*(("table1", ("sftp", b, v)) for v in VARIANTS), *(("table1", (m, b, "")) for m in BASELINES)]]
     needs += [(g, ("sftp", b, "c-a")) for b in (*BUDGETS, "mixed") for g in ("table2", "figs")]  # figs: 4b every
     needs += [("comm", ("sftp", 0.5, v)) for v in VARIANTS] + [("comm", ("fedflap", 0.5, ""))]  # +C/+A; 3, 5: 50%
-    return [Cell(groups[0], tag_of(m, b, v), (PRESETS[m], overrides(m, b, v)), CLIENTS,
+    return [Cell(groups[0], tag_of(m, b, v), (preset_of(m, b), overrides(m, b, v)), CLIENTS,
                  {"method": m, "budget": b, "variant": v, "groups": groups})
             for (m, b, v), groups in plan(only, GROUPS, needs).items()]

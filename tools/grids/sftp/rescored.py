@@ -12,24 +12,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tools.grids import Cell
+from tools.grids import Cell, Interval
 from tools.grids.sftp.records import per_example, read_rescore, rescored_accuracy
 from tools.grids.sftp.tables import claims, table1, table2
 
 
-def paired_interval(runs: dict[str, Path]) -> Callable[[str, str, list[int]], str]:
-    """The paired 95% bootstrap interval (×100) of avg(tag) − avg(other) over `clients`, stratified by client;
-    "" unless both cells were re-scored on the same examples."""
+def paired_interval(runs: dict[str, Path]) -> Callable[[str, str, list[int]], Interval | None]:
+    """The paired 95% bootstrap interval (×100) of avg(tag) − avg(other) over `clients`, stratified by client,
+    with n = the examples per model; None unless both cells were re-scored on the same examples."""
     from fedprune_app.llm.evaluation import bootstrap_ci
 
-    def interval(tag: str, other: str, clients: list[int]) -> str:
+    def interval(tag: str, other: str, clients: list[int]) -> Interval | None:
         a, b = per_example(runs, tag), per_example(runs, other)
-        if any(c not in a or c not in b or len(a[c]) != len(b[c]) for c in clients):
-            return ""
+        if not clients or any(c not in a or c not in b or len(a[c]) != len(b[c]) for c in clients):
+            return None
         values = [v for c in clients for v in a[c]]
         _, lo, hi = bootstrap_ci(values, [v for c in clients for v in b[c]],
                                  strata=[c for c in clients for _ in a[c]])
-        return f" [{100 * lo:.2f}, {100 * hi:.2f}]"
+        return 100 * lo, 100 * hi, len(values)
 
     return interval
 
@@ -52,15 +52,15 @@ def section(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
     groups = {g for c in grid_cells for g in c.settings["groups"]}
     heading = " (re-scored)"
     lines = ["# Re-scored on more examples per client", "",
-             "The same final models (SFT-P: each client's compiled model; fedflap: its compiled model, the post hoc "
-             "cut and the dense model) scored by `tools/rescore_accuracy.py` with lm-eval, per example, on each "
-             "client's test split plus up to "
+             "The same final models (SFT-P: each client's compiled model; each baseline: its compiled model; "
+             "fedflap also the post hoc cut and the dense model) scored by `tools/rescore_accuracy.py` with "
+             "lm-eval, per example, on each client's test split plus up to "
              f"{max(int(r['per-source']) for r in records.values())} examples of its task that no split of the runs "
              "read (examples per client: " + ", ".join(f"{k}: {n}" for k, n in dict(sizes).items()) + "; a task "
              "with none left keeps its test split only). A Δ's interval is a paired 95% bootstrap over the "
              "examples, resampled within each client. Cells not re-scored show –.", ""]
-    note = ("Accuracy (%) of each client re-scored (see above); dense and post hoc from the fedflap run of the "
-            "budget. kept: as in the in-run table.")
+    note = ("Accuracy (%) of each client re-scored (see above); dense and post hoc from the first baseline run "
+            "of the budget. kept: as in the in-run table.")
     if "table1" in groups:
         lines += table1(grid_cells, runs, rescored_accuracy, heading, note)
     if "table2" in groups:

@@ -9,9 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from fedprune_app.core.config import per_client
-from tools.grids import Cell, judge, model_parameters, paired, read_config, train_rows
+from tools.grids import Cell, Interval, Verdict, judge, model_parameters, read_config, train_rows
 from tools.grids import mark as _mark
-from tools.grids.sftp.cells import BUDGET_TOLERANCE, BUDGETS, CLIENTS, MIXED, VARIANTS, budget_label, tag_of
+from tools.grids.sftp.cells import (
+    BASELINES,
+    BUDGET_TOLERANCE,
+    BUDGETS,
+    CLIENTS,
+    MIXED,
+    VARIANTS,
+    budget_label,
+    tag_of,
+)
 from tools.grids.sftp.records import (
     Accuracy,
     accuracy,
@@ -23,10 +32,10 @@ from tools.grids.sftp.records import (
     values,
 )
 
-Interval = Callable[[str, str, list[int]], str]  # (tag, other tag, clients) -> " [lo, hi]" of Δ avg, or ""
+IntervalOf = Callable[[str, str, list[int]], Interval | None]  # (tag, other, clients) -> 95% interval of Δ avg
 
 
-def mark(held: bool | None) -> str:
+def mark(held: Verdict) -> str:
     return _mark(held).replace("(cells missing)", "(cells or evaluations missing)")
 
 
@@ -51,13 +60,14 @@ def table1(grid_cells: list[Cell], runs: dict[str, Path], acc: Accuracy = accura
     names = client_names(runs.values())
     head = ("| model | " + " | ".join(f"client {c} `{names.get(c, '?')}`" for c in range(CLIENTS))
             + " | avg | kept (prunable) |")
-    lines = [f"## Table 1: dense, post hoc, fedflap and the SFT-P variants{heading}", "",
+    lines = [f"## Table 1: dense, post hoc, the federated baselines and the SFT-P variants{heading}", "",
              note or "Accuracy (%) of each client on its own test split in the run's last round (dense = round 0, "
-             "post hoc = fedflap's round 1: its cut masks before any training). avg: over the four clients. kept: "
-             "the mean kept ratio of the prunable projections of the models evaluated (SFT-P: each client's "
-             "deterministic mask).", ""]
+             "post hoc = fedflap's round 1: its cut masks before any training; each baseline's last round: after "
+             "the same LoRA steps as SFT-P). avg: over the four clients. kept: the mean kept ratio of the "
+             "prunable projections of the models evaluated (SFT-P: each client's deployed mask).", ""]
     for b in BUDGETS:
-        block = [tag_of("fedflap", b), *(tag_of("sftp", b, v) for v in VARIANTS)]
+        baselines = [tag_of(m, b) for m in BASELINES]
+        block = [*baselines, *(tag_of("sftp", b, v) for v in VARIANTS)]
         if not any(t in tags for t in block):
             continue
         lines += [f"### {budget_label(b)}", "", head, "|---|" + "---|" * (CLIENTS + 2)]
@@ -70,12 +80,17 @@ def table1(grid_cells: list[Cell], runs: dict[str, Path], acc: Accuracy = accura
                               values(rows, "kept-ratio-prunable")))
         flap = tag_of("fedflap", b)
         if flap in runs:
-            for label, round_ in (("post hoc (fedflap round 1)", 1), (f"fedflap (round {last_round(runs[flap])})",
-                                                                       None)):
-                lines.append(_row(label, acc(runs, flap, round_),
-                                  values(evaluations(runs[flap], round_), "kept-ratio-prunable")))
+            lines.append(_row("post hoc (fedflap round 1)", acc(runs, flap, 1),
+                              values(evaluations(runs[flap], 1), "kept-ratio-prunable")))
         elif flap in tags:
-            lines += ["| post hoc | *not run* |", "| fedflap | *not run* |"]
+            lines.append("| post hoc | *not run* |")
+        for method, label in BASELINES.items():
+            tag = tag_of(method, b)
+            if tag in runs:
+                lines.append(_row(f"{label} (round {last_round(runs[tag])})", acc(runs, tag, None),
+                                  values(evaluations(runs[tag]), "kept-ratio-prunable")))
+            elif tag in tags:
+                lines.append(f"| {label} | *not run* |")
         for v, (label, _, _) in VARIANTS.items():
             tag = tag_of("sftp", b, v)
             if tag in runs:
@@ -160,41 +175,67 @@ def gt(a: float, b: float) -> bool:
     return a > b
 
 
-def no_interval(_tag: str, _other: str, _clients: list[int]) -> str:
-    return ""
+def binomial_interval(runs: dict[str, Path], acc: Accuracy = accuracy) -> IntervalOf:
+    """The in-run interval of Δ avg = avg(tag) − avg(other) over `clients` (×100): each client's accuracy a
+    binomial mean of its n evaluated examples (`num-examples` of its last evaluate row), the two runs taken as
+    independent (normal approximation: var Δ = Σ_k [p_k(1 − p_k)/n_k + q_k(1 − q_k)/m_k] / K²). The two runs
+    score the same examples, so the true paired interval is narrower: this one can only call too much
+    unresolved, never too much held. n = the examples behind avg(tag). None when a run or client is missing."""
+
+    def interval(tag: str, other: str, clients: list[int]) -> Interval | None:
+        if tag not in runs or other not in runs:
+            return None
+        a, b = acc(runs, tag, None), acc(runs, other, None)
+        na, nb = (values(evaluations(runs[t]), "num-examples") for t in (tag, other))
+        if not clients or any(c not in a or c not in b or not na.get(c) or not nb.get(c) for c in clients):
+            return None
+        var = sum((a[c] / 100) * (1 - a[c] / 100) / na[c] + (b[c] / 100) * (1 - b[c] / 100) / nb[c]
+                  for c in clients) / len(clients) ** 2
+        delta = sum(a[c] - b[c] for c in clients) / len(clients)
+        half = 1.96 * 100 * var ** 0.5
+        return delta - half, delta + half, int(sum(na[c] for c in clients))
+
+    return interval
 
 
-def claims(grid_cells: list[Cell], runs: dict[str, Path], acc: Accuracy = accuracy, interval: Interval = no_interval,
+def claims(grid_cells: list[Cell], runs: dict[str, Path], acc: Accuracy = accuracy, interval: IntervalOf | None = None,
            tolerance: Callable[[list[int]], float | None] | None = None, heading: str = "",
            budget: bool = True) -> list[str]:
     """The claims on the accuracies `acc` gives (in-run or re-scored) and, with `budget`, the budget claim (it
-    reads masks, not accuracies: the same either way). `interval` adds the paired interval of each Δ;
+    reads masks, not accuracies: the same either way). Every Δ carries the 95% interval `interval` gives (default:
+    the in-run binomial one, `binomial_interval`); a claim whose interval straddles its margin is unresolved.
     `tolerance(clients)` is one example's worth in points for the mixed-budget claim (default 100 / the mixed
     run's test-examples)."""
+    interval = interval or binomial_interval(runs, acc)
     groups = {g for c in grid_cells for g in c.settings["groups"]}
-    lines = [f"## Claims{heading}", ""]
+    lines = [f"## Claims{heading}", "",
+             "Each comparison: a vs b (Δ = a − b, its 95% interval, n = the examples behind a). Held: the claim holds "
+             "over the whole interval; not held: nowhere on it; unresolved: the interval straddles the claim's "
+             "margin (0 for 'beats').", ""]
     if budget and any(c.settings["method"] == "sftp" for c in grid_cells):
         held, text = budget_claim(grid_cells, runs)
         lines.append(f"- Every client ends within ±2% of its budget (|kept − p| ≤ {BUDGET_TOLERANCE} absolute, on the "
                      "kept ratio of the prunable projections; kept/p per client 0…3 of every SFT-P run, from the last "
-                     f"round's deterministic masks): {mark(held)} ({text}).")
+                     f"round's deployed masks; a count, no sampling error): {mark(held)} ({text}).")
 
     def avg(tag: str, clients: Iterable[int] = range(CLIENTS)) -> float | None:
         return mean_of(acc(runs, tag, None), clients)
 
-    def vs(label: str, tag: str, other: str, clients: Iterable[int] = range(CLIENTS)) -> str:
-        return label + paired(interval(tag, other, list(clients)))
+    def pair(label: str, tag: str, other: str, ok: Callable[[float, float], bool] = gt,
+             clients: Iterable[int] = range(CLIENTS)) -> tuple[Any, ...]:
+        clients = list(clients)
+        return label, avg(tag, clients), avg(other, clients), ok, interval(tag, other, clients)
 
     if "table1" in groups:
-        pairs = [(vs(f"{VARIANTS[c][0]} vs {VARIANTS[n][0]}", tag_of("sftp", 0.5, c), tag_of("sftp", 0.5, n)),
-                  avg(tag_of("sftp", 0.5, c)), avg(tag_of("sftp", 0.5, n)), gt)
-                 for c, n in (("c-a", "noc-a"), ("c-noa", "noc-noa"))]
-        held, text = judge(pairs)
+        held, text = judge([pair(f"{VARIANTS[c][0]} vs {VARIANTS[n][0]}", tag_of("sftp", 0.5, c),
+                                 tag_of("sftp", 0.5, n)) for c, n in (("c-a", "noc-a"), ("c-noa", "noc-noa"))])
         lines.append(f"- +C beats NOC on the average accuracy at 50%, with adapters and without: {mark(held)} "
                      f"({text}).")
-        sftp, flap = tag_of("sftp", 0.5, "c-a"), tag_of("fedflap", 0.5)
-        held, text = judge([(vs("+C/+A vs fedflap", sftp, flap), avg(sftp), avg(flap), gt)])
-        lines.append(f"- SFT-P (+C/+A) beats fedflap on the average accuracy at 50%: {mark(held)} ({text}).")
+        for b in BUDGETS:
+            sftp = tag_of("sftp", b, "c-a")
+            held, text = judge([pair(f"+C/+A vs {label}", sftp, tag_of(m, b)) for m, label in BASELINES.items()])
+            lines.append(f"- SFT-P (+C/+A) beats every federated baseline (fedflap, LLM-Pruner (FL), SliceGPT (FL)) "
+                         f"on the average accuracy at {budget_label(b)}: {mark(held)} ({text}).")
     if "table2" in groups:
         mixed = tag_of("sftp", "mixed", "c-a")
         run = runs.get(mixed)
@@ -203,12 +244,10 @@ def claims(grid_cells: list[Cell], runs: dict[str, Path], acc: Accuracy = accura
             tolerance = lambda _clients: in_run  # noqa: E731
         pairs, tols = [], []
         for p, clients in mixed_groups(runs).items():
-            uniform = tag_of("sftp", p, "c-a")
             tol = tolerance(clients)
             tols.append("–" if tol is None else f"{tol:.2f}")
-            pairs.append((vs(f"keep {p:g} (clients {','.join(map(str, clients))}) mixed vs uniform", mixed, uniform,
-                             clients), avg(mixed, clients), avg(uniform, clients),
-                          lambda a, b, tol=tol: a >= b - (tol or 0.0) - 1e-9))
+            pairs.append(pair(f"keep {p:g} (clients {','.join(map(str, clients))}) mixed vs uniform", mixed,
+                              tag_of("sftp", p, "c-a"), lambda a, b, tol=tol: a >= b - (tol or 0.0) - 1e-9, clients))
         held, text = judge(pairs)
         lines.append(f"- Mixed budgets do not hurt either group (each group's mean accuracy in the mixed run ≥ the "
                      f"same clients' in the uniform run of their budget − one test example's worth, 100/examples "
@@ -241,7 +280,8 @@ def communication(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
         if "comm" not in c.settings["groups"]:
             continue
         method = c.settings["method"]
-        label = f"fedflap ({c.tag})" if method == "fedflap" else f"SFT-P {VARIANTS[c.settings['variant']][0]} ({c.tag})"
+        label = (f"{BASELINES[method]} ({c.tag})" if method in BASELINES
+                 else f"SFT-P {VARIANTS[c.settings['variant']][0]} ({c.tag})")
         run = runs.get(c.tag)
         if run is None:
             lines.append(f"| {label} | *not run* | | | | |")
