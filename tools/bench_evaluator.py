@@ -8,7 +8,10 @@ on the embedded SmolLM2-135M: once with the stock `HFLM` at the app's `eval-batc
 the log-likelihood computation (`_loglikelihood_tokens`, where the two differ) and the whole `simple_evaluate` call
 (task building included), both as wall-clock seconds and as CPU seconds of the one scoring thread (`--threads 1`:
 on a shared machine wall time mostly measures waiting for a core). Checked: every request's log-likelihood (max
-|difference| <= 1e-4), every greedy flag, each document's acc/acc_norm and the task accuracies.
+|difference| <= 1e-4), every greedy flag, each document's acc/acc_norm and the task accuracies. Beside each
+speed-up stands its ceiling, `flop_ceiling`: the matmul FLOPs of the stock path over those of the shared-context
+path on the same requests, the most that encoding each question once can save (measured / ceiling is the figure
+to push toward 1).
 
     .venv/bin/python -m tools.bench_evaluator          # 100 examples per task -> docs/bench/evaluator.json
     .venv/bin/python -m tools.bench_evaluator --examples 20 --json ''  # a quick look, no record
@@ -33,6 +36,7 @@ from fedprune_app.llm.data import source_splits
 from fedprune_app.llm.evaluation import local_mc_task
 from fedprune_app.llm.fast_eval import PrefixCachedLM
 from fedprune_app.llm.models import load_base_model, load_tokenizer
+from fedprune_app.methods.sftp.speed import forward_flops
 
 
 def timed(cls: type) -> type:
@@ -41,6 +45,7 @@ def timed(cls: type) -> type:
     class Timed(cls):  # type: ignore[misc, valid-type]
         wall = cpu = 0.0
         requests = 0
+        shapes: list[tuple[tuple[int, ...], int]] = []
 
         def _loglikelihood_tokens(self, requests, disable_tqdm=False, override_bs=None):
             w, c = time.perf_counter(), time.thread_time()
@@ -48,9 +53,23 @@ def timed(cls: type) -> type:
             self.wall += time.perf_counter() - w
             self.cpu += time.thread_time() - c
             self.requests += len(requests)
+            self.shapes = self.shapes + [(tuple(ctx), len(cont)) for _, ctx, cont in requests]
             return out
 
     return Timed
+
+
+def flop_ceiling(config: Any, shapes: list[tuple[tuple[int, ...], int]]) -> dict[str, float]:
+    """Matmul FLOPs (`speed.forward_flops`, batch 1, no padding) of scoring the requests (context ids,
+    continuation length) the stock way and the shared-context way, and their ratio, the speed-up ceiling:
+    stock = per request one forward over (context + continuation)[:-1] with logits at every position (HFLM's
+    `_model_call` returns them all); shared = per distinct context one forward over context[:-1] without logits,
+    plus per request its continuation's tokens after that prefix with logits for them (`PrefixCachedLM`).
+    Padding is left out of both, so the ceiling is what sharing the context saves, not what batching costs."""
+    stock = sum(forward_flops(config, None, len(ctx) + n - 1, logits=len(ctx) + n - 1) for ctx, n in shapes)
+    shared = sum(forward_flops(config, None, len(ctx) - 1, logits=0) for ctx in {ctx for ctx, _ in shapes})
+    shared += sum(forward_flops(config, None, n, past=len(ctx) - 1, logits=n) for ctx, n in shapes)
+    return {"flops-stock": float(stock), "flops-shared": float(shared), "flop-ceiling": stock / shared}
 
 
 def run_task(lm: Any, task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
@@ -117,11 +136,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                "fast": t_fast, **compare(stock, fast)}
         row["speedup-score-cpu"] = t_stock["score-cpu-s"] / t_fast["score-cpu-s"]
         row["speedup-score-wall"] = t_stock["score-wall-s"] / t_fast["score-wall-s"]
+        row |= flop_ceiling(model.config, fast_lm.shapes)
+        row["of-ceiling"] = row["speedup-score-cpu"] / row["flop-ceiling"]
         record["tasks"][source] = row
         n = row["documents"]
         print(f"{source}: {n} docs, {t_stock['requests']} requests | stock "
               f"{n / t_stock['score-cpu-s']:.2f} docs/s, fast {n / t_fast['score-cpu-s']:.2f} docs/s (scoring CPU) = "
-              f"{row['speedup-score-cpu']:.2f}x (wall {row['speedup-score-wall']:.2f}x) | "
+              f"{row['speedup-score-cpu']:.2f}x (wall {row['speedup-score-wall']:.2f}x; FLOP ceiling "
+              f"{row['flop-ceiling']:.2f}x) | "
               f"max |dLL| {row['max-abs-loglik-diff']:.1e}, acc {row['acc/stock']:.3f} vs {row['acc/fast']:.3f}, "
               f"per-doc equal {row['per-doc-equal']}, load {load:.1f}", flush=True)
     rows = record["tasks"].values()
@@ -133,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "docs-per-s/stock-score-cpu": docs / tot["stock-score-cpu-s"],
         "docs-per-s/fast-score-cpu": docs / tot["fast-score-cpu-s"],
         "speedup-score-cpu": tot["stock-score-cpu-s"] / tot["fast-score-cpu-s"],
+        "flop-ceiling": sum(r["flops-stock"] for r in rows) / sum(r["flops-shared"] for r in rows),
         "speedup-score-wall": tot["stock-score-wall-s"] / tot["fast-score-wall-s"],
         "speedup-total-wall": tot["stock-total-wall-s"] / tot["fast-total-wall-s"],
         "max-abs-loglik-diff": max(r["max-abs-loglik-diff"] for r in rows),
@@ -142,7 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record["machine"]["loadavg-end"] = os.getloadavg()
     t = record["total"]
     print(f"total: {docs} docs | scoring {t['docs-per-s/stock-score-cpu']:.2f} -> {t['docs-per-s/fast-score-cpu']:.2f} "
-          f"docs/s = {t['speedup-score-cpu']:.2f}x CPU ({t['speedup-score-wall']:.2f}x wall); whole simple_evaluate "
+          f"docs/s = {t['speedup-score-cpu']:.2f}x CPU ({t['speedup-score-wall']:.2f}x wall; FLOP ceiling "
+          f"{t['flop-ceiling']:.2f}x); whole simple_evaluate "
           f"{t['speedup-total-wall']:.2f}x wall | scores equal: {t['scores-equal']} (max |dLL| "
           f"{t['max-abs-loglik-diff']:.1e})")
     if args.json:
