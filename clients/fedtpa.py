@@ -7,8 +7,11 @@
   hooks update the EMA of |w·∂L/∂w| (Eq. 6); the top ⌊β·N·r_g⌋ dimensions over all layers are kept (§III-D2)
   and fine-tuned for the remaining `local-steps` (a fresh AdamW over the smaller adapters). The reply holds the
   kept dimensions only, the N×r_g pruning log, the per-layer scores (Eq. 7) of the warm-up EMA, train/val loss.
-- Private: the EMA (an ArrayRecord `fedtpa-ema` in context.state, carried over to the next round's warm-up)
-  and a round counter; neither is ever part of a reply.
+- Private: a round counter and, with `fedtpa-ema-scope = "run"`, the EMA (an ArrayRecord `fedtpa-ema` in
+  context.state, carried over to the next round's warm-up); neither is ever part of a reply. The default
+  "warmup" restarts Eq. 6 from zero every round, as §III-D1 reads ("the overall contribution score during the
+  warm-up stage" of the global adapter just received: last round's scores describe weights the aggregation has
+  since replaced).
 """
 
 from __future__ import annotations
@@ -90,10 +93,12 @@ class FedTPAClient(FedITClient):
         warmup = tpa_cfg.fedtpa_warmup_steps
         seed = self.seed(server_round)
         # warm-up: ordinary LoRA training while Eq. 6 accumulates
-        tracker = ContributionTracker(modules, tpa_cfg.fedtpa_ema_decay, self.ema_state())
+        carried = self.ema_state() if tpa_cfg.fedtpa_ema_scope == "run" else None
+        tracker = ContributionTracker(modules, tpa_cfg.fedtpa_ema_decay, carried)
         with tracker:
             warm = train_steps(model, tokenizer, self.data.train, self.cfg, seed=seed, steps=warmup)
-        self.context.state[EMA_RECORD] = to_record({k: v.cpu().numpy() for k, v in tracker.ema.items()})
+        if tpa_cfg.fedtpa_ema_scope == "run":
+            self.context.state[EMA_RECORD] = to_record({k: v.cpu().numpy() for k, v in tracker.ema.items()})
         # pruning: global top-⌊β·N·r_g⌋ dimensions, the log, the per-layer scores (Eq. 7); on the CPU (N×r_g)
         scores = tracker.scores().cpu()
         keep = prune_log(scores, beta)

@@ -27,6 +27,13 @@ class FedTPAConfig(ConfigSection):
     fedtpa_ema_decay: float = key(
         0.85, "FedTPA eta: decay of the EMA of |w * dL/dw| (Eq. 6; AdaLoRA's 0.85).", minimum=0.0, maximum=0.999
     )
+    fedtpa_ema_scope: str = key(
+        "warmup",
+        "FedTPA: the span of Eq. 6's EMA. 'warmup' = restarted from zero at every round's warm-up (§III-D1: 'the "
+        "overall contribution score during the warm-up stage', of the global adapter just received); 'run' = "
+        "carried over from the client's previous warm-ups (this app's behaviour before 2026-11-25).",
+        choices=("warmup", "run"),
+    )
     fedtpa_warmup_steps: int = key(
         3,
         "FedTPA warm-up steps (of local-steps, which must be larger) before rank "

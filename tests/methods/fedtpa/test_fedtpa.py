@@ -301,7 +301,7 @@ def test_pruned_adapters_train_only_kept_dimensions_and_match_the_zeroed_model(t
 def test_client_train_call_returns_adapters_consistent_with_its_log(tiny_model_dir: Path, flower_ids: None) -> None:
     from fedprune_app.client_app import app
 
-    cfg = small_config(tiny_model_dir, method="fedtpa", local_steps=2, fedtpa_warmup_steps=1)
+    cfg = small_config(tiny_model_dir, method="fedtpa", local_steps=2, fedtpa_warmup_steps=1, fedtpa_ema_scope="run")
     context = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 4},
                       state=RecordDict(), run_config=cfg.to_dict())
     model, _ = peft_model_for(cfg)
@@ -391,3 +391,30 @@ def test_data_extensions_for_the_instruction_presets(tiny_model_dir: Path) -> No
 def test_warmup_must_leave_fine_tuning_steps(tiny_model_dir: Path) -> None:
     with pytest.raises(ConfigError, match="fedtpa-warmup-steps"):
         small_config(tiny_model_dir, method="fedtpa", local_steps=3, fedtpa_warmup_steps=3)
+
+
+@pytest.mark.parametrize("scope", ["warmup", "run"])
+def test_ema_scope_restarts_or_carries_the_contributions(scope: str, tiny_model_dir: Path, flower_ids: None) -> None:
+    """The same round trained twice from the same global adapter: with 'warmup' (§III-D1: the score of this
+    warm-up) the second call scores exactly as the first, and nothing is kept in context.state; with 'run' the
+    second starts from the first's EMA, so its scores differ and the EMA is stored."""
+    from fedprune_app.client_app import app
+
+    cfg = small_config(tiny_model_dir, method="fedtpa", local_steps=3, fedtpa_warmup_steps=2, fedtpa_ema_scope=scope)
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 4},
+                      state=RecordDict(), run_config=cfg.to_dict())
+    model, _ = peft_model_for(cfg)
+    gen = torch.Generator().manual_seed(3)
+    initial = ArrayRecord({k: torch.randn(v.shape, generator=gen) * 0.05 for k, v in get_adapter_state(model).items()})
+    scores = []
+    for _ in range(2):
+        content = RecordDict({"arrays": initial, "config": ConfigRecord({"server-round": 1, "beta": 0.5})})
+        reply = app(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=7), context)
+        assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+        scores.append(reply.content["fedtpa"]["layer-scores"].numpy())
+    assert scores[0].max() > 0
+    if scope == "warmup":
+        np.testing.assert_array_equal(scores[0], scores[1])
+        assert "fedtpa-ema" not in context.state.array_records
+    else:
+        assert not np.array_equal(scores[0], scores[1]) and "fedtpa-ema" in context.state.array_records
