@@ -6,14 +6,18 @@ other, with the same preset, overrides and federation:
 1. **SFT-P**: the run as configured (its compiled models are what the clients deploy);
 2. **ceiling**: the same run with every gate held open (`sftp-hold-open='all'`): the dense model trained by the
    same recipe, steps and data (LoRA with the same schedule; the generator gets no gradient);
-3. **floor**: the post hoc cut at the same budget: fedflap's round 1 (FLAP importance from every client, averaged,
-   one global mask at p, no training; `method='fedflap' num-server-rounds=1`).
+3. **floor**: the post hoc cut at the same budget: LLM-Pruner's round 1 (first-order Taylor importance of kv
+   groups and MLP channels from every client, averaged, one global cut at p on SFT-P's parameter accounting, no
+   training; `method='llmpruner' num-server-rounds=1`). It is the better of the app's two post hoc cuts: on
+   `make run`'s clients at keep 0.8 fedflap's cut of the bus lanes (FLAP without its bias compensation) scored
+   answer perplexity 604–11,282, LLM-Pruner's 44–805 (docs/methods/sftp.md).
 
-Then one table per client from the three runs' `metrics.jsonl`: answer perplexity and accuracy of the untouched
-model (SFT-P's round 0), the floor, SFT-P and the ceiling; SFT-P's kept ratio, its perplexity ratio to the ceiling
-and its compiled model's measured prefill speed-up beside the FLOP ceiling of that speed-up. Accuracies carry a
-95% binomial interval (normal approximation, n = test examples). Written to `<SFT-P run>/references.md` and
-`references.json` and printed. Exits non-zero if any of the three runs failed.
+The references skip what the SFT-P run measures already (round 0's untouched model, the server's view); they need
+one budget p for every client. Then one table per client from the three runs' `metrics.jsonl`: answer perplexity and
+accuracy of the untouched model (SFT-P's round 0), the floor, SFT-P and the ceiling; SFT-P's kept ratio, its
+perplexity ratio to the ceiling and its compiled model's measured prefill speed-up beside the FLOP ceiling of that
+speed-up. Accuracies carry a 95% binomial interval (normal approximation, n = test examples). Written to `<SFT-P
+run>/references.md` and `references.json` and printed. Exits non-zero if any of the three runs failed.
 
     python -m tools.sftp_references --run-config conf/sftp.toml \\
         --federation-config "num-supernodes=4 client-resources-num-cpus=1"
@@ -36,7 +40,21 @@ from tools import launch
 # The references skip what the SFT-P run already measures: the untouched model (round 0) and the server's view.
 SKIP = "eval-untouched=false server-eval-data=''"
 CEILING = f"sftp-hold-open='all' sftp-speed-prefill=0 {SKIP} run-tag='ceiling'"
-FLOOR = f"method='fedflap' num-server-rounds=1 {SKIP} run-tag='post-hoc'"
+
+
+def floor_overrides(keep_ratio: float) -> str:
+    """LLM-Pruner's post hoc cut at SFT-P's budget: its round 1 only (importance, cut, evaluation), no recovery."""
+    return (f"method='llmpruner' llmpruner-keep-ratio={keep_ratio:g} llmpruner-centralized=false "
+            f"num-server-rounds=1 {SKIP} run-tag='post-hoc'")
+
+
+def single_budget(config: dict[str, Any]) -> float:
+    """The one keep ratio p of `sftp-keep-ratios`; ConfigError when the clients have several."""
+    values = {float(v) for v in str(config.get("sftp-keep-ratios", "")).split(",") if v.strip()}
+    if len(values) != 1:
+        raise ConfigError("tools.sftp_references compares against references at one budget: run-config key "
+                          f"'sftp-keep-ratios' must hold a single keep ratio, got {config.get('sftp-keep-ratios')!r}")
+    return values.pop()
 
 
 def evaluate_rows(run_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
@@ -101,7 +119,8 @@ def render(rows: list[dict[str, Any]], dirs: dict[str, Path]) -> str:
     head = ("| client | data | kept (target) | ppl untouched | ppl floor | ppl SFT-P | ppl ceiling | SFT-P / ceiling "
             "| acc untouched (95% lower) | acc floor | acc SFT-P | acc ceiling | prefill speed-up (FLOP ceiling) |")
     lines = ["## SFT-P beside its floor and ceiling", "",
-             "Floor: the post hoc cut at the same budget (fedflap round 1, no training). Ceiling: the same run with "
+             "Floor: the post hoc cut at the same budget (LLM-Pruner's round 1: one global cut of kv groups and MLP "
+             "channels from the clients' Taylor importance, no training). Ceiling: the same run with "
              "every gate open (dense + the same LoRA recipe). Answer perplexity and accuracy on each client's own "
              "test split; accuracy intervals: 95% binomial over the n test examples.", "",
              head, "|" + "---|" * 13]
@@ -142,16 +161,18 @@ def main(argv: list[str] | None = None) -> int:
         print(write(dict(zip(("sftp", "ceiling", "floor"), args.render, strict=True))))
         return 0
     try:
-        method = launch.checked_config(launch.APP_DIR, args.run_config, args.federation_config).get("method")
-        if method != "sftp":
-            raise ConfigError(f"tools.sftp_references needs run-config key 'method' = 'sftp', got {method!r}")
-        for extra in (CEILING, FLOOR):  # every configuration fails here, before the first run starts
+        config = launch.checked_config(launch.APP_DIR, args.run_config, args.federation_config)
+        if config.get("method") != "sftp":
+            raise ConfigError("tools.sftp_references needs run-config key 'method' = 'sftp', got "
+                              f"{config.get('method')!r}")
+        floor = floor_overrides(single_budget(config))
+        for extra in (CEILING, floor):  # every configuration fails here, before the first run starts
             launch.checked_config(launch.APP_DIR, [*args.run_config, extra], args.federation_config)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     start, dirs = time.perf_counter(), {}
-    for name, extra in (("sftp", []), ("ceiling", [CEILING]), ("floor", [FLOOR])):
+    for name, extra in (("sftp", []), ("ceiling", [CEILING]), ("floor", [floor])):
         print(f"[fedprune] references: {name} run", flush=True)
         done = launch.launch([*args.run_config, *extra], args.federation_config)
         if done.code != 0 or done.run_dir is None:

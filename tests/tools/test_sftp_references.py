@@ -79,3 +79,16 @@ def test_render_only_rewrites_the_record(runs: dict[str, Path], capsys: pytest.C
 def test_a_non_sftp_preset_is_refused_before_any_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert sftp_references.main(["--run-config", "conf/fedit.toml"]) == 2
     assert "'method' = 'sftp'" in capsys.readouterr().err
+
+
+def test_the_floor_is_llmpruners_cut_at_the_one_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    """The floor runs LLM-Pruner's round 1 at SFT-P's p; mixed budgets have no one floor and are refused."""
+    from tools.launch import APP_DIR, merged_config
+
+    floor = sftp_references.floor_overrides(sftp_references.single_budget({"sftp-keep-ratios": "0.8,0.8"}))
+    config = merged_config(APP_DIR, ["conf/sftp.toml", floor])
+    assert (config["method"], config["llmpruner-keep-ratio"], config["num-server-rounds"]) == ("llmpruner", 0.8, 1)
+    assert config["eval-untouched"] is False and config["server-eval-data"] == ""
+    assert sftp_references.main(["--run-config", "conf/sftp.toml", "--run-config",
+                                 "sftp-keep-ratios='0.8,0.8,0.5,0.5'"]) == 2
+    assert "single keep ratio" in capsys.readouterr().err
