@@ -83,9 +83,20 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     start, rows = time.perf_counter(), []
     base = [args.preset, *([args.run_config] if args.run_config else [])]
-    for lr in [float(v) for v in args.lrs.split(",")]:
-        extra = f"sftp-lora-lr={lr!r} sftp-hold-open='all' num-server-rounds=1 local-steps={args.steps}"
-        cfg = RunConfig.from_flower(merged_config(APP_DIR, [*base, extra]))
+    configs = [RunConfig.from_flower(merged_config(APP_DIR, [*base, f"sftp-lora-lr={lr!r} sftp-hold-open='all' "
+                                                            f"num-server-rounds=1 local-steps={args.steps}"]))
+               for lr in [float(v) for v in args.lrs.split(",")]]  # all resolved and checked before any training
+    given = sys.argv[1:] if argv is None else argv
+
+    def save() -> None:  # after every learning rate, so a stopped run keeps what it measured
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"command": "python -m tools.sftp_lora_lr " + shlex.join(given),
+                                            "client": args.client, "steps": args.steps, "examples": args.examples,
+                                            "seconds": round(time.perf_counter() - start, 1), "rows": rows},
+                                           indent=1))
+
+    for cfg in configs:
         torch.set_num_threads(cfg.torch_threads or 1)
         if not rows:
             model, tokenizer = routed_model_for(cfg)
@@ -96,15 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"lora-lr": 0.0, "answer-nll": untouched, "note": "untouched"})
         rows.append(measure(cfg, args.client, args.partitions, args.examples))
         r = rows[-1]
-        print(f"lora lr {lr:g}: |ΔW|/|W| {r['delta-rel-fro']:.4f}  max|ΔW|/rms(W) {r['delta-max-over-rms']:.3f}  "
-              f"clm {r['clm-first']:.3f} -> {r['clm-last']:.3f}  answer NLL {r['answer-nll']:.3f} "
-              f"(untouched {rows[0]['answer-nll']:.3f})", flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        given = sys.argv[1:] if argv is None else argv
-        args.out.write_text(json.dumps({"command": "python -m tools.sftp_lora_lr " + shlex.join(given),
-                                        "client": args.client, "steps": args.steps, "examples": args.examples,
-                                        "seconds": round(time.perf_counter() - start, 1), "rows": rows}, indent=1))
+        print(f"lora lr {cfg.section(SFTPConfig).sftp_lora_lr:g}: |ΔW|/|W| {r['delta-rel-fro']:.4f}  "
+              f"max|ΔW|/rms(W) {r['delta-max-over-rms']:.3f}  clm {r['clm-first']:.3f} -> {r['clm-last']:.3f}  "
+              f"answer NLL {r['answer-nll']:.3f} (untouched {rows[0]['answer-nll']:.3f})", flush=True)
+        save()
     return 0
 
 
