@@ -15,6 +15,7 @@ to push toward 1).
 
     .venv/bin/python -m tools.bench_evaluator          # 100 examples per task -> docs/bench/evaluator.json
     .venv/bin/python -m tools.bench_evaluator --examples 20 --json ''  # a quick look, no record
+    .venv/bin/python -m tools.bench_evaluator --ceiling-only --json docs/bench/evaluator-ceiling.json  # FLOPs only
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ def flop_ceiling(config: Any, shapes: list[tuple[tuple[int, ...], int]]) -> dict
     return {"flops-stock": float(stock), "flops-shared": float(shared), "flop-ceiling": stock / shared}
 
 
+def requests_only(cls: type) -> type:
+    """`cls` that records the requests lm-eval builds and scores nothing (log-likelihood 0): the FLOP ceiling
+    without running the model."""
+
+    class Recorder(timed(cls)):  # type: ignore[misc, valid-type]
+        def _loglikelihood_tokens(self, requests, disable_tqdm=False, override_bs=None):
+            self.shapes = self.shapes + [(tuple(ctx), len(cont)) for _, ctx, cont in requests]
+            self.requests += len(requests)
+            return [(0.0, False)] * len(requests)
+
+    return Recorder
+
+
 def run_task(lm: Any, task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
     """simple_evaluate as the app runs it (zero-shot, no bootstrap), samples logged; (samples by doc, timings)."""
     import lm_eval
@@ -111,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="docs/bench/evaluator.json", help="record path ('' = none)")
+    p.add_argument("--ceiling-only", action="store_true", help="only the FLOP ceiling per task (no model runs)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tok = load_base_model(args.model).eval(), load_tokenizer(args.model)
@@ -125,6 +140,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for source in split_list(args.sources):
         splits = source_splits(source, args.seed, args.examples, 20, 1000)
         task = local_mc_task("bench_" + "".join(ch if ch.isalnum() else "_" for ch in source), splits.test_path)
+        if args.ceiling_only:
+            lm = requests_only(HFLM)(pretrained=model, tokenizer=tok, batch_size=args.batch_size, device="cpu")
+            run_task(lm, task)
+            row = {"documents": args.examples, "requests": lm.requests, **flop_ceiling(model.config, lm.shapes)}
+            record["tasks"][source] = row
+            print(f"{source}: {lm.requests} requests, FLOP ceiling {row['flop-ceiling']:.2f}x", flush=True)
+            continue
         stock_lm = timed(HFLM)(pretrained=model, tokenizer=tok, batch_size=args.batch_size, device="cpu")
         fast_lm = timed(PrefixCachedLM)(pretrained=model, tokenizer=tok, batch_size=args.batch_size, device="cpu")
         if not fast_lm.uses_cache:
@@ -147,6 +169,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"max |dLL| {row['max-abs-loglik-diff']:.1e}, acc {row['acc/stock']:.3f} vs {row['acc/fast']:.3f}, "
               f"per-doc equal {row['per-doc-equal']}, load {load:.1f}", flush=True)
     rows = record["tasks"].values()
+    if args.ceiling_only:
+        record["total"] = {"flop-ceiling": sum(r["flops-stock"] for r in rows) / sum(r["flops-shared"] for r in rows)}
+        print(f"total FLOP ceiling {record['total']['flop-ceiling']:.2f}x")
+        if args.json:
+            Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+        return record
     docs = sum(r["documents"] for r in rows)
     tot = {f"{k}-{t}": sum(r[k][t] for r in rows) for k in ("stock", "fast")
            for t in ("score-cpu-s", "score-wall-s", "total-cpu-s", "total-wall-s")}
