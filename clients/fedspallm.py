@@ -23,7 +23,7 @@ from fedprune_app.core.encoding import decode_dense, encode_sparse
 from fedprune_app.core.progress import layer_logger
 from fedprune_app.core.protocol import to_record
 from fedprune_app.core.registry import register_client
-from fedprune_app.llm.evaluation import held_out_text, perplexity
+from fedprune_app.llm.evaluation import WINDOW_KEYS, held_out_metrics, held_out_text
 from fedprune_app.llm.layers import calibration_batches, decoder_layers, dense_model, model_with_weights
 from fedprune_app.methods.fedspallm.config import FedSpaLLMConfig
 from fedprune_app.methods.fedspallm.masks import MASK_SUFFIX
@@ -82,11 +82,16 @@ class FedSpaLLMClient(FederatedClient):
     def wants_standalone(self) -> bool:
         return "standalone" in split_list(self.cfg.section(FedSpaLLMConfig).fedspallm_references)
 
-    def scores(self, model: Any, tokenizer: Any) -> dict[str, float]:
-        """`ppl/<source>` of `model` on the public held-out texts the server scores (`server-eval-data`)."""
-        return {f"ppl/{source}": perplexity(model, tokenizer, held_out_text(source, self.cfg), self.cfg.ppl_window,
-                                            self.cfg.ppl_stride, self.cfg.eval_ppl_tokens)
-                for source in split_list(self.cfg.server_eval_data)}
+    def scores(self, model: Any, tokenizer: Any) -> dict[str, Any]:
+        """`ppl/<source>` of `model` on the public held-out texts the server scores (`server-eval-data`), with each
+        window's NLL and token count (`window-nll/<source>`, `window-tokens/<source>`): scores on public text, which
+        let the server pair this model with the global one window by window."""
+        out: dict[str, Any] = {}
+        for source in split_list(self.cfg.server_eval_data):
+            scored = held_out_metrics(model, tokenizer, held_out_text(source, self.cfg), self.cfg)
+            out[f"ppl/{source}"] = scored["ppl"]
+            out |= {f"{key}/{source}": scored[key] for key in WINDOW_KEYS}
+        return out
 
     def reference(self, content: RecordDict) -> RecordDict:
         """`standalone` (the paper's baseline): this client prunes every layer of the dense model with only its
@@ -101,9 +106,9 @@ class FedSpaLLMClient(FederatedClient):
         start = time.perf_counter()
         model, tokenizer = dense_model(self.cfg)
         batches = self.calibration(tokenizer, server_round=1)
-        metrics: dict[str, float | int] = {"num-examples": int(sum(b.shape[0] for b in batches)),
+        metrics: dict[str, Any] = {"num-examples": int(sum(b.shape[0] for b in batches)),
                                            "partition-id": self.partition_id}
-        stored = {k[len("standalone/"):]: float(v) for k, v in self.private.items() if k.startswith("standalone/")}
+        stored = {k[len("standalone/"):]: v for k, v in self.private.items() if k.startswith("standalone/")}
         if stored:
             metrics.update(stored, **{"reused-round-1": 1})
         else:

@@ -28,7 +28,7 @@ from fedprune_app.core.replies import to_record
 from fedprune_app.core.rundir import RunDirectory
 from fedprune_app.core.runtime import quiet_libraries, seed_everything
 from fedprune_app.core.strategy import FederatedStrategy
-from fedprune_app.llm.evaluation import held_out_text, perplexity
+from fedprune_app.llm.evaluation import held_out_metrics, held_out_text
 
 app = ServerApp()
 log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
@@ -50,27 +50,27 @@ def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirec
         metrics: dict[str, float] = {}
         for source, text in texts.items():
             start = time.perf_counter()
-            ppl = perplexity(model, tokenizer, text, cfg.ppl_window, cfg.ppl_stride,
-                             cfg.eval_ppl_tokens)
-            run.log({**notes, "round": server_round, "phase": "server-evaluate", "data": source, "ppl": ppl,
+            scored = held_out_metrics(model, tokenizer, text, cfg)
+            run.log({**notes, "round": server_round, "phase": "server-evaluate", "data": source, **scored,
                      "seconds": time.perf_counter() - start})
-            log.info("[fedprune] round %d: server perplexity on %s = %.2f", server_round, source, ppl)
-            metrics[f"ppl/{source}"] = ppl
+            log.info("[fedprune] round %d: server perplexity on %s = %.2f (%d tokens)", server_round, source,
+                     scored["ppl"], scored["ppl-tokens"])
+            metrics[f"ppl/{source}"] = scored["ppl"]
         return MetricRecord(metrics)
 
     return evaluate
 
 
 def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory) -> None:
-    """Perplexity of each of the strategy's comparison models on the same held-out texts."""
+    """Perplexity of each of the strategy's comparison models on the same held-out texts, per window too (rows as
+    the server's own: `held_out_metrics`), so every comparison with the global model can be paired."""
     sources = split_list(cfg.server_eval_data)
     for name, build in strategy.reference_models().items():
         model, tokenizer = build()
         for source in sources:
-            ppl = perplexity(model, tokenizer, held_out_text(source, cfg), cfg.ppl_window, cfg.ppl_stride,
-                             cfg.eval_ppl_tokens)
-            run.log({"phase": "reference", "model": name, "data": source, "ppl": ppl})
-            log.info("[fedprune] reference %s: perplexity on %s = %.2f", name, source, ppl)
+            scored = held_out_metrics(model, tokenizer, held_out_text(source, cfg), cfg)
+            run.log({"phase": "reference", "model": name, "data": source, **scored})
+            log.info("[fedprune] reference %s: perplexity on %s = %.2f", name, source, scored["ppl"])
 
 
 @app.main()

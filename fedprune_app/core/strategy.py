@@ -55,6 +55,7 @@ from fedprune_app.core.config import RunConfig
 from fedprune_app.core.progress import RoundProgress
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id, record_bytes, spec_of
 from fedprune_app.core.replies import check_arrays, to_record, weighted_average
+from fedprune_app.llm.evaluation import WINDOW_KEYS
 
 log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
 Recorder = Callable[[dict[str, Any]], None]
@@ -451,9 +452,11 @@ class FederatedStrategy(Strategy):
                 metrics = flat_metrics(msg.content)
                 for key, value in metrics.items():
                     if key.startswith("ppl/"):
+                        windows = {w: metrics[f"{w}/{key[4:]}"] for w in WINDOW_KEYS
+                                   if f"{w}/{key[4:]}" in metrics}  # per-window scores, where the client sent them
                         self.record({"phase": "reference", "model": name, "node": node_id,
                                      "client": metrics.get("partition-id"), "data": key[4:], "ppl": value,
-                                     "seconds": metrics.get("seconds")})
+                                     **windows, "seconds": metrics.get("seconds")})
 
     def evaluates(self, server_round: int) -> bool:
         """Round 0 (unless `eval-untouched` is false) and the last round; every `eval-every` rounds between."""

@@ -279,12 +279,17 @@ class ClientData:
 def partition_pool(pool: list[Example], num_partitions: int, partitioner: str, alpha: float, seed: int) -> list[
         list[int]]:
     """Indices of `pool` per partition: Flower Datasets' IidPartitioner or DirichletPartitioner over the label,
-    an example's `category` where it has one (natural_instructions: its source dataset), else its `source`."""
+    an example's `category` where it has one (natural_instructions: its source dataset), else its `source`.
+
+    IidPartitioner cuts the dataset into contiguous shards (it expects shuffled rows), and a pool is ordered by
+    source: the pool is therefore shuffled with `seed` first, so that every IID share holds every source in
+    proportion (unshuffled, 4 clients on 2 pooled sources got one source each)."""
     from datasets import Dataset
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
 
     ds = Dataset.from_dict({"source": [e.get("category") or e["source"] for e in pool], "idx": list(range(len(pool)))})
     if partitioner == "iid":
+        ds = ds.shuffle(seed=seed)
         part = IidPartitioner(num_partitions=num_partitions)
     else:
         part = DirichletPartitioner(num_partitions=num_partitions, partition_by="source", alpha=alpha, seed=seed,

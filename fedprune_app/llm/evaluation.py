@@ -109,6 +109,25 @@ def perplexity_metrics(scores: TokenScores, iters: int, seed: int) -> dict[str, 
     return out
 
 
+WINDOW_KEYS = ("window-nll", "window-tokens")  # per-window scores in a row: paired intervals between models
+
+
+def held_out_metrics(model: nn.Module, tokenizer: Any, text: str, cfg: RunConfig) -> dict[str, Any]:
+    """A model's sliding-window perplexity of one held-out text (the server's and the references' score):
+    `perplexity_metrics` plus each window's summed NLL and token count (`WINDOW_KEYS`), so that two models scored on
+    the same text can be compared with a paired bootstrap afterwards (`intervals.paired_perplexity_interval`)."""
+    scores = window_scores(model, tokenizer, text, cfg.ppl_window, cfg.ppl_stride, cfg.eval_ppl_tokens,
+                           cfg.eval_batch_size)
+    return {**perplexity_metrics(scores, cfg.ppl_bootstrap_iters, cfg.seed),
+            "window-nll": [round(float(x), 6) for x in scores.nll], "window-tokens": [int(t) for t in scores.tokens]}
+
+
+def window_scores_of(row: dict[str, Any]) -> TokenScores | None:
+    """The per-window scores a metrics row (or reply) carries (`held_out_metrics`), None where it has none."""
+    nll, tokens = row.get("window-nll"), row.get("window-tokens")
+    return TokenScores.of(nll, tokens) if nll and tokens else None
+
+
 def local_mc_task(name: str, test_path: Path) -> dict[str, Any]:
     """An lm-eval multiple-choice task over a JSONL file of our examples (prompt, choices, label)."""
     return {

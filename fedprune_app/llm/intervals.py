@@ -11,7 +11,7 @@ the percentile interval). Draws come from `numpy.random.default_rng(seed)`: the 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,3 +89,31 @@ def paired_perplexity_interval(a: TokenScores, b: TokenScores, statistic: str = 
     combine = np.divide if statistic == "ratio" else np.subtract
     lo, hi = bootstrap_percentile(lambda idx: combine(pa(idx), pb(idx)), len(a.nll), iters, seed, level)
     return Interval(float(combine(a.perplexity, b.perplexity)), lo, hi, level)
+
+
+def resampled_perplexities(scores: Mapping[Hashable, TokenScores], iters: int = 1000, seed: int = 0
+                           ) -> dict[Hashable, np.ndarray]:
+    """Each model's perplexity on the same `iters` bootstrap resamples of the units all of them were scored on:
+    the draws of a paired comparison of any statistic of several models (e.g. one model against the mean of
+    several others), computed draw by draw."""
+    units = next(iter(scores.values())).tokens
+    if any(not np.array_equal(s.tokens, units) for s in scores.values()):
+        raise ValueError("paired perplexities need every model scored on the same units (equal token counts)")
+    idx = np.random.default_rng(seed).integers(0, len(units), size=(iters, len(units)))
+    return {key: _resampled_perplexity(s)(idx) for key, s in scores.items()}
+
+
+def pooled_interval(estimates: Sequence[float], draws: Sequence[np.ndarray], seed: int = 0,
+                    level: float = 0.95) -> Interval:
+    """A statistic measured in independent replicates (runs with different seeds), each with its bootstrap draws
+    over units: the estimate is the replicates' mean, and each bootstrap sample draws the replicates with
+    replacement and averages their draws of that sample (a two-stage bootstrap: replicates, then units within
+    each; Davison & Hinkley 1997, §3.8). One replicate: its own percentile interval."""
+    if len(estimates) != len(draws) or not draws:
+        raise ValueError(f"pooled_interval needs one set of draws per estimate, got {len(estimates)} and {len(draws)}")
+    stacked = np.stack(draws)  # [replicates, iters]
+    reps, iters = stacked.shape
+    pick = np.random.default_rng(seed).integers(0, reps, size=(iters, reps)) if reps > 1 else np.zeros((iters, 1), int)
+    values = stacked[pick, np.arange(iters)[:, None]].mean(axis=1)
+    lo, hi = np.percentile(values, [50 * (1 - level), 50 * (1 + level)])
+    return Interval(float(np.mean(estimates)), float(lo), float(hi), level)

@@ -61,6 +61,10 @@ def test_iid_partitions_cover_the_pool_evenly_and_deterministically() -> None:
     assert sorted(i for p in parts for i in p) == list(range(120))
     assert [len(p) for p in parts] == [30, 30, 30, 30]
     assert parts == partition_pool(pool, 4, "iid", 0.5, seed=0)
+    # a pool is ordered by source: every IID share must still hold both in proportion (contiguous shards of the
+    # unshuffled pool gave clients 0-1 only 'a' and clients 2-3 only 'b')
+    assert all(12 <= sum(pool[i]["source"] == "a" for i in p) <= 18 for p in parts), parts
+    assert _skew(parts, pool) < 0.65 and parts != partition_pool(pool, 4, "iid", 0.5, seed=1)
 
 
 def _skew(parts: list[list[int]], pool: list[dict]) -> float:

@@ -12,6 +12,8 @@ from fedprune_app.llm.intervals import (
     bootstrap_percentile,
     paired_perplexity_interval,
     perplexity_interval,
+    pooled_interval,
+    resampled_perplexities,
 )
 
 A = TokenScores.of([12.0, 30.5, 7.25, 19.0, 44.0, 3.5, 25.0], [5, 11, 4, 8, 13, 2, 9])
@@ -71,3 +73,33 @@ def test_bad_input_names_what_is_wrong() -> None:
         bootstrap_percentile(lambda idx: idx.mean(axis=1), 3, 10, 0, level=1.5)
     with pytest.raises(ValueError, match="at least one"):
         TokenScores.of([], [])
+
+
+def test_resampled_perplexities_draw_one_set_of_units_for_every_model() -> None:
+    """Draw by draw, the same resampled units for both models: A − B equals the explicit paired loop."""
+    draws = resampled_perplexities({"a": A, "b": B}, iters=150, seed=9)
+    ref = _loop([A, B], lambda a, b: a - b, 150, 9)
+    assert draws["a"] - draws["b"] == pytest.approx(ref, rel=1e-12)
+    with pytest.raises(ValueError, match="same units"):
+        resampled_perplexities({"a": A, "c": TokenScores.of([1.0], [1])})
+
+
+def test_pooled_interval_resamples_replicates_then_takes_each_replicates_own_draw() -> None:
+    """Two-stage bootstrap against a loop: each sample draws replicates with replacement and averages their draws
+    of that sample; one replicate is its own percentile interval."""
+    rng = np.random.default_rng(3)
+    draws = [rng.normal(mu, 1.0, size=400) for mu in (0.0, 2.0, 5.0)]
+    ci = pooled_interval([0.1, 2.1, 4.9], draws, seed=4, level=0.9)
+    pick, ref = np.random.default_rng(4).integers(0, 3, size=(400, 3)), []
+    for i in range(400):
+        ref.append(sum(float(draws[int(j)][i]) for j in pick[i]) / 3)
+    assert ci.estimate == pytest.approx(7.1 / 3)
+    assert (ci.lo, ci.hi) == pytest.approx((_percentile_by_hand(ref, 5.0), _percentile_by_hand(ref, 95.0)),
+                                           rel=1e-12)
+    single = pooled_interval([0.1], draws[:1], level=0.9)
+    assert (single.lo, single.hi) == pytest.approx((_percentile_by_hand(list(draws[0]), 5.0),
+                                                    _percentile_by_hand(list(draws[0]), 95.0)), rel=1e-12)
+    # the replicates' spread widens the interval beyond any one replicate's
+    assert ci.hi - ci.lo > single.hi - single.lo
+    with pytest.raises(ValueError, match="one set of draws per estimate"):
+        pooled_interval([1.0, 2.0], draws[:1])

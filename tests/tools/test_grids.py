@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 from argparse import Namespace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedprune_app.core.config import RunConfig
@@ -40,20 +42,61 @@ def fake_run(out: Path, tag: str, sparsity: float, fed: float, standalone: float
     return run
 
 
-def args(only: str = "table1", sparsity: str = "0.5,0.6,0.7") -> Namespace:
-    return Namespace(only=only, sparsity=sparsity)
+def args(only: str = "table1", sparsity: str = "0.5,0.6,0.7", seeds: str = "0") -> Namespace:
+    return Namespace(only=only, sparsity=sparsity, seeds=seeds)
+
+
+def windows(ppl: float, text: list[int], noise: float, n: int = 64) -> dict[str, list]:
+    """Per-window scores (`window-nll`, `window-tokens`) of n windows of 100 tokens whose perplexity is about ppl:
+    each window's NLL per token is log(ppl) plus the text's difficulty (drawn from the seed `text`, so models scored
+    on the same text are correlated, as real models are) plus the model's own noise."""
+    base = np.random.default_rng(text).normal(0.0, 0.5, size=n)
+    own = np.random.default_rng(int(ppl * 1000) % 2**32).normal(0.0, noise, size=n)
+    return {"window-nll": list(100 * (math.log(ppl) + base - base.mean() + own - own.mean())),
+            "window-tokens": [100] * n}
+
+
+def window_run(out: Path, tag: str, sparsity: float, fed: float, standalone: list[float], noise: float = 0.01,
+               text_seed: int = 0) -> Path:
+    """`fake_run` plus the metrics rows of a run that records every window: the server's (dense, then global) and the
+    references' (random, centralized, one standalone per client), all on the same texts (`text_seed`)."""
+    run = fake_run(out, tag, sparsity, fed, sum(standalone) / len(standalone), 1e6)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for source in SOURCES:
+        text = [text_seed, SOURCES.index(source)]
+
+        def scored(ppl: float, text: list[int] = text) -> dict[str, list]:
+            return windows(ppl, text, noise)
+
+        rows += [{"phase": "server-evaluate", "round": 0, "data": source, "ppl": 20.0, **scored(20.0)},
+                 {"phase": "server-evaluate", "round": 1, "data": source, "ppl": fed, **scored(fed)},
+                 {"phase": "reference", "model": "random", "data": source, "ppl": 1e6, **scored(1e6)}]
+        rows += [{"phase": "reference", "model": "standalone", "client": k, "data": source, "ppl": p, **scored(p)}
+                 for k, p in enumerate(standalone)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
 
 
 def test_cells_use_valid_presets_and_unique_tags() -> None:
     cells = GRID.cells(args(only="", sparsity="0.5,0.8"))
     assert [c.tag for c in cells] == ["table1-s50", "table1-s80", "table2-s50", "table2-s80", "table3-s50",
-                                      "table3-s80", "comm-sampled"]
-    assert [c.supernodes for c in cells] == [4, 4, 8, 8, 16, 16, 4]
+                                      "table3-s80", "paper-s50", "paper-s80", "comm-sampled"]
+    assert [c.supernodes for c in cells] == [4, 4, 8, 8, 16, 16, 4, 4, 4]
     for cell in cells:  # every cell's merged config validates; the table presets wait for all their clients
         cfg = RunConfig.from_flower(merged_config(ROOT, list(cell.run_config)))
         assert cfg.method == "fedspallm" and cfg.section(FedSpaLLMConfig).sparsity == cell.settings["sparsity"]
-        if cell.group.startswith("table"):
+        if cell.group != "comm":  # the claims' cells: ≥ 32,768 tokens per domain, every window recorded
             assert cfg.min_nodes == cell.supernodes and cfg.section(FedSpaLLMConfig).fedspallm_resources == "1.0"
+            assert cfg.eval_ppl_tokens >= 32768
+
+
+def test_seed_replicates_are_cells_of_their_own_that_the_tables_pool() -> None:
+    cells = GRID.cells(Namespace(only="paper", sparsity="0.5", seeds="0,1,2"))
+    assert [c.tag for c in cells] == ["paper-s50", "paper-s50-seed1", "paper-s50-seed2"]
+    assert [c.settings.get("replicate-of") for c in cells] == [None, "paper-s50", "paper-s50"]
+    assert [RunConfig.from_flower(merged_config(ROOT, list(c.run_config))).seed for c in cells] == [0, 1, 2]
+    with pytest.raises(SystemExit, match="--seeds must include 0"):
+        GRID.cells(Namespace(only="paper", sparsity="0.5", seeds="1,2"))
 
 
 def test_finished_run_ignores_failed_and_other_tags(tmp_path: Path) -> None:
@@ -194,3 +237,58 @@ def test_a_verdict_follows_its_interval() -> None:
     assert judge([("a", 52, 50, gt, (-0.5, 4.5, 9)), ("b", 40, 50, gt, (-12.0, -8.0, 9))])[0] is False
     assert judge([("a", 52, 50, gt, (0.5, 3.5, 9)), ("b", None, 50, gt, None)])[0] is None
     assert judge([("a", 52, 50, gt, (0.5, 3.5, 9)), ("b", 53, 50, gt, (1.0, 5.0, 9))])[0] is True
+
+
+def claim_lines(text: str) -> list[str]:
+    return [line for line in text.split("## Claims")[1].split("## Communication")[0].splitlines()
+            if line.startswith("- ")]
+
+
+def test_windowed_runs_decide_the_perplexity_claims_by_paired_intervals(tmp_path: Path) -> None:
+    """With every window recorded the two perplexity claims are judged on paired intervals: a global model clearly
+    below every standalone one and a gap that grows read held; the evidence names Δ, its interval and n."""
+    cells = GRID.cells(args(sparsity="0.5,0.6"))
+    runs = {"table1-s50": window_run(tmp_path, "table1-s50", 0.5, 30.0, [32.0, 33.0, 31.5, 32.5]),
+            "table1-s60": window_run(tmp_path, "table1-s60", 0.6, 40.0, [48.0, 47.0, 49.0, 46.0])}
+    le, gap = claim_lines(GRID.render(cells, runs))[:2]
+    assert "**held**" in le and "table1 50% `wiki`: 30.00 vs 32.25 (Δ -2.25 [" in le and "n = 64)" in le
+    assert "**held**" in gap and "table1 60% vs 50%:" in gap
+
+
+def test_a_difference_inside_the_noise_reads_unresolved_and_a_reversal_not_held(tmp_path: Path) -> None:
+    cells = GRID.cells(args(sparsity="0.5,0.6"))
+    noisy = {"table1-s50": window_run(tmp_path / "a", "table1-s50", 0.5, 30.0, [30.1, 30.2, 29.9, 30.0], noise=0.3),
+             "table1-s60": window_run(tmp_path / "a", "table1-s60", 0.6, 40.0, [40.2, 39.9, 40.1, 40.0], noise=0.3)}
+    le, gap = claim_lines(GRID.render(cells, noisy))[:2]
+    assert "**unresolved**" in le and "**unresolved**" in gap
+    worse = {"table1-s50": window_run(tmp_path / "b", "table1-s50", 0.5, 34.0, [30.0, 31.0, 30.5, 29.5]),
+             "table1-s60": window_run(tmp_path / "b", "table1-s60", 0.6, 40.0, [48.0, 47.0, 49.0, 46.0])}
+    assert "**not held**" in claim_lines(GRID.render(cells, worse))[0]
+
+
+def test_the_global_vs_standalone_interval_is_a_brute_force_paired_bootstrap(tmp_path: Path) -> None:
+    """One run: Δ's interval is the percentile interval of ppl(global) − mean_k ppl(standalone_k), recomputed here
+    from the recorded windows with the same resampled indices."""
+    from tools.grids.fedspallm.paired import ITERS, _stream, global_vs_standalone
+
+    run = window_run(tmp_path, "table1-s50", 0.5, 30.0, [32.0, 31.0], noise=0.2)
+    label, a, b, _, (lo, hi, n) = global_vs_standalone([run], "nyt", "x")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    fed = next(r for r in rows if r.get("round") == 1 and r["data"] == "nyt")
+    std = [r for r in rows if r.get("model") == "standalone" and r["data"] == "nyt"]
+    def ppl(row: dict, idx: np.ndarray) -> float:
+        return math.exp(sum(row["window-nll"][i] for i in idx) / (100 * len(idx)))
+    idx = np.random.default_rng(_stream(0, "nyt")).integers(0, 64, size=(ITERS, 64))
+    diffs = [ppl(fed, i) - (ppl(std[0], i) + ppl(std[1], i)) / 2 for i in idx[:ITERS]]
+    assert (lo, hi) == pytest.approx(tuple(np.percentile(diffs, [2.5, 97.5])), rel=1e-9)
+    assert (a, b, n) == (pytest.approx(ppl(fed, np.arange(64))),
+                         pytest.approx((ppl(std[0], np.arange(64)) + ppl(std[1], np.arange(64))) / 2), 64)
+
+
+def test_replicates_pool_into_the_claim_and_count_their_windows(tmp_path: Path) -> None:
+    cells = GRID.cells(args(sparsity="0.5", seeds="0,1"))
+    runs = {"table1-s50": window_run(tmp_path, "table1-s50", 0.5, 30.0, [32.0, 33.0]),
+            "table1-s50-seed1": window_run(tmp_path, "table1-s50-seed1", 0.5, 31.0, [33.0, 34.0], text_seed=1)}
+    text = GRID.render(cells, runs)
+    assert "n = 128)" in claim_lines(text)[0] and "30.50 vs 33.00" in claim_lines(text)[0]
+    assert text.count("| 50% | fedspallm |") == 1  # the tables show seed 0 only

@@ -206,7 +206,7 @@ def test_standalone_reference_is_each_clients_own_full_pruning(fedspallm_cfg, fl
     client is logged, not fatal."""
     from fedprune_app.core.runtime import client_seed
     from fedprune_app.llm.data import client_data
-    from fedprune_app.llm.evaluation import held_out_text, perplexity
+    from fedprune_app.llm.evaluation import held_out_text, perplexity, window_scores
     from fedprune_app.llm.layers import calibration_batches, dense_model
     from fedprune_app.methods.fedspallm.pruners import prune_sequentially, pruner_for
 
@@ -224,7 +224,12 @@ def test_standalone_reference_is_each_clients_own_full_pruning(fedspallm_cfg, fl
     prune_sequentially(model, batches, [0, 1], pruner_for(cfg))
     source = cfg.server_eval_data
     expected = perplexity(model, tok, held_out_text(source, cfg), 64, 64, 128)
-    assert next(r["ppl"] for r in ok if r["client"] == 1) == pytest.approx(expected, rel=1e-5)
+    row = next(r for r in ok if r["client"] == 1)
+    assert row["ppl"] == pytest.approx(expected, rel=1e-5)
+    # each window's score travels too (public text), so the server can pair it with the global model's
+    windows = window_scores(model, tok, held_out_text(source, cfg), 64, 64, 128)
+    assert row["window-tokens"] == windows.tokens.tolist() and len(windows.tokens) > 1
+    assert row["window-nll"] == pytest.approx(windows.nll.tolist(), rel=1e-5)
     dense_ppl = perplexity(*dense_model(cfg), held_out_text(source, cfg), 64, 64, 128)
     assert expected != pytest.approx(dense_ppl, rel=1e-3)
 
@@ -250,8 +255,9 @@ def test_standalone_reuses_a_round_1_prune_of_every_layer(fedspallm_cfg, flower_
     for node, reply in zip([10, 11], grid.send_and_receive(_reference_messages([10, 11])), strict=True):
         got = dict(reply.content.metric_records["metrics"])
         assert got.pop("reused-round-1") == 1 and not calls
-        for key in [k for k in got if k.startswith("ppl/")]:
+        for key in [k for k in got if k.startswith(("ppl/", "window-nll/", "window-tokens/"))]:
             assert got[key] == pytest.approx(recomputed[node][key], rel=1e-6), key
+        assert any(k.startswith("window-nll/") for k in got)
 
 
 def _reference_messages(nodes: list[int]) -> list[Message]:
@@ -310,3 +316,34 @@ def test_resources_come_from_node_config_and_layers_follow_partitions(fedspallm_
         assert [len(by_partition[p]) for p in range(3)] == [2, 1, 1]  # k_i = max(1, round(r_i * 2 layers))
         deals.append(by_partition)
     assert deals[0] == deals[1]
+
+
+def test_server_and_reference_rows_carry_their_windows(fedspallm_cfg) -> None:
+    """The server's score of the global model and of each reference it builds are logged per window, on the same
+    windows: what the grid's paired intervals resample."""
+    from fedprune_app.llm.evaluation import held_out_text, window_scores, window_scores_of
+    from fedprune_app.llm.layers import dense_model
+    from fedprune_app.server_app import score_references, server_evaluation
+
+    class Log:
+        def __init__(self) -> None:
+            self.rows: list[dict] = []
+
+        def log(self, row: dict) -> None:
+            self.rows.append(row)
+
+    cfg = fedspallm_cfg.replace(**{"fedspallm-references": "random"})
+    strategy, run = FedSpaLLMStrategy(cfg), Log()
+    handle = strategy.initial_arrays()
+    server_evaluation(cfg, strategy, run)(0, handle)
+    score_references(cfg, strategy, run)
+    server, random = run.rows
+    assert (server["phase"], random["phase"], random["model"]) == ("server-evaluate", "reference", "random")
+    expected = window_scores(*dense_model(cfg), held_out_text(cfg.server_eval_data, cfg), cfg.ppl_window,
+                             cfg.ppl_stride, cfg.eval_ppl_tokens)
+    dense = window_scores_of(server)
+    assert dense.tokens.tolist() == expected.tokens.tolist() == window_scores_of(random).tokens.tolist()
+    assert dense.nll.tolist() == pytest.approx(expected.nll.tolist(), rel=1e-5)
+    assert server["ppl"] == pytest.approx(dense.perplexity, rel=1e-5) and server["ppl-tokens"] == dense.token_count
+    assert server["ppl-lo"] < server["ppl"] < server["ppl-hi"]
+    assert window_scores_of(random).nll.tolist() != pytest.approx(dense.nll.tolist(), rel=1e-3)  # another model

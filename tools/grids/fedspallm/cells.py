@@ -1,4 +1,11 @@
-"""The FedSpaLLM grid's cells: Tables 1–3 (4, 8, 16 clients) × the target sparsities, and the communication cell."""
+"""The FedSpaLLM grid's cells: Tables 1–3 (4, 8, 16 clients) × the target sparsities under this app's protocol, the
+same sparsities under the paper's protocol (`paper`: 4 clients), and the communication cell.
+
+Protocols: `table1..3` calibrate each client on its own domain and score the four domains
+(`conf/fedspallm-table*.toml`); `paper` calibrates every client on an IID share of one generic corpus and scores
+corpora no client calibrated on (`conf/fedspallm-paper.toml`). `--seeds 0,1,2` adds replicates of every table cell
+(tag `<cell>-seed<k>`, run config `seed=k`): the tables show seed 0, the claims pool the replicates
+(tools/grids/fedspallm/paired.py)."""
 
 from __future__ import annotations
 
@@ -6,16 +13,29 @@ from typing import Any
 
 from tools.grids import Cell
 
-TABLES = {"table1": 4, "table2": 8, "table3": 16}
+TABLES = {"table1": 4, "table2": 8, "table3": 16, "paper": 4}  # group: clients
+PRESETS = {"table1": "conf/fedspallm-table1.toml", "table2": "conf/fedspallm-table2.toml",
+           "table3": "conf/fedspallm-table3.toml", "paper": "conf/fedspallm-paper.toml"}
+
+
+def replicate_tag(tag: str, seed: int) -> str:
+    return tag if seed == 0 else f"{tag}-seed{seed}"
 
 
 def cells(args: Any) -> list[Cell]:
     sparsities = [float(s) for s in str(args.sparsity).split(",")]
+    seeds = [int(s) for s in str(getattr(args, "seeds", "0") or "0").split(",")]
+    if 0 not in seeds:
+        raise SystemExit(f"--seeds must include 0 (the tables' own run), got {seeds}")
     out = []
     for group, n in TABLES.items():
         for s in sparsities:
-            out.append(Cell(group, f"{group}-s{round(s * 100)}", (f"conf/fedspallm-{group}.toml", f"sparsity={s}"),
-                            n, {"clients": n, "sparsity": s}))
+            tag = f"{group}-s{round(s * 100)}"
+            for seed in seeds:
+                extra = {} if seed == 0 else {"replicate-of": tag, "seed": seed}
+                out.append(Cell(group, replicate_tag(tag, seed),
+                                (PRESETS[group], f"sparsity={s}" + (f" seed={seed}" if seed else "")),
+                                n, {"clients": n, "sparsity": s, **extra}))
     out.append(Cell("comm", "comm-sampled", ("conf/fedspallm.toml", "sparsity=0.5 fedspallm-references=''"), 4,
                     {"clients": 4, "sparsity": 0.5, "resources": 0.5}))
     only = [g for g in str(args.only).split(",") if g]

@@ -1,13 +1,16 @@
-"""What the FedSpaLLM grid reads from its runs' files: the perplexities of summary.json and the zeros per matrix of
-sparsity.json."""
+"""What the FedSpaLLM grid reads from its runs' files: the perplexities of summary.json, the per-window scores of
+metrics.jsonl and the zeros per matrix of sparsity.json."""
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 
+from fedprune_app.llm.evaluation import window_scores_of
+from fedprune_app.llm.intervals import TokenScores
 from fedprune_app.methods.fedspallm.masks import target_count
-from tools.grids import read_summary
+from tools.grids import read_metrics, read_summary
 
 
 def model_rows(run_dir: Path) -> tuple[list[str], dict[str, dict[str, float]]]:
@@ -28,3 +31,23 @@ def exact_sparsity(run_dir: Path, sparsity: float) -> tuple[int, int]:
     report = json.loads((run_dir / "sparsity.json").read_text())["matrices"]
     exact = sum(m["zeros"] == target_count(sparsity, m["size"]) for m in report.values())
     return exact, len(report)
+
+
+def window_scores(run_dir: Path) -> dict[str, dict[str, list[TokenScores]]]:
+    """{row: {source: [per-window scores, one per model]}} of one run: dense = the server's round 0, fedspallm = its
+    last round, random / centralized = the server's references, standalone = one per client (in client order).
+    Empty for a run recorded before rows carried their windows (then only point estimates exist)."""
+    rows = read_metrics(run_dir)
+    server = [r for r in rows if r.get("phase") == "server-evaluate"]
+    if not server or any(window_scores_of(r) is None for r in server):
+        return {}
+    last = max(int(r["round"]) for r in server)
+    out: dict[str, dict[str, list[TokenScores]]] = defaultdict(lambda: defaultdict(list))
+    for r in server:
+        if int(r["round"]) in (0, last):
+            out["dense" if int(r["round"]) == 0 else "fedspallm"][str(r["data"])].append(window_scores_of(r))
+    refs = [r for r in rows if r.get("phase") == "reference" and r.get("status") != "failed"]
+    for r in sorted(refs, key=lambda r: (str(r["model"]), int(r.get("client") or 0))):
+        if (scores := window_scores_of(r)) is not None:
+            out[str(r["model"])][str(r["data"])].append(scores)
+    return {name: dict(per) for name, per in out.items()}

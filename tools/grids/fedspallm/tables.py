@@ -5,11 +5,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools.grids import UNRESOLVED, Cell, fmt_ppl, mark, model_parameters, read_config, read_metrics, runs_section
+from tools.grids import (
+    UNRESOLVED,
+    Cell,
+    Pair,
+    fmt_ppl,
+    judge,
+    mark,
+    model_parameters,
+    read_config,
+    read_metrics,
+    runs_section,
+)
 from tools.grids.fedspallm.cells import TABLES
+from tools.grids.fedspallm.paired import gap_growth, global_vs_standalone
 from tools.grids.fedspallm.records import exact_sparsity, model_rows
 
 ROWS = ("dense", "random", "standalone", "fedspallm", "centralized")
+TITLES = {"paper": "## The paper's protocol: 4 clients calibrate on IID shares of one generic corpus (reddit + "
+                   "amazon_reviews, C4's stand-in), scored zero-shot on corpora none of them calibrated on"}
 
 
 def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
@@ -17,16 +31,20 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
              "Perplexity of held-out text per domain (lower is better). Rows: the dense model, a random mask, the "
              "mean of the client models each pruned with only its own data (standalone), the FedSpaLLM global "
              "model, and SparseGPT on all clients' calibration data pooled (centralized; the reference a "
-             "federation cannot run). Every number is read from the runs' summary.json; run directories below.", ""]
+             "federation cannot run). Tables 1–3 follow this app's protocol (each client calibrates on its own "
+             "domain; the four domains are scored); the last table the paper's (conf/fedspallm-paper.toml). Every "
+             "number is read from the runs' summary.json; run directories below.", ""]
     claims: dict[str, list[bool]] = {"le": [], "random": [], "exact": []}
     gaps: dict[str, dict[float, float]] = {}
     details: list[str] = []
     exact_counts = [0, 0]
+    paired: dict[str, list[Pair | None]] = {"le": [], "gap": []}
     for group, n in TABLES.items():
-        group_cells = [c for c in grid_cells if c.group == group]
+        group_cells = [c for c in grid_cells if c.group == group and "replicate-of" not in c.settings]
+        paired["gap"] += gap_pairs(group, group_cells, grid_cells, runs)
         if not group_cells:
             continue
-        lines += [f"## {group.replace('table', 'Table ')}: {n} clients", ""]
+        lines += [TITLES.get(group, f"## {group.replace('table', 'Table ')}: {n} clients"), ""]
         present = [c for c in group_cells if c.tag in runs]
         if present:  # the header from the first finished cell, so a missing cell's row sits inside the table
             sources = model_rows(runs[present[0].tag])[0]
@@ -47,6 +65,8 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
                                  + " | ".join(fmt_ppl(rows[name].get(x)) for x in sources) + " |")
             fed, std, rnd = rows["fedspallm"], rows.get("standalone"), rows.get("random")
             if std:
+                paired["le"] += [global_vs_standalone(replicates(cell, grid_cells, runs), x,
+                                                      f"{group} {round(s * 100)}% `{x}`") for x in sources]
                 ok = [fed[x] <= std[x] for x in sources]
                 claims["le"] += ok
                 if not all(ok):
@@ -65,19 +85,32 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
     counted = f"{' / '.join(f'{t:,}' for t in tokens)} tokens per domain" if tokens else "an unrecorded token count"
     basis = f"point estimates on {counted}, no interval: unresolved until the perplexities carry bootstrap intervals"
     lines += ["## Claims", "",
-              "A claim between two perplexities is decided only by an interval; these records hold point "
-              "estimates, so those claims read unresolved with their point comparison beside them.", ""]
+              "A claim between two perplexities is decided by a paired 95% interval: every model of a run is scored "
+              "on the same windows of each text, the windows are resampled together (replicate seeds of a cell, "
+              "where run, are pooled by a two-stage bootstrap), and n counts the windows behind each comparison. "
+              "A run recorded without per-window scores has point estimates only: its claims read unresolved.", ""]
     le = claims["le"]
-    lines.append(f"- The global model's perplexity is at or below the standalone mean at every sparsity: "
-                 f"{mark(UNRESOLVED if le else None)} ({sum(le)}/{len(le)} (setting, domain) pairs at the {basis})"
-                 + (f"; exceptions: {'; '.join(details)}" if details else "") + ".")
-    grows = [all(b > a for a, b in zip(list(g.values()), list(g.values())[1:], strict=False))
-             for g in gaps.values() if len(g) > 1]
-    gap_text = "; ".join(f"{group}: " + ", ".join(f"{round(s * 100)}% {100 * v:+.1f}%" for s, v in sorted(g.items()))
-                         for group, g in gaps.items())
-    lines.append(f"- The gap (standalone − FedSpaLLM, relative, mean over domains) grows with sparsity: "
-                 f"{mark(UNRESOLVED if grows else None)} ({gap_text}; grows in {sum(grows)}/{len(grows)} groups at "
-                 f"the {basis}).")
+    if paired["le"] and all(p is not None for p in paired["le"]):
+        held, evidence = judge([p for p in paired["le"] if p is not None])
+        lines.append(f"- The global model's perplexity is at or below the standalone mean at every sparsity: "
+                     f"{mark(held)} (Δ = ppl global − mean ppl standalone on {counted}; {evidence}).")
+    else:
+        lines.append(f"- The global model's perplexity is at or below the standalone mean at every sparsity: "
+                     f"{mark(UNRESOLVED if le else None)} ({sum(le)}/{len(le)} (setting, domain) pairs at the {basis})"
+                     + (f"; exceptions: {'; '.join(details)}" if details else "") + ".")
+    if paired["gap"] and all(p is not None for p in paired["gap"]):
+        held, evidence = judge([p for p in paired["gap"] if p is not None])
+        lines.append(f"- The gap (standalone − FedSpaLLM, relative, mean over domains) grows with sparsity: "
+                     f"{mark(held)} (gap in %, higher vs lower sparsity: {evidence}).")
+    else:
+        grows = [all(b > a for a, b in zip(list(g.values()), list(g.values())[1:], strict=False))
+                 for g in gaps.values() if len(g) > 1]
+        gap_text = "; ".join(f"{group}: " + ", ".join(f"{round(s * 100)}% {100 * v:+.1f}%"
+                                                     for s, v in sorted(g.items()))
+                             for group, g in gaps.items())
+        lines.append(f"- The gap (standalone − FedSpaLLM, relative, mean over domains) grows with sparsity: "
+                     f"{mark(UNRESOLVED if grows else None)} ({gap_text}; grows in {sum(grows)}/{len(grows)} groups "
+                     f"at the {basis}).")
     rnd = claims["random"]
     lines.append(f"- Random pruning is orders of magnitude worse (≥ 100× FedSpaLLM's perplexity): "
                  f"{mark(all(rnd) if rnd else None)} ({sum(rnd)}/{len(rnd)}; a margin of 100× no sampling error of "
@@ -87,6 +120,25 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
                  f"({exact_counts[0]}/{exact_counts[1]} matrices over {len(ex)} runs; a count, no sampling error).")
     lines += ["", *communication(grid_cells, runs), "", *runs_section(grid_cells, runs)]
     return "\n".join(lines) + "\n"
+
+
+def replicates(cell: Cell, grid_cells: list[Cell], runs: dict[str, Path]) -> list[Path]:
+    """A table cell's run, then its finished seed replicates (cells whose `replicate-of` is its tag), by seed."""
+    reps = sorted((c for c in grid_cells if c.settings.get("replicate-of") == cell.tag and c.tag in runs),
+                  key=lambda c: int(c.settings["seed"]))
+    return [runs[cell.tag], *(runs[c.tag] for c in reps)]
+
+
+def gap_pairs(group: str, group_cells: list[Cell], grid_cells: list[Cell], runs: dict[str, Path]
+              ) -> list[Pair | None]:
+    """The paired gap comparison of each two consecutive finished sparsities of a group (`paired.gap_growth`)."""
+    done = sorted((c for c in group_cells if c.tag in runs), key=lambda c: c.settings["sparsity"])
+    out: list[Pair | None] = []
+    for lo, hi in zip(done, done[1:], strict=False):
+        sources = model_rows(runs[lo.tag])[0]
+        label = f"{group} {round(hi.settings['sparsity'] * 100)}% vs {round(lo.settings['sparsity'] * 100)}%"
+        out.append(gap_growth(replicates(lo, grid_cells, runs), replicates(hi, grid_cells, runs), sources, label))
+    return out
 
 
 def communication(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
