@@ -1,4 +1,4 @@
-"""Adding a method takes the files the README lists and edits none: a toy method proves it.
+"""Adding a method takes the files docs/architecture.md lists and edits none: a toy method proves it.
 
 `toy_method/` holds a whole method in the layout's places (methods/toy/, strategies/toy.py, clients/toy.py,
 conf/toy.toml, tests/toy/). The test puts those folders on the packages' paths (as if the files had been dropped
@@ -31,7 +31,7 @@ from tests.local_grid import LocalGrid, method_config, run_server
 from tools import launch
 
 TOY = Path(__file__).resolve().parent / "toy_method"
-# the README's list: where each file of a new method goes
+# docs/architecture.md's list: where each file of a new method goes
 FILES = {"methods/toy/__init__.py": "fedprune_app/methods/toy/__init__.py",
          "methods/toy/config.py": "fedprune_app/methods/toy/config.py",
          "strategies/toy.py": "strategies/toy.py", "clients/toy.py": "clients/toy.py",

@@ -93,7 +93,9 @@ def test_presets_share_data_rounds_steps_and_evaluation() -> None:
     own = {"method", "flexlora-ranks", "fedtpa-warmup-steps", "fedtpa-feature-examples"}
     keys = set().union(*configs.values()) - own
     assert all(configs["fedtpa"].get(k) == configs[m].get(k) for m in PRESETS for k in keys)
-    assert configs["fedtpa"]["num-server-rounds"] == 4 and configs["fedtpa"]["local-steps"] == 6
+    # the paper's 15 rounds, Rouge-L on >= 100 examples (issue 21), and the curve every 5 rounds
+    assert configs["fedtpa"]["num-server-rounds"] == 15 and configs["fedtpa"]["local-steps"] == 6
+    assert configs["fedtpa"]["test-examples"] >= 100 and configs["fedtpa"]["eval-every"] == 5
 
 
 def test_tables_and_claims_held(tmp_path: Path) -> None:
@@ -218,12 +220,13 @@ def test_presets_evaluate_the_shared_global_test_split_once(flower_ids: None) ->
     cfg = RunConfig.from_flower(merged_config(ROOT, [PRESETS["fedtpa"]]))
     clients = [client_data(cfg, p, 5) for p in range(5)]
     assert all(c.test == clients[0].test and c.eval_source == "natural_instructions" for c in clients)
-    assert len(clients[0].test) == 12 and len({len(c.train) for c in clients}) > 1  # non-IID shares, one test set
+    assert len(clients[0].test) == 100 and len({len(c.train) for c in clients}) > 1  # non-IID shares, one test set
 
     class Nodes:
         def get_node_ids(self) -> list[int]:
             return [11, 12, 13, 14, 15]
 
     strategy = FederatedStrategy(cfg)
-    for server_round in (0, 4):
+    for server_round in (0, 5, 10, 15):  # eval-every = 5: the Rouge-L curve; no evaluation between
         assert len(list(strategy.configure_evaluate(server_round, ArrayRecord(), ConfigRecord(), Nodes()))) == 1
+    assert not list(strategy.configure_evaluate(4, ArrayRecord(), ConfigRecord(), Nodes()))
