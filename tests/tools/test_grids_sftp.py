@@ -68,7 +68,7 @@ def fake_run(out: Path, cell, acc: float | dict[int, float], model_dir: Path, ke
     accs = acc if isinstance(acc, dict) else {c: acc + 0.01 * c for c in range(4)}
     kept = {c: target[c] for c in range(4)} | (kept or {})
     data = {c: f"bigbench:task{c}" for c in range(4)}
-    rows = [{"round": 0, "phase": "evaluate", "client": c, "status": "ok", "acc": 0.40 + 0.01 * c,
+    rows = [{"round": 0, "phase": "evaluate", "client": c, "status": "ok", "acc": 0.40 + 0.01 * c, "ppl": 100.0 + c,
              "kept-ratio-prunable": 1.0, "data": data[c], "num-examples": examples} for c in range(4)]
     for t in range(1, rounds + 1):
         for c in range(4):
@@ -87,7 +87,8 @@ def fake_run(out: Path, cell, acc: float | dict[int, float], model_dir: Path, ke
     rows.append({"round": 2, "phase": "train", "client": 0, "status": "rejected", "bytes-up": 9e12})
     if final_eval:
         rows += [{"round": rounds, "phase": "evaluate", "client": c, "status": "ok", "acc": accs[c],
-                  "kept-ratio-prunable": kept[c], "data": data[c], "num-examples": examples} for c in range(4)]
+                  "ppl": 20 / accs[c], "kept-ratio-prunable": kept[c], "data": data[c], "num-examples": examples}
+                 for c in range(4)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if masks:
         m = agreeing_masks()
@@ -175,6 +176,11 @@ def test_tables_and_claims_held(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert "| SFT-P NOC/NOA | 40.00 | 41.00 | 42.00 | 43.00 | 41.50 | 0.500 |" in block50
     assert "| SFT-P +C/+A | 50.00 | 51.00 | 52.00 | 53.00 | 51.50 | 0.505 |" in block50
     assert "| SFT-P +C/NOA | 45.00 | 46.00 | 47.00 | 48.00 | 46.50 | 0.800 |" in text.split("### 50%")[0]
+    # the same Table 1 in answer perplexity: the untouched model at round 0, each model after its last round
+    ppl = text.split("the federated baselines and the SFT-P variants (answer perplexity)")[1]
+    ppl50 = ppl.split("### 50% pruned (keep 0.5)")[1].split("###")[0]
+    assert "| dense (round 0 of `p50-fedflap`) | 100.00 | 101.00 | 102.00 | 103.00 | 101.50 | 1.000 |" in ppl50
+    assert f"| SFT-P +C/+A | 40.00 | {20 / .51:.2f} | {20 / .52:.2f} | {20 / .53:.2f} |" in ppl50
     # Table 2: the 0.8 group (clients 0, 1) and the 0.5 group (2, 3), mixed vs uniform, kept vs target
     assert "| +C/+A (20% all) | 50.00 | 51.00 | 50.50 |" in text
     assert "| +C/+A (mixed) | 49.00 | 50.00 | 49.50 |" in text

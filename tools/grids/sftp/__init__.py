@@ -23,8 +23,13 @@ from pathlib import Path
 from tools.grids import Cell, FigureGrid, runs_section
 from tools.grids.sftp.cells import cells
 from tools.grids.sftp.figures import figures
+from tools.grids.sftp.records import answer_perplexity
 from tools.grids.sftp.rescored import section
 from tools.grids.sftp.tables import claims, communication, table1, table2
+
+PPL_NOTE = ("Answer perplexity (lower is better) of each client on its own test questions in the same evaluations as "
+            "the accuracies above: the deployed model's quality with less noise than accuracy on 30 questions. avg: "
+            "the mean over the four clients' perplexities.")
 
 
 def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
@@ -35,6 +40,7 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
              "directories at the end.", ""]
     if "table1" in groups:
         lines += table1(grid_cells, runs)
+        lines += table1(grid_cells, runs, answer_perplexity, " (answer perplexity)", PPL_NOTE)
     if "table2" in groups:
         lines += table2(runs)
     lines += claims(grid_cells, runs)

@@ -58,6 +58,13 @@ def accuracy(runs: dict[str, Path], tag: str, round_: int | None = None) -> dict
     return {} if run is None else {c: 100 * v for c, v in values(evaluations(run, round_), "acc").items()}
 
 
+def answer_perplexity(runs: dict[str, Path], tag: str, round_: int | None = None) -> dict[int, float]:
+    """{client: answer perplexity} of cell `tag` in `round_` (default its last round): exp of the mean NLL of its own
+    test questions' answers (`ppl` of the evaluate rows); {} when the cell did not run."""
+    run = runs.get(tag)
+    return {} if run is None else values(evaluations(run, round_), "ppl")
+
+
 def client_names(runs: Iterable[Path]) -> dict[int, str]:
     """{client: its data source} from the evaluate rows (`bigbench:` dropped)."""
     names: dict[int, str] = {}
