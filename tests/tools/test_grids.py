@@ -292,3 +292,17 @@ def test_replicates_pool_into_the_claim_and_count_their_windows(tmp_path: Path) 
     text = GRID.render(cells, runs)
     assert "n = 128)" in claim_lines(text)[0] and "30.50 vs 33.00" in claim_lines(text)[0]
     assert text.count("| 50% | fedspallm |") == 1  # the tables show seed 0 only
+
+
+def test_each_protocol_is_judged_apart(tmp_path: Path) -> None:
+    """Tables 1–3 (each client on its own domain) and the paper's protocol get their own verdicts: a reversal under
+    one does not decide the other."""
+    cells = GRID.cells(args(only="table1,paper", sparsity="0.5"))
+    runs = {"table1-s50": window_run(tmp_path, "table1-s50", 0.5, 34.0, [30.0, 31.0, 30.5, 29.5]),
+            "paper-s50": window_run(tmp_path, "paper-s50", 0.5, 30.0, [32.0, 33.0, 31.5, 32.5])}
+    text = GRID.render(cells, runs)
+    app, app_gap, paper = claim_lines(text)[:3]
+    assert "**not checked** (cells missing) (fewer than two finished sparsities)" in app_gap
+    assert app.startswith("- Under this app's protocol") and "**not held**" in app and "paper" not in app
+    assert paper.startswith("- Under the paper's protocol") and "**held**" in paper and "paper 50% `wiki`" in paper
+    assert "## The paper's protocol: 4 clients calibrate on IID shares" in text

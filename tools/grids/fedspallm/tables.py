@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools.grids import (
@@ -19,7 +20,7 @@ from tools.grids import (
 )
 from tools.grids.fedspallm.cells import TABLES
 from tools.grids.fedspallm.paired import gap_growth, global_vs_standalone
-from tools.grids.fedspallm.records import exact_sparsity, model_rows
+from tools.grids.fedspallm.records import exact_sparsity, model_rows, window_scores
 
 ROWS = ("dense", "random", "standalone", "fedspallm", "centralized")
 TITLES = {"paper": "## The paper's protocol: 4 clients calibrate on IID shares of one generic corpus (reddit + "
@@ -34,14 +35,13 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
              "federation cannot run). Tables 1–3 follow this app's protocol (each client calibrates on its own "
              "domain; the four domains are scored); the last table the paper's (conf/fedspallm-paper.toml). Every "
              "number is read from the runs' summary.json; run directories below.", ""]
-    claims: dict[str, list[bool]] = {"le": [], "random": [], "exact": []}
-    gaps: dict[str, dict[float, float]] = {}
-    details: list[str] = []
+    claims: dict[str, list[bool]] = {"random": [], "exact": []}
     exact_counts = [0, 0]
-    paired: dict[str, list[Pair | None]] = {"le": [], "gap": []}
+    evidence = {name: Evidence() for name in PROTOCOLS}
     for group, n in TABLES.items():
         group_cells = [c for c in grid_cells if c.group == group and "replicate-of" not in c.settings]
-        paired["gap"] += gap_pairs(group, group_cells, grid_cells, runs)
+        ev = evidence[protocol_of(group)]
+        ev.gap_pairs += gap_pairs(group, group_cells, grid_cells, runs)
         if not group_cells:
             continue
         lines += [TITLES.get(group, f"## {group.replace('table', 'Table ')}: {n} clients"), ""]
@@ -65,14 +65,15 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
                                  + " | ".join(fmt_ppl(rows[name].get(x)) for x in sources) + " |")
             fed, std, rnd = rows["fedspallm"], rows.get("standalone"), rows.get("random")
             if std:
-                paired["le"] += [global_vs_standalone(replicates(cell, grid_cells, runs), x,
-                                                      f"{group} {round(s * 100)}% `{x}`") for x in sources]
+                ev.le_pairs += [global_vs_standalone(replicates(cell, grid_cells, runs), x,
+                                                     f"{group} {round(s * 100)}% `{x}`") for x in sources]
                 ok = [fed[x] <= std[x] for x in sources]
-                claims["le"] += ok
+                ev.le_points += ok
                 if not all(ok):
-                    details.append(f"{group} {round(s * 100)}%: FedSpaLLM above standalone on "
-                                   + ", ".join(x for x, good in zip(sources, ok, strict=True) if not good))
-                gaps.setdefault(group, {})[s] = sum((std[x] - fed[x]) / std[x] for x in sources) / len(sources)
+                    ev.details.append(f"{group} {round(s * 100)}%: FedSpaLLM above standalone on "
+                                      + ", ".join(x for x, good in zip(sources, ok, strict=True) if not good))
+                ev.gaps.setdefault(group, {})[s] = sum((std[x] - fed[x]) / std[x] for x in sources) / len(sources)
+                ev.tokens |= token_counts(runs[cell.tag])
             if rnd:
                 claims["random"] += [rnd[x] >= 100 * fed[x] for x in sources]
             exact, total = exact_sparsity(runs[cell.tag], s)
@@ -80,37 +81,14 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
             exact_counts[1] += total
             claims["exact"].append(exact == total)
         lines.append("")
-    tokens = sorted({int(t) for c in grid_cells if c.tag in runs
-                     if (t := read_config(runs[c.tag]).get("eval-ppl-tokens")) is not None})
-    counted = f"{' / '.join(f'{t:,}' for t in tokens)} tokens per domain" if tokens else "an unrecorded token count"
-    basis = f"point estimates on {counted}, no interval: unresolved until the perplexities carry bootstrap intervals"
     lines += ["## Claims", "",
               "A claim between two perplexities is decided by a paired 95% interval: every model of a run is scored "
               "on the same windows of each text, the windows are resampled together (replicate seeds of a cell, "
               "where run, are pooled by a two-stage bootstrap), and n counts the windows behind each comparison. "
-              "A run recorded without per-window scores has point estimates only: its claims read unresolved.", ""]
-    le = claims["le"]
-    if paired["le"] and all(p is not None for p in paired["le"]):
-        held, evidence = judge([p for p in paired["le"] if p is not None])
-        lines.append(f"- The global model's perplexity is at or below the standalone mean at every sparsity: "
-                     f"{mark(held)} (Δ = ppl global − mean ppl standalone on {counted}; {evidence}).")
-    else:
-        lines.append(f"- The global model's perplexity is at or below the standalone mean at every sparsity: "
-                     f"{mark(UNRESOLVED if le else None)} ({sum(le)}/{len(le)} (setting, domain) pairs at the {basis})"
-                     + (f"; exceptions: {'; '.join(details)}" if details else "") + ".")
-    if paired["gap"] and all(p is not None for p in paired["gap"]):
-        held, evidence = judge([p for p in paired["gap"] if p is not None])
-        lines.append(f"- The gap (standalone − FedSpaLLM, relative, mean over domains) grows with sparsity: "
-                     f"{mark(held)} (gap in %, higher vs lower sparsity: {evidence}).")
-    else:
-        grows = [all(b > a for a, b in zip(list(g.values()), list(g.values())[1:], strict=False))
-                 for g in gaps.values() if len(g) > 1]
-        gap_text = "; ".join(f"{group}: " + ", ".join(f"{round(s * 100)}% {100 * v:+.1f}%"
-                                                     for s, v in sorted(g.items()))
-                             for group, g in gaps.items())
-        lines.append(f"- The gap (standalone − FedSpaLLM, relative, mean over domains) grows with sparsity: "
-                     f"{mark(UNRESOLVED if grows else None)} ({gap_text}; grows in {sum(grows)}/{len(grows)} groups "
-                     f"at the {basis}).")
+              "A run recorded without per-window scores has point estimates only: its claims read unresolved. The "
+              "two protocols are judged apart.", ""]
+    for name, ev in evidence.items():
+        lines += perplexity_claims(PROTOCOLS[name], ev)
     rnd = claims["random"]
     lines.append(f"- Random pruning is orders of magnitude worse (≥ 100× FedSpaLLM's perplexity): "
                  f"{mark(all(rnd) if rnd else None)} ({sum(rnd)}/{len(rnd)}; a margin of 100× no sampling error of "
@@ -120,6 +98,72 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
                  f"({exact_counts[0]}/{exact_counts[1]} matrices over {len(ex)} runs; a count, no sampling error).")
     lines += ["", *communication(grid_cells, runs), "", *runs_section(grid_cells, runs)]
     return "\n".join(lines) + "\n"
+
+
+PROTOCOLS = {"app": "this app's protocol (Tables 1–3: each client calibrates on its own domain)",
+             "paper": "the paper's protocol (one generic calibration corpus, zero-shot corpora)"}
+
+
+def protocol_of(group: str) -> str:
+    return "paper" if group == "paper" else "app"
+
+
+@dataclass
+class Evidence:
+    """What one protocol's perplexity claims are decided on: paired comparisons (None where a run lacks windows),
+    and the point estimates that stand in for them on older records."""
+
+    le_pairs: list[Pair | None] = field(default_factory=list)
+    gap_pairs: list[Pair | None] = field(default_factory=list)
+    le_points: list[bool] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+    gaps: dict[str, dict[float, float]] = field(default_factory=dict)
+    tokens: set[int] = field(default_factory=set)
+
+
+def token_counts(run_dir: Path) -> set[int]:
+    """Tokens scored per domain: from the recorded windows where the run has them, else the configured cap."""
+    windows = window_scores(run_dir).get("fedspallm", {})
+    if windows:
+        return {scores[0].token_count for scores in windows.values()}
+    configured = read_config(run_dir).get("eval-ppl-tokens")
+    return {int(configured)} if configured is not None else set()
+
+
+def perplexity_claims(protocol: str, ev: Evidence) -> list[str]:
+    """The two perplexity claims of one protocol: by their paired intervals when every run recorded its windows,
+    else unresolved beside the point comparison; nothing when the protocol has no finished cell."""
+    if not ev.le_points:
+        return []
+    counted = f"{' / '.join(f'{t:,}' for t in sorted(ev.tokens))} tokens per domain"
+    basis = f"point estimates on {counted}, no interval: unresolved until the perplexities carry bootstrap intervals"
+    lines = []
+    if all(p is not None for p in ev.le_pairs):
+        held, text = judge([p for p in ev.le_pairs if p is not None])
+        lines.append(f"- Under {protocol}, the global model's perplexity is at or below the standalone mean at every "
+                     f"sparsity: {mark(held)} (Δ = ppl global − mean ppl standalone on {counted}; {text}).")
+    else:
+        le = ev.le_points
+        lines.append(f"- Under {protocol}, the global model's perplexity is at or below the standalone mean at every "
+                     f"sparsity: {mark(UNRESOLVED)} ({sum(le)}/{len(le)} (setting, domain) pairs at the {basis})"
+                     + (f"; exceptions: {'; '.join(ev.details)}" if ev.details else "") + ".")
+    if not ev.gap_pairs:
+        lines.append(f"- Under {protocol}, the gap (standalone − FedSpaLLM, relative, mean over domains) grows with "
+                     f"sparsity: {mark(None)} (fewer than two finished sparsities).")
+    elif all(p is not None for p in ev.gap_pairs):
+        held, text = judge([p for p in ev.gap_pairs if p is not None])
+        lines.append(f"- Under {protocol}, the gap (standalone − FedSpaLLM, relative, mean over domains) grows with "
+                     f"sparsity: {mark(held)} (gap in %, higher vs lower sparsity: {text}).")
+    else:
+        grows = [all(b > a for a, b in zip(list(g.values()), list(g.values())[1:], strict=False))
+                 for g in ev.gaps.values() if len(g) > 1]
+        gap_text = "; ".join(f"{group}: " + ", ".join(f"{round(s * 100)}% {100 * v:+.1f}%"
+                                                     for s, v in sorted(g.items()))
+                             for group, g in ev.gaps.items())
+        lines.append(f"- Under {protocol}, the gap (standalone − FedSpaLLM, relative, mean over domains) grows with "
+                     f"sparsity: {mark(UNRESOLVED if grows else None)} ({gap_text}; grows in {sum(grows)}/"
+                     f"{len(grows)} groups at the {basis}).")
+    return lines
 
 
 def replicates(cell: Cell, grid_cells: list[Cell], runs: dict[str, Path]) -> list[Path]:
