@@ -12,7 +12,8 @@ the model it deploys:
   fedflap  `compiled/` for every client, and the run's two references: `post-hoc` (the base model compiled with
            the run's masks.npz, no LoRA: fedflap's round 1) and `dense` (the base model: round 0);
   llmpruner, slicegpt  `compiled/` (the pruned / sliced model, LoRA merged) for every client.
-Per-example correctness (acc and acc_norm) goes to `<run>/rescore.json`; the SFT-P grid renders it with paired,
+Per-example correctness (acc and acc_norm) and the answer's NLL and token count (`nll`, `tokens`: answer
+perplexity, paired between models) go to `<run>/rescore.json`; the SFT-P grid renders it with paired,
 per-client stratified bootstrap intervals. A run whose rescore.json has the same `--examples` is skipped.
 
     .venv/bin/python tools/rescore_accuracy.py outputs/grids/sftp/2026* --examples 100
@@ -33,7 +34,12 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # lm-eval's progress bars, one set p
 
 from fedprune_app.core.config import RunConfig  # noqa: E402
 from fedprune_app.llm.data import Example, client_data, unused_tail, write_jsonl  # noqa: E402
-from fedprune_app.llm.evaluation import bootstrap_ci, lm_eval_per_example, local_mc_task  # noqa: E402
+from fedprune_app.llm.evaluation import (  # noqa: E402
+    answer_scores,
+    bootstrap_ci,
+    lm_eval_per_example,
+    local_mc_task,
+)
 from fedprune_app.llm.models import load_base_model, load_tokenizer  # noqa: E402
 from fedprune_app.methods.sftp.routing import compile_model, load_compiled, per_layer_masks  # noqa: E402
 from tools.rescore import rescore_runs  # noqa: E402
@@ -73,6 +79,13 @@ def models_of(run_dir: Path, cfg: RunConfig, clients: list[int]) -> dict[str, di
             "dense": dict.fromkeys(clients, base)}
 
 
+def answer_nll(model: Any, tokenizer: Any, rows: list[Example], seq_len: int, batch_size: int) -> dict[str, list]:
+    """Per example, in the task's document order: the summed NLL of its answer given its question (`nll`) and the
+    answer's token count (`tokens`): the units of a paired answer-perplexity comparison between two models."""
+    scores = answer_scores(model, tokenizer, rows, seq_len, batch_size)
+    return {"nll": [round(float(x), 6) for x in scores.nll], "tokens": [int(t) for t in scores.tokens]}
+
+
 def rescore(run_dir: Path, examples: int, batch_size: int) -> dict[str, Any]:
     """Score one run's models on each client's held-out examples; the record written to rescore.json."""
     cfg = RunConfig.from_flower(json.loads((run_dir / "config.json").read_text()))
@@ -81,13 +94,15 @@ def rescore(run_dir: Path, examples: int, batch_size: int) -> dict[str, Any]:
     start = time.perf_counter()
     record: dict[str, Any] = {"per-source": examples, "clients": {}, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        tasks = {}
+        tasks, rows_of = {}, {}
         for k in clients:
             source, rows, n_test = held_out(cfg, k, len(clients), examples)
+            rows_of[k] = rows
             record["clients"][str(k)] = {"source": source, "examples": len(rows), "test-split": n_test}
             tasks[k] = local_mc_task(f"fedprune_rescore_client_{k}", write_jsonl(Path(tmp) / f"client-{k}.jsonl", rows))
         for name, per_client in models_of(run_dir, cfg, clients).items():
             record["models"][name] = {str(k): lm_eval_per_example(model, tokenizer, tasks[k], batch_size)
+                                      | answer_nll(model, tokenizer, rows_of[k], cfg.seq_len, batch_size)
                                       for k, model in per_client.items()}
     record["seconds"] = round(time.perf_counter() - start, 1)
     return record

@@ -344,3 +344,47 @@ def test_tag_of_names_run_directories_apart() -> None:
     tags = [c.tag for c in GRID.cells(args())]
     assert not [(a, b) for a in tags for b in tags if a != b and b.startswith(a + "-")]
     assert tag_of("fedflap", 0.5) == "p50-fedflap" and tag_of("sftp", "mixed", "c-a") == "mixed-c-a"
+
+
+def test_rescored_answer_perplexity_is_compared_paired_per_client(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """With per-example answer NLLs in rescore.json the grid adds Table 1 in answer perplexity and, per client, SFT-P
+    against each baseline and the untouched model: Δ = ppl(SFT-P) − ppl(other) with the paired bootstrap interval
+    of `paired_perplexity_interval` on that client's answers; a clearly lower SFT-P holds, a higher one does not."""
+    import math
+
+    from fedprune_app.llm.intervals import TokenScores, paired_perplexity_interval
+
+    runs = runs_for(tmp_path, tiny_model_dir)
+    sizes = {0: 40, 1: 40, 2: 40, 3: 30}
+    difficulty = {k: np.random.default_rng(k).normal(0.0, 0.4, size=n) for k, n in sizes.items()}
+
+    def with_nll(tag: str, model: str, log_ppl: dict[int, float]) -> None:
+        record = json.loads((runs[tag] / "rescore.json").read_text())
+        for k, v in record["models"][model].items():
+            nll = 5 * (log_ppl[int(k)] + difficulty[int(k)])
+            v |= {"nll": [float(x) for x in nll], "tokens": [5] * len(nll)}
+        (runs[tag] / "rescore.json").write_text(json.dumps(record))
+
+    rescore(runs["p80-c-a"], {"final": {0: 20, 1: 20, 2: 20, 3: 15}}, sizes)
+    rescore(runs["p80-llmpruner"], {"final": {0: 20, 1: 20, 2: 20, 3: 15}}, sizes)
+    rescore(runs["p80-fedflap"], {"final": dict.fromkeys(range(4), 10), "dense": dict.fromkeys(range(4), 25),
+                                  "post-hoc": dict.fromkeys(range(4), 5)}, sizes)
+    with_nll("p80-c-a", "final", {k: math.log(50) for k in range(4)})
+    with_nll("p80-llmpruner", "final", {0: math.log(40), 1: math.log(80), 2: math.log(80), 3: math.log(80)})
+    with_nll("p80-fedflap", "final", {k: math.log(500) for k in range(4)})
+    with_nll("p80-fedflap", "dense", {k: math.log(100) for k in range(4)})
+    rescored = GRID.render(GRID.cells(args()), runs).split("# Re-scored on more examples per client")[1]
+    block = rescored.split("(re-scored answer perplexity)")[1].split("### 50%")[0]
+    ppl = {k: math.exp(math.log(50) + float(np.mean(difficulty[k]))) for k in range(4)}  # 5 tokens each
+    assert f"| SFT-P +C/+A | {ppl[0]:.2f} | {ppl[1]:.2f} |" in block
+    lines = [line for line in rescored.split("## Answer perplexity, paired (re-scored)")[1].splitlines()
+             if line.startswith("- ")]
+    untouched, flap, llm = (next(line for line in lines if f"at or below {name}" in line)
+                            for name in ("the untouched model", "fedflap", "LLM-Pruner (FL)"))
+    assert "**held**" in untouched and "**held**" in flap
+    assert "**not held**" in llm and "client 0:" in llm and " ✗" in llm.split("client 1:")[0]
+    a = TokenScores.of(5 * (math.log(50) + difficulty[2]), [5] * 40)
+    b = TokenScores.of(5 * (math.log(80) + difficulty[2]), [5] * 40)
+    ci = paired_perplexity_interval(a, b, "difference", iters=2000, seed=2)
+    assert f"client 2: {a.perplexity:.2f} vs {b.perplexity:.2f} (Δ {ci.estimate:+.2f} [{ci.lo:.2f}, {ci.hi:.2f}], " \
+           "n = 40)" in llm

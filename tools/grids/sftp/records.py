@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from fedprune_app.core.config import per_client
+from fedprune_app.llm.intervals import TokenScores
 from tools.grids import read_config, read_metrics, train_rows
 from tools.grids.sftp.cells import CLIENTS
 from tools.rescore import RESCORE_FILE
@@ -97,6 +98,19 @@ def per_example(runs: dict[str, Path], tag: str, round_: int | None = None) -> d
 def rescored_accuracy(runs: dict[str, Path], tag: str, round_: int | None = None) -> dict[int, float]:
     """{client: acc ×100} re-scored (the `Accuracy` the tables take)."""
     return {k: 100 * sum(v) / len(v) for k, v in per_example(runs, tag, round_).items() if v}
+
+
+def answer_units(runs: dict[str, Path], tag: str, round_: int | None = None) -> dict[int, TokenScores]:
+    """{client: per-example answer NLL and tokens} of cell `tag`'s model for `round_` (as `per_example`); {} when
+    not re-scored or re-scored before rescore.json carried them."""
+    record = read_rescore(runs, tag)
+    model = (record or {}).get("models", {}).get(MODEL_OF_ROUND.get(round_, ""), {})
+    return {int(k): TokenScores.of(v["nll"], v["tokens"]) for k, v in model.items() if v.get("nll")}
+
+
+def rescored_perplexity(runs: dict[str, Path], tag: str, round_: int | None = None) -> dict[int, float]:
+    """{client: answer perplexity} re-scored (an `Accuracy`-shaped reader, for the tables)."""
+    return {k: units.perplexity for k, units in answer_units(runs, tag, round_).items()}
 
 
 # --- masks and kept ratios -----------------------------------------------------------------------------------

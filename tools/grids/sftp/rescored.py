@@ -12,8 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tools.grids import Cell, Interval
-from tools.grids.sftp.records import per_example, read_rescore, rescored_accuracy
+from tools.grids import Cell, Interval, judge, mark
+from tools.grids.sftp.cells import BASELINES, BUDGETS, CLIENTS, budget_label, tag_of
+from tools.grids.sftp.records import (
+    answer_units,
+    per_example,
+    read_rescore,
+    rescored_accuracy,
+    rescored_perplexity,
+)
 from tools.grids.sftp.tables import claims, table1, table2
 
 
@@ -68,4 +75,44 @@ def section(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
                         "mean over the group's clients. Kept: as in the in-run table.")
     lines += claims(grid_cells, runs, rescored_accuracy, paired_interval(runs), tolerance(grid_cells, runs), heading,
                     budget=False)
+    if "table1" in groups and any(answer_units(runs, c.tag) for c in grid_cells):
+        lines += ["", *table1(grid_cells, runs, rescored_perplexity, " (re-scored answer perplexity)", PPL_NOTE)]
+        lines += perplexity_comparisons(runs)
+    return lines
+
+
+PPL_NOTE = ("Answer perplexity (lower is better) of each client's correct answers given the questions, on the same "
+            "re-scored examples: the deployed model's quality, with far less noise than accuracy. avg: the mean over "
+            "the four clients' perplexities.")
+
+
+def perplexity_comparisons(runs: dict[str, Path]) -> list[str]:
+    """SFT-P (+C/+A) against each federated baseline and the untouched model on answer perplexity, per client: Δ =
+    ppl(SFT-P) − ppl(other) with a paired bootstrap interval over the client's answers
+    (`intervals.paired_perplexity_interval`). Not a claim of the paper (it reports accuracy): the quality check the
+    accuracies are too noisy to give."""
+    from fedprune_app.llm.intervals import paired_perplexity_interval
+
+    lines = ["", "## Answer perplexity, paired (re-scored)", "",
+             "SFT-P (+C/+A) at or below each reference's answer perplexity on every client, each Δ = ppl(SFT-P) − "
+             "ppl(reference) with a paired 95% bootstrap interval over that client's answers (n answers).", ""]
+    for b in BUDGETS:
+        sftp = answer_units(runs, tag_of("sftp", b, "c-a"))
+        if not sftp:
+            continue
+        first = next((t for t in (tag_of(m, b) for m in BASELINES) if answer_units(runs, t, 0)), None)
+        references = [(label, answer_units(runs, tag_of(m, b))) for m, label in BASELINES.items()]
+        if first is not None:
+            references.insert(0, ("the untouched model", answer_units(runs, first, 0)))
+        for label, other in references:
+            pairs = []
+            for c in range(CLIENTS):
+                if c in sftp and c in other and len(sftp[c].nll) == len(other[c].nll):
+                    ci = paired_perplexity_interval(sftp[c], other[c], "difference", iters=2000, seed=c)
+                    pairs.append((f"client {c}", sftp[c].perplexity, other[c].perplexity, lambda x, y: x <= y,
+                                  (ci.lo, ci.hi, len(sftp[c].nll))))
+                else:
+                    pairs.append((f"client {c}", None, None, lambda x, y: x <= y))
+            held, text = judge(pairs)
+            lines.append(f"- {budget_label(b)}: SFT-P +C/+A at or below {label}: {mark(held)} ({text}).")
     return lines
