@@ -306,3 +306,11 @@ def test_each_protocol_is_judged_apart(tmp_path: Path) -> None:
     assert app.startswith("- Under this app's protocol") and "**not held**" in app and "paper" not in app
     assert paper.startswith("- Under the paper's protocol") and "**held**" in paper and "paper 50% `wiki`" in paper
     assert "## The paper's protocol: 4 clients calibrate on IID shares" in text
+
+
+def test_a_claim_at_every_sparsity_is_not_checked_while_a_sparsity_has_not_run(tmp_path: Path) -> None:
+    cells = GRID.cells(args(only="paper", sparsity="0.5,0.6"))
+    runs = {"paper-s50": window_run(tmp_path, "paper-s50", 0.5, 30.0, [32.0, 33.0, 31.5, 32.5])}
+    le = claim_lines(GRID.render(cells, runs))[0]
+    assert "**not checked**" in le and "paper 50% `wiki`: 30.00 vs 32.25 (Δ -2.25 [" in le
+    assert "missing: paper 60%" in le

@@ -56,6 +56,7 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
             s = cell.settings["sparsity"]
             if cell.tag not in runs:
                 lines.append(f"| {round(s * 100)}% | *not run* |")
+                ev.le_pairs.append((f"{group} {round(s * 100)}%", None, None, lambda a, b: a <= b))  # not checked
                 continue
             sources, rows = model_rows(runs[cell.tag])
             for name in ROWS:
@@ -138,7 +139,7 @@ def perplexity_claims(protocol: str, ev: Evidence) -> list[str]:
     counted = f"{' / '.join(f'{t:,}' for t in sorted(ev.tokens))} tokens per domain"
     basis = f"point estimates on {counted}, no interval: unresolved until the perplexities carry bootstrap intervals"
     lines = []
-    if all(p is not None for p in ev.le_pairs):
+    if all(p is not None for p in ev.le_pairs):  # every finished run recorded its windows
         held, text = judge([p for p in ev.le_pairs if p is not None])
         lines.append(f"- Under {protocol}, the global model's perplexity is at or below the standalone mean at every "
                      f"sparsity: {mark(held)} (Δ = ppl global − mean ppl standalone on {counted}; {text}).")
