@@ -23,7 +23,7 @@ from fedprune_app.core.encoding import decode_dense, encode_sparse
 from fedprune_app.core.progress import layer_logger
 from fedprune_app.core.protocol import to_record
 from fedprune_app.core.registry import register_client
-from fedprune_app.llm.evaluation import WINDOW_KEYS, held_out_metrics, held_out_text
+from fedprune_app.llm.evaluation import held_out_metrics, held_out_text
 from fedprune_app.llm.layers import calibration_batches, decoder_layers, dense_model, model_with_weights
 from fedprune_app.methods.fedspallm.config import FedSpaLLMConfig
 from fedprune_app.methods.fedspallm.masks import MASK_SUFFIX
@@ -84,13 +84,15 @@ class FedSpaLLMClient(FederatedClient):
 
     def scores(self, model: Any, tokenizer: Any) -> dict[str, Any]:
         """`ppl/<source>` of `model` on the public held-out texts the server scores (`server-eval-data`), with each
-        window's NLL and token count (`window-nll/<source>`, `window-tokens/<source>`): scores on public text, which
-        let the server pair this model with the global one window by window."""
+        window's NLL and token count (`window-nll/<source>`, `window-tokens/<source>`, both lists of floats: scores
+        of public text, never integers that could carry token ids), which let the server pair this model with the
+        global one window by window."""
         out: dict[str, Any] = {}
         for source in split_list(self.cfg.server_eval_data):
             scored = held_out_metrics(model, tokenizer, held_out_text(source, self.cfg), self.cfg)
             out[f"ppl/{source}"] = scored["ppl"]
-            out |= {f"{key}/{source}": scored[key] for key in WINDOW_KEYS}
+            out[f"window-nll/{source}"] = scored["window-nll"]
+            out[f"window-tokens/{source}"] = [float(t) for t in scored["window-tokens"]]  # counts, sent as scores
         return out
 
     def reference(self, content: RecordDict) -> RecordDict:

@@ -452,8 +452,9 @@ class FederatedStrategy(Strategy):
                 metrics = flat_metrics(msg.content)
                 for key, value in metrics.items():
                     if key.startswith("ppl/"):
-                        windows = {w: metrics[f"{w}/{key[4:]}"] for w in WINDOW_KEYS
-                                   if f"{w}/{key[4:]}" in metrics}  # per-window scores, where the client sent them
+                        nll, tokens = (metrics.get(f"{w}/{key[4:]}") for w in WINDOW_KEYS)
+                        windows = {} if nll is None or tokens is None else {  # per-window scores, where sent
+                            "window-nll": list(nll), "window-tokens": [int(t) for t in tokens]}
                         self.record({"phase": "reference", "model": name, "node": node_id,
                                      "client": metrics.get("partition-id"), "data": key[4:], "ppl": value,
                                      **windows, "seconds": metrics.get("seconds")})

@@ -3,7 +3,8 @@
 - replies hold only the records each method declares (tests/conformance COMMON_REPLIES + the method's own, in
   tests/methods/<m>/__init__.py; also the threat-model table in docs/reliability.md);
 - no reply holds raw text (no string of a reply contains, or is contained in, any of the clients' examples) or
-  token ids (every array is float or bool, every metric a number; a method whose arrays travel encoded, e.g.
+  token ids (every array is float or bool, every metric a number or a list of floats, e.g. FedSpaLLM's per-window
+  scores of public text: a list of ints could carry token ids; a method whose arrays travel encoded, e.g.
   FedSpaLLM's bit-packed masks and bfloat16 bits, is checked on what its `Conformance.decode` makes of them);
 - each method's own checks (SFT-P: the client embedding e_k never leaves `context.state`; FedTPA: the mean feature
   vector is the only data statistic beyond losses and counts, sent once).
@@ -58,8 +59,9 @@ def check_privacy(method: str, tiny_model_dir: Path, tmp_path: Path) -> None:
         assert set(content.keys()) <= spec.allowed_records(kind), (kind, set(content.keys()))
         for s in _strings(content.config_records):
             assert len(s) < 200 and not any(s in t or t in s for t in texts), (kind, s)
-        for name, record in content.metric_records.items():
-            assert all(isinstance(v, int | float) for v in record.values()), (kind, name, dict(record))
+        for name, record in content.metric_records.items():  # numbers, or lists of float scores (never ints)
+            assert all(isinstance(v, int | float) or (isinstance(v, list) and all(type(x) is float for x in v))
+                       for v in record.values()), (kind, name, dict(record))
         for name, record in content.array_records.items():
             arrays = {key: array.numpy() for key, array in record.items()}
             if spec.decode is not None:  # encoded arrays are checked as the server decodes them
