@@ -1,10 +1,10 @@
-"""Multiple-choice scoring speed: the fast evaluator (`fast_eval.PrefixCachedLM`) against today's lm-eval `HFLM`, on
+"""Multiple-choice scoring speed: the fast evaluator (`fast_eval.PackedChoicesLM`) against today's lm-eval `HFLM`, on
 the same examples in one run, with the proof that both give the same scores.
 
 Per task (default: the four BIG-bench tasks of the default `client-data`, `--examples` test examples each, as the
 app builds them: `local_mc_task` over the source's test split), lm-eval's `simple_evaluate` runs twice, zero-shot,
 on the embedded SmolLM2-135M: once with the stock `HFLM` at the app's `eval-batch-size` (8), once with
-`PrefixCachedLM`. The two runs of a task follow each other, so a change in machine load hits both alike. Timed:
+`PackedChoicesLM`. The two runs of a task follow each other, so a change in machine load hits both alike. Timed:
 the log-likelihood computation (`_loglikelihood_tokens`, where the two differ) and the whole `simple_evaluate` call
 (task building included), both as wall-clock seconds and as CPU seconds of the one scoring thread (`--threads 1`:
 on a shared machine wall time mostly measures waiting for a core). Checked: every request's log-likelihood (max
@@ -35,7 +35,7 @@ import torch
 from fedprune_app.core.config import DEFAULT_CLIENT_DATA, split_list
 from fedprune_app.llm.data import source_splits
 from fedprune_app.llm.evaluation import local_mc_task
-from fedprune_app.llm.fast_eval import PrefixCachedLM
+from fedprune_app.llm.fast_eval import PackedChoicesLM
 from fedprune_app.llm.models import load_base_model, load_tokenizer
 from fedprune_app.methods.sftp.speed import forward_flops
 
@@ -65,7 +65,8 @@ def flop_ceiling(config: Any, shapes: list[tuple[tuple[int, ...], int]]) -> dict
     continuation length) the stock way and the shared-context way, and their ratio, the speed-up ceiling:
     stock = per request one forward over (context + continuation)[:-1] with logits at every position (HFLM's
     `_model_call` returns them all); shared = per distinct context one forward over context[:-1] without logits,
-    plus per request its continuation's tokens after that prefix with logits for them (`PrefixCachedLM`).
+    plus per request its continuation's tokens after that prefix with logits for them (`PackedChoicesLM` runs
+    context + each continuation but its last token: one token per choice fewer, the same logits).
     Padding is left out of both, so the ceiling is what sharing the context saves, not what batching costs."""
     stock = sum(forward_flops(config, None, len(ctx) + n - 1, logits=len(ctx) + n - 1) for ctx, n in shapes)
     shared = sum(forward_flops(config, None, len(ctx) - 1, logits=0) for ctx in {ctx for ctx, _ in shapes})
@@ -148,8 +149,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{source}: {lm.requests} requests, FLOP ceiling {row['flop-ceiling']:.2f}x", flush=True)
             continue
         stock_lm = timed(HFLM)(pretrained=model, tokenizer=tok, batch_size=args.batch_size, device="cpu")
-        fast_lm = timed(PrefixCachedLM)(pretrained=model, tokenizer=tok, batch_size=args.batch_size, device="cpu")
-        if not fast_lm.uses_cache:
+        fast_lm = timed(PackedChoicesLM)(pretrained=model, tokenizer=tok, batch_size=args.batch_size, device="cpu")
+        if not fast_lm.uses_packing:
             raise SystemExit(f"the fast evaluator fell back to HFLM: {fast_lm.fallback_reason}")
         load = os.getloadavg()[0]
         stock, t_stock = run_task(stock_lm, task)

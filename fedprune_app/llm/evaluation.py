@@ -1,5 +1,5 @@
 """Evaluation: perplexity (sliding window, or of the answers; with a bootstrap interval), multiple-choice accuracy
-through lm-eval (log-likelihoods from `fast_eval.PrefixCachedLM`), Rouge-L on generations.
+through lm-eval (log-likelihoods from `fast_eval.PackedChoicesLM`), Rouge-L on generations.
 
 Accuracy is computed by lm-eval's `simple_evaluate` on an `HFLM` that wraps the in-memory model, so the
 numbers are comparable with the papers' lm-eval numbers. Offline, each client's multiple-choice test split
@@ -151,13 +151,13 @@ def local_mc_task(name: str, test_path: Path) -> dict[str, Any]:
 def _simple_evaluate(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dict[str, Any]], batch_size: int,
                      limit: int | None, include_path: str, log_samples: bool, fast: bool = True) -> dict[str, Any]:
     """lm-eval's `simple_evaluate`, zero-shot, on an in-memory model, tasks by name or as dicts. `fast`: the
-    log-likelihoods come from `fast_eval.PrefixCachedLM` (each context encoded once; it falls back to the stock
+    log-likelihoods come from `fast_eval.PackedChoicesLM` (each context encoded once; it falls back to the stock
     path, saying why, for a model that cannot use a KV cache); else from lm-eval's stock `HFLM`."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from fedprune_app.llm.fast_eval import PrefixCachedLM
+    from fedprune_app.llm.fast_eval import PackedChoicesLM
 
     logging.getLogger("lm-eval").setLevel(logging.WARNING)
     names = [t for t in tasks if isinstance(t, str)]
@@ -168,7 +168,7 @@ def _simple_evaluate(model: nn.Module, tokenizer: Any, tasks: Sequence[str | dic
     manager = TaskManager(include_path=include_path or None, include_defaults=include_defaults)
     was_training = model.training
     model.eval()
-    lm = (PrefixCachedLM if fast else HFLM)(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+    lm = (PackedChoicesLM if fast else HFLM)(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
                                             device=str(model_device(model)))
     res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, num_fewshot=0, limit=limit,
                                   log_samples=log_samples, bootstrap_iters=0, verbosity="WARNING")

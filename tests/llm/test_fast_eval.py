@@ -1,5 +1,6 @@
 """The fast evaluator against lm-eval's stock HFLM: the same log-likelihoods (1e-4), greedy flags and accuracies, on
-plain, peft-wrapped, SFT-P routed and compiled models; the stock path for a model that cannot use a KV cache."""
+plain, peft-wrapped, SFT-P routed and compiled models; the stock path for a model that
+cannot honour a 4D attention mask; the tree mask and the row packing against brute force."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lm_eval.models.huggingface import HFLM
@@ -14,7 +16,7 @@ from transformers import LlamaModel
 
 from fedprune_app.llm.data import normalize_record
 from fedprune_app.llm.evaluation import lm_eval_accuracy, lm_eval_per_example, local_mc_task
-from fedprune_app.llm.fast_eval import PrefixCachedLM, cache_support
+from fedprune_app.llm.fast_eval import PackedChoicesLM, pack_rows, packing_support, segment, tree_mask
 from fedprune_app.llm.models import load_base_model, load_tokenizer
 
 # (context, [continuations]): a context shared by several choices of 1..8 tokens, two choices that differ only
@@ -77,15 +79,35 @@ def _compiled(model):
     return compile_model(model, _masks(model, 2))
 
 
-@pytest.mark.parametrize("build", [lambda m: m.eval(), _peft, _routed, _compiled], ids=["llama", "peft", "routed",
-                                                                                          "compiled"])
+def _llmpruner(model):
+    from fedprune_app.methods.llmpruner.structure import compile_pruned
+
+    keep = {"heads": np.ones((model.config.num_hidden_layers, model.config.num_key_value_heads), bool),
+            "channels": np.random.default_rng(4).random((model.config.num_hidden_layers,
+                                                         model.config.intermediate_size)) < 0.6}
+    keep["heads"][:, 0] = False
+    return compile_pruned(model, keep)
+
+
+def _slicegpt(model):
+    from fedprune_app.methods.slicegpt.sliced import num_points, slice_model
+
+    d, gen = model.config.hidden_size, torch.Generator().manual_seed(5)
+    bases = [torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))[0][:, :d - 3]
+             for _ in range(num_points(model.config))]
+    return slice_model(model, bases)
+
+
+@pytest.mark.parametrize("build", [lambda m: m.eval(), _peft, _routed, _compiled, _llmpruner, _slicegpt],
+                         ids=["llama", "peft", "routed", "compiled", "llmpruner", "slicegpt"])
 def test_fast_loglikelihoods_equal_stock_hflm(tiny_model_dir: Path, tok, build) -> None:
     model = build(load_base_model(str(tiny_model_dir)))
     requests = _requests(tok)
     stock = HFLM(pretrained=model, tokenizer=tok, batch_size=4)._loglikelihood_tokens(requests)
-    for tokens in (1024, 16):  # one batch of contexts; many small batches
-        fast = PrefixCachedLM(pretrained=model, tokenizer=tok, batch_size=4, batch_tokens=tokens)
-        assert fast.uses_cache, fast.fallback_reason
+    for tokens in (1024, 16):  # one row for all questions; one question per row, two rows per batch
+        fast = PackedChoicesLM(pretrained=model, tokenizer=tok, batch_size=4, row_tokens=tokens,
+                               batch_tokens=2 * tokens)
+        assert fast.uses_packing, fast.fallback_reason
         got = fast._loglikelihood_tokens(requests)
         assert [g for _, g in got] == [g for _, g in stock]
         assert [ll for ll, _ in got] == pytest.approx([ll for ll, _ in stock], abs=1e-4)
@@ -102,28 +124,72 @@ def test_fast_accuracies_equal_stock_accuracies(tiny_model_dir: Path, tok, tmp_p
     assert lm_eval_per_example(model, tok, task, 4) == lm_eval_per_example(model, tok, task, 4, fast=False)
 
 
-class _DropsCache(LlamaModel):
-    """A decoder that ignores `past_key_values` (returns none): the fast path cannot serve it."""
+class _IgnoresMask(LlamaModel):
+    """A decoder that ignores the attention mask it is given (plain causal attention): choices see each other."""
 
-    def forward(self, *args, past_key_values=None, use_cache=None, **kwargs):
-        return super().forward(*args, use_cache=False, **kwargs)
+    def forward(self, *args, attention_mask=None, **kwargs):
+        return super().forward(*args, **kwargs)
 
 
 class _IgnoresPositions(LlamaModel):
-    """A decoder that keeps a cache but ignores the positions and mask it is given: its cached scores are wrong."""
+    """A decoder that ignores the positions and mask it is given: its packed scores are wrong."""
 
     def forward(self, *args, position_ids=None, attention_mask=None, **kwargs):
         return super().forward(*args, **kwargs)
 
 
-@pytest.mark.parametrize("cls", [_DropsCache, _IgnoresPositions])
-def test_a_model_that_cannot_use_the_cache_is_scored_by_the_stock_path(tiny_model_dir: Path, tok, cls, caplog) -> None:
+@pytest.mark.parametrize("cls", [_IgnoresMask, _IgnoresPositions])
+def test_a_model_that_cannot_score_packed_choices_is_scored_by_the_stock_path(tiny_model_dir: Path, tok, cls,
+                                                                              caplog) -> None:
     model = load_base_model(str(tiny_model_dir)).eval()
     stock = HFLM(pretrained=model, tokenizer=tok, batch_size=4)._loglikelihood_tokens(_requests(tok))
     model.model.__class__ = cls  # the decoder, as the causal LM's forward and the fast path both call it
-    ok, _, reason = cache_support(model)
+    ok, _, reason = packing_support(model)
     assert not ok and reason
     with caplog.at_level(logging.WARNING, logger="fedprune_app.llm.fast_eval"):
-        fast = PrefixCachedLM(pretrained=model, tokenizer=tok, batch_size=4)
-    assert not fast.uses_cache and "fast evaluator off" in caplog.text
+        fast = PackedChoicesLM(pretrained=model, tokenizer=tok, batch_size=4)
+    assert not fast.uses_packing and "fast evaluator off" in caplog.text
     assert fast._loglikelihood_tokens(_requests(tok)) == stock
+
+
+def test_tree_mask_equals_a_brute_force_rule() -> None:
+    """Query q sees key k iff both are in one question, k is context or on q's choice, and k is not after q."""
+    rows = [[([5, 6, 7], [[8, 9, 10], [11]]), ([12], [[13, 14]])], [([15, 16], [[17, 18], [19, 20, 21]])]]
+    segs = [[segment(c, k) for c, k in row] for row in rows]
+    width = max(sum(len(x["ids"]) for x in row) for row in segs)
+    doc = torch.full((2, width), -1)
+    pos, branch = torch.zeros(2, width, dtype=torch.long), torch.zeros(2, width, dtype=torch.long)
+    for r, row in enumerate(segs):
+        at = 0
+        for d, x in enumerate(row):
+            n = len(x["ids"])
+            doc[r, at:at + n], pos[r, at:at + n], branch[r, at:at + n] = d, torch.tensor(x["pos"]), torch.tensor(
+                x["branch"])
+            at += n
+    mask = tree_mask(doc, pos, branch)[:, 0]
+    for r in range(2):
+        for q in range(width):
+            for k in range(width):
+                if doc[r, q] < 0:
+                    want = q == k
+                else:
+                    want = bool(doc[r, k] == doc[r, q] and pos[r, k] <= pos[r, q]
+                                and (branch[r, k] == 0 or branch[r, k] == branch[r, q]))
+                assert bool(mask[r, q, k]) == want, (r, q, k)
+
+
+def test_segment_reads_predict_each_continuation_token_from_its_own_prefix() -> None:
+    seg = segment([1, 2, 3], [[4, 5, 6], [7], [8, 9]])
+    assert seg["ids"] == [1, 2, 3, 4, 5, 8]
+    assert seg["pos"] == [0, 1, 2, 3, 4, 3]
+    assert seg["targets"] == [4, 5, 6, 7, 8, 9]
+    # the token read for each target is the last token before it in context + that continuation
+    assert [seg["ids"][i] for i in seg["reads"]] == [3, 4, 5, 3, 3, 8]
+
+
+def test_pack_rows_places_every_segment_once_within_the_row_budget() -> None:
+    sizes = list(np.random.default_rng(0).integers(1, 90, 57)) + [300]
+    rows = pack_rows(sizes, 128)
+    assert sorted(i for row in rows for i in row) == list(range(len(sizes)))
+    assert all(sum(sizes[i] for i in row) <= 128 for row in rows if len(row) > 1)
+    assert len(rows) <= 2 * -(-sum(sizes) // 128)  # first-fit never uses more than twice the optimum
