@@ -312,6 +312,8 @@ def test_figures_are_drawn_next_to_the_tables(tmp_path: Path, tiny_model_dir: Pa
     assert "Kept ratio per client and round, mixed:" in section and "| 2 (0.50) | 0.875 | 0.750 | 0.625 | 0.500 |" \
         in section
     assert "Kept ratio per client and round, 20% pruned (keep 0.8):" in section
+    # each client drops coordinates 4–7 plus its own flipped one: 4 of its 5 drops are every client's
+    assert "| `p50-c-a` | 0.500 | 0.800 / 0.800 / 0.800 / 0.800 |" in section
     (runs["p50-c-a"] / "masks.npz").unlink()  # masks.json alone: the agreement curves, no heatmap
     section = GRID.figures(cells, runs, tmp_path / "json-only")
     assert "no masks.npz: no heatmap" in section and (tmp_path / "json-only" / FIG3).is_file()

@@ -358,12 +358,20 @@ def _load_format_1(out_dir: Path) -> FedpruneRoutedLlamaForCausalLM:
 
 def mask_statistics(masks: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, Any]:
     """Per client and mask, the density of each layer (Fig. 5); per mask and layer, the share of coordinates
-    on which every client agrees (Fig. 3's agreement)."""
+    on which every client agrees (Fig. 3's agreement); per client, `shared-cut`: the share of the coordinates it
+    drops (all masks and layers) that every client drops (1.0 = its cut is the common cut; how far the private
+    e_k moves a client's mask away from the others)."""
     clients = sorted(masks)
     density = {str(k): {n: masks[k][n].mean(axis=1).round(4).tolist() for n in MASK_NAMES} for k in clients}
     agreement = {}
     for n in MASK_NAMES:
         stack = np.stack([masks[k][n] for k in clients])  # clients × layers × d
         agreement[n] = (stack.all(axis=0) | ~stack.any(axis=0)).mean(axis=1).round(4).tolist()
+    dropped_by_all = {n: ~np.stack([masks[k][n] for k in clients]).any(axis=0) for n in MASK_NAMES}
+    shared = {}
+    for k in clients:
+        dropped = sum(int((~masks[k][n]).sum()) for n in MASK_NAMES)
+        common = sum(int(dropped_by_all[n].sum()) for n in MASK_NAMES)
+        shared[str(k)] = round(common / dropped, 4) if dropped else 1.0
     return {"clients": clients, "density": density, "agreement": agreement,
-            "mean-agreement": float(np.mean([np.mean(v) for v in agreement.values()]))}
+            "mean-agreement": float(np.mean([np.mean(v) for v in agreement.values()])), "shared-cut": shared}

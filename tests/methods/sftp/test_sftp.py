@@ -346,6 +346,12 @@ def test_mask_statistics_against_a_loop() -> None:
             agree = sum(len({bool(masks[k][n][layer, j]) for k in range(3)}) == 1 for j in range(10)) / 10
             assert stats["agreement"][n][layer] == pytest.approx(agree)
             assert stats["density"]["2"][n][layer] == pytest.approx(masks[2][n][layer].mean())
+    for k in range(3):
+        dropped = [(n, i, j) for n in MASK_NAMES for i in range(3) for j in range(10) if not masks[k][n][i, j]]
+        by_all = [c for c in dropped if not any(masks[o][c[0]][c[1], c[2]] for o in range(3))]
+        assert stats["shared-cut"][str(k)] == pytest.approx(len(by_all) / len(dropped), abs=1e-4)
+    same = mask_statistics({0: masks[0], 1: masks[0]})
+    assert same["shared-cut"] == {"0": 1.0, "1": 1.0} and same["mean-agreement"] == 1.0
 
 
 @pytest.mark.parametrize("bad", ["0", "1.5", "0.5,x", ""])

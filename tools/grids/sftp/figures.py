@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from fedprune_app.methods.sftp.routing import mask_statistics
 from tools.grids import Cell
 from tools.grids.sftp.cells import BUDGET_TOLERANCE, budget_label, tag_of
 from tools.grids.sftp.records import kept_series, read_masks, read_stats
@@ -133,6 +134,24 @@ def kept_table(title: str, run: Path) -> list[str]:
     return [*lines, ""]
 
 
+def shared_cut_lines(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
+    """Per SFT-P run with masks.npz and several clients: the clients' mean agreement (Fig. 3's number) and, per
+    client, the share of its dropped coordinates that every client drops (`mask_statistics`' `shared-cut`)."""
+    rows = []
+    for c in grid_cells:
+        masks = read_masks(runs[c.tag]) if c.settings["method"] == "sftp" and c.tag in runs else None
+        if masks and len(masks) > 1:
+            stats = mask_statistics(masks)
+            cuts = " / ".join(f"{stats['shared-cut'][str(k)]:.3f}" for k in sorted(masks))
+            rows.append(f"| `{c.tag}` | {stats['mean-agreement']:.3f} | {cuts} |")
+    if not rows:
+        return []
+    return ["- How alike the clients' deployed masks are (masks.npz): mean agreement = share of (mask, layer, "
+            "coordinate) on which all clients choose the same gate; shared cut = share of a client's dropped "
+            "coordinates that every client drops (1 = one global mask).", "",
+            "| run | mean agreement | shared cut, clients 0 / 1 / 2 / 3 |", "|---|---|---|", *rows, ""]
+
+
 def figures(grid_cells: list[Cell], runs: dict[str, Path], out_dir: Path) -> str:
     """Draw Figs. 3, 4b and 5 into out_dir from the finished +C/+A cells; the Markdown section naming them."""
     lines = ["## Figures", ""]
@@ -157,6 +176,7 @@ def figures(grid_cells: list[Cell], runs: dict[str, Path], out_dir: Path) -> str
                            for d in [stats["density"][str(client)][n]])
         lines.append(f"- Fig. 5, per-layer mask density of client {client} (`{half}`): [`{path.name}`]({path.name}); "
                      f"range over layers: {spread}.")
+    lines += shared_cut_lines(grid_cells, runs)
     if four_b:
         path = fig4b(four_b, out_dir / FIG4B)
         lines += [f"- Fig. 4b, kept ratio per client and round vs target (±{BUDGET_TOLERANCE} band), +C/+A runs: "
