@@ -39,7 +39,7 @@ def _base_weight(module: nn.Module) -> Tensor:
     return getattr(module, "base_layer", module).weight
 
 
-class _Moments:
+class Moments:
     """Running count, sum and sum of squares per coordinate (float64) of the rows of (tokens, d) matrices."""
 
     def __init__(self) -> None:
@@ -51,6 +51,10 @@ class _Moments:
         self.s = self.s + x.sum(0)
         self.s2 = self.s2 + x.pow(2).sum(0)
 
+    def mean(self) -> Tensor:
+        """The per-coordinate mean (zeros with no rows)."""
+        return torch.as_tensor(self.s, dtype=torch.float64) / max(self.n, 1)
+
     def variance(self) -> Tensor:
         """The sample variance (n − 1 in the denominator; 0 with fewer than 2 rows)."""
         if self.n < 2:
@@ -59,31 +63,17 @@ class _Moments:
 
 
 @torch.no_grad()
-def importance_scores(model: nn.Module, batches: list[dict[str, Tensor]]) -> dict[str, np.ndarray]:
-    """FLAP's fluctuation metric (An et al. 2024, "Fluctuation-based Adaptive Structured Pruning") carried over
-    to SFT-P's bus coordinates; returns {mask: (layers, d)}.
-
-    FLAP scores input channel j of a linear map W by S_j = Var_n(X_{n,j}) · ‖W_{:,j}‖²: the expected squared change
-    of W·X when channel j is replaced by its mean (their bias compensation). On the residual bus, per layer:
-
-    - attn-in: X = the input RMSNorm's output (γ ⊙ x̂, what q/k/v read), S_j = Var(X_j) · Σ_{q,k,v} ‖W_{:,j}‖²;
-    - ffn-in: X = the post-attention RMSNorm's output, S_j = Var(X_j) · Σ_{gate,up} ‖W_{:,j}‖²;
-    - attn-out / ffn-out: Y = the o_proj / down_proj output, S_j = Var(Y_j): the same quantity (expected squared
-      change of what the submodule writes to the bus when coordinate j of its write is replaced by its mean). No
-      extra ‖W_{j,:}‖² factor: Y_j = W_{j,:}·h already carries the row's scale, so it would count it twice.
-
-    Statistics over every non-padding token of `batches`, in float64, on the dense model (masks off, adapters off).
-    Not modelled: removing an input coordinate also changes the RMS over the active lane (routing.route), and
-    SFT-P's masked/compiled forms have no compensation bias (FLAP adds one), so a removed coordinate's mean is not
-    restored: this baseline is FLAP's score and standardised global cut without its bias compensation.
-    """
+def bus_moments(model: nn.Module, batches: list[dict[str, Tensor]]) -> list[dict[str, Moments]]:
+    """Per layer and mask, the moments (float64, every non-padding token of `batches`) of what that lane reads or
+    writes in the dense model (masks off, adapters off): attn-in / ffn-in the input / post-attention RMSNorm's
+    output (γ ⊙ x̂, what q/k/v and gate/up read), attn-out / ffn-out the o_proj / down_proj output (the write)."""
     layers = decoder_layers(model)
-    moments = [{name: _Moments() for name in MASK_NAMES} for _ in layers]
+    moments = [{name: Moments() for name in MASK_NAMES} for _ in layers]
     keep: list[Tensor] = []  # the current batch's non-padding positions (tokens,)
     sources = {"attn-in": lambda lay: lay.input_layernorm, "ffn-in": lambda lay: lay.post_attention_layernorm,
                "attn-out": lambda lay: lay.self_attn.o_proj, "ffn-out": lambda lay: lay.mlp.down_proj}
 
-    def hook(stats: _Moments) -> Any:
+    def hook(stats: Moments) -> Any:
         def record(_module: nn.Module, _inputs: Any, output: Tensor) -> None:
             stats.add(output.reshape(-1, output.shape[-1])[keep[0]])
         return record
@@ -101,8 +91,30 @@ def importance_scores(model: nn.Module, batches: list[dict[str, Tensor]]) -> dic
     finally:
         for h in handles:
             h.remove()
+    return moments
+
+
+def importance_scores(model: nn.Module, batches: list[dict[str, Tensor]]) -> dict[str, np.ndarray]:
+    """FLAP's fluctuation metric (An et al. 2024, "Fluctuation-based Adaptive Structured Pruning") carried over
+    to SFT-P's bus coordinates; returns {mask: (layers, d)}.
+
+    FLAP scores input channel j of a linear map W by S_j = Var_n(X_{n,j}) · ‖W_{:,j}‖²: the expected squared change
+    of W·X when channel j is replaced by its mean (their bias compensation). On the residual bus, per layer:
+
+    - attn-in: X = the input RMSNorm's output (γ ⊙ x̂, what q/k/v read), S_j = Var(X_j) · Σ_{q,k,v} ‖W_{:,j}‖²;
+    - ffn-in: X = the post-attention RMSNorm's output, S_j = Var(X_j) · Σ_{gate,up} ‖W_{:,j}‖²;
+    - attn-out / ffn-out: Y = the o_proj / down_proj output, S_j = Var(Y_j): the same quantity (expected squared
+      change of what the submodule writes to the bus when coordinate j of its write is replaced by its mean). No
+      extra ‖W_{j,:}‖² factor: Y_j = W_{j,:}·h already carries the row's scale, so it would count it twice.
+
+    Statistics from `bus_moments`. Not modelled: removing an input coordinate also changes the RMS over the active
+    lane (routing.route), and SFT-P's masked/compiled forms have no compensation bias (FLAP adds one), so a removed
+    coordinate's mean is not restored: this baseline is FLAP's score and standardised global cut without its bias
+    compensation (`fedflap.compensation` measures what the compensation would change).
+    """
+    moments = bus_moments(model, batches)
     out: dict[str, list[Tensor]] = {name: [] for name in MASK_NAMES}
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(decoder_layers(model)):
         attn, mlp = layer.self_attn, layer.mlp
         cols = {"attn-in": [attn.q_proj, attn.k_proj, attn.v_proj], "ffn-in": [mlp.gate_proj, mlp.up_proj]}
         for name in MASK_NAMES:
