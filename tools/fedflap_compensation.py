@@ -57,7 +57,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if cfg.method != "fedflap" or not (args.run / "masks.npz").is_file():
         raise SystemExit(f"{args.run} is not a finished fedflap run (method {cfg.method!r}, masks.npz needed)")
     start = time.perf_counter()
-    torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model_name)
     model = load_base_model(cfg.model_name, cfg.model_dtype).eval()
     install_routing(model)
