@@ -390,3 +390,32 @@ def test_rescored_answer_perplexity_is_compared_paired_per_client(tmp_path: Path
     ci = paired_perplexity_interval(a, b, "difference", iters=2000, seed=2)
     assert f"client 2: {a.perplexity:.2f} vs {b.perplexity:.2f} (Δ {ci.estimate:+.2f} [{ci.lo:.2f}, {ci.hi:.2f}], " \
            "n = 40)" in llm
+
+
+def test_size_and_speed_table_reads_the_compiled_rows(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Table 1's size columns: parameters in M, ratio to dense, speed-ups and ceilings from each run's `compiled`
+    rows; SFT-P's four per-client models as min–max; a run without compiled rows (fedflap) has no row, a cell not
+    run reads 'not run', a budget with nothing timed and nothing missing has no block."""
+    from tools.grids.sftp.size import size_and_speed
+
+    runs = runs_for(tmp_path, tiny_model_dir, skip=("p50-noc-noa",))
+
+    def add(tag: str, models: dict[str, tuple[float, float, float]]) -> None:  # name: (params, prefill, generate)
+        rows = [{"phase": "compiled", "model": "dense", "prefill-tokens": 512, "params": 100e6, "params-ratio": 1.0,
+                 "prefill-speedup": 1.0, "prefill-ceiling": 1.0, "generate-speedup": 1.0, "generate-ceiling": 1.0}]
+        rows += [{"phase": "compiled", "model": name, "prefill-tokens": 512, "params": p, "params-ratio": p / 100e6,
+                  "prefill-speedup": s, "prefill-ceiling": 1.75, "generate-speedup": g, "generate-ceiling": 1.8}
+                 for name, (p, s, g) in models.items()]
+        with (runs[tag] / "metrics.jsonl").open("a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+    add("p50-c-a", {f"client {k}": (60e6, 1.5 + 0.1 * k, 1.6) for k in range(4)})
+    add("p50-llmpruner", {"llmpruner": (61e6, 1.4, 1.3)})
+    cells = GRID.cells(args())
+    text = "\n".join(size_and_speed(cells, {t: r for t, r in runs.items() if t != "p50-noc-noa"}))
+    block = text.split("### 50% pruned")[1]
+    assert "| SFT-P +C/+A | 4 | 60.0 | 0.600 | 512 | 1.50–1.80× | 1.75× | 1.60× | 1.80× |" in block
+    assert "| LLM-Pruner (FL) | 1 | 61.0 | 0.610 | 512 | 1.40× | 1.75× | 1.30× | 1.80× |" in block
+    assert "| SFT-P NOC/NOA | *not run* |" in block
+    assert "fedflap |" not in block and "| SFT-P +C/NOA |" not in block  # ran, but timed nothing
+    assert "### 20% pruned" not in text  # every 20% cell ran, none timed: no empty block

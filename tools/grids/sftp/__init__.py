@@ -13,7 +13,7 @@ Every number is read from the runs' own files: accuracy and kept ratio from the 
 budgets from config.json's `sftp-keep-ratios`; the kept ratio per round (Fig. 4b) and the bytes from the
 accepted `train` rows; the masks from masks.json / masks.npz (figures).
 
-cells.py: the cells; records.py: what is read from the runs' files.
+cells.py: the cells; records.py: what is read from the runs' files; size.py: the deployed models' size and speed.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tools.grids.sftp.cells import cells
 from tools.grids.sftp.figures import figures
 from tools.grids.sftp.records import answer_perplexity
 from tools.grids.sftp.rescored import section
+from tools.grids.sftp.size import size_and_speed
 from tools.grids.sftp.tables import claims, communication, table1, table2
 
 PPL_NOTE = ("Answer perplexity (lower is better) of each client on its own test questions in the same evaluations as "
@@ -41,6 +42,7 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
     if "table1" in groups:
         lines += table1(grid_cells, runs)
         lines += table1(grid_cells, runs, answer_perplexity, " (answer perplexity)", PPL_NOTE)
+        lines += size_and_speed(grid_cells, runs)
     if "table2" in groups:
         lines += table2(runs)
     lines += claims(grid_cells, runs)
