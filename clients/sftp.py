@@ -23,7 +23,7 @@ from fedprune_app.core.registry import register_client
 from fedprune_app.llm.data import Example, training_batches
 from fedprune_app.llm.evaluation import evaluate_client, mean_loss
 from fedprune_app.llm.models import get_adapter_state, model_device
-from fedprune_app.llm.training import optimizer_step, to_device
+from fedprune_app.llm.training import optimizer_step, packed_training, to_device
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     MaskGenerator,
@@ -84,12 +84,14 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     gate_rng = torch.Generator().manual_seed(seed)  # CPU: the same gates for a seed on any device
     device = model_device(model)
     held = held_open(cfg, model, tokenizer)
+    set_masks(model, None)  # the packing probe runs the dense model
+    packed = packed_training(model, tokenizer, cfg)
     report, start = LocalReport(), time.perf_counter()
     model.train()
     generator.train()
     try:
         for t, batch in enumerate(training_batches(examples, tokenizer, cfg.batch_size, steps, cfg.seq_len,
-                                                   seed, targets=sftp_cfg.sftp_loss_on)):
+                                                   seed, targets=sftp_cfg.sftp_loss_on, packed=packed)):
             if lora:
                 groups[-1]["lr"] = cosine_lr(sftp_cfg.sftp_lora_lr, (server_round - 1) * steps + t, total_steps)
             masks = layer_masks(hold_open(reinmax_binary(generator(embedding), tau, bias, gate_rng), held))

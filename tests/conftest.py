@@ -31,6 +31,20 @@ def small_config(model_dir: Path | str, **overrides: object) -> RunConfig:
     return RunConfig.from_flower(base)
 
 
+def record_training_batches(module: object, monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Wrap `module.training_batches` so that every batch it yields is also appended to the returned list."""
+    seen: list[dict] = []
+    real = module.training_batches  # type: ignore[attr-defined]
+
+    def recording(*args: object, **kwargs: object):  # noqa: ANN202 (a generator, as the real one)
+        for batch in real(*args, **kwargs):
+            seen.append(batch)
+            yield batch
+
+    monkeypatch.setattr(module, "training_batches", recording)
+    return seen
+
+
 @pytest.fixture()
 def flower_ids() -> None:
     """Building a Message outside a run needs the task identity set (Flower >= 1.41)."""

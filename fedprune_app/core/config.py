@@ -218,6 +218,13 @@ class SharedConfig(ConfigSection):
     lora_target_modules: str = key("q_proj,v_proj", "Comma-separated module names that get LoRA adapters.")
     local_steps: int = key(10, "Optimizer steps per client per round (E).", minimum=1)
     batch_size: int = key(4, "Examples per training step.", minimum=1)
+    pack_sequences: bool = key(
+        True,
+        "Train on each step's examples packed end to end in one row (position ids restarting per example, the "
+        "block-diagonal causal mask transformers builds from them) instead of right-padded rows: the same loss "
+        "and gradients without the padding's compute. A model that fails the start-up probe (its attention "
+        "ignores restarted position ids) trains padded, with a warning. See docs/running.md.",
+    )
     learning_rate: float = key(5e-4, "AdamW learning rate.", minimum=0.0)
     weight_decay: float = key(0.0, "AdamW weight decay.", minimum=0.0)
     max_grad_norm: float = key(1.0, "Gradient clipping norm (0 = off).", minimum=0.0)

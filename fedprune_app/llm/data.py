@@ -391,6 +391,23 @@ def collate(encoded: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def pack(encoded: Sequence[tuple[list[int], list[int]]]) -> dict[str, Any]:
+    """The batch as one row, its examples end to end: position ids restart at 0 for each example, and each
+    example's first label is -100 (nothing before it in its own sequence predicts it; the padded batch never
+    scores it either). No attention mask and no cache: then transformers builds the block-diagonal causal mask
+    from the restarting position ids (`masking_utils.find_packed_sequence_indices`), so no example sees another
+    and the loss (the mean over the same targets) and its gradients equal the padded batch's (tested)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    labels: list[int] = []
+    for x, y in encoded:
+        ids += x
+        positions += range(len(x))
+        labels += [-100, *y[1:len(x)]]
+    return {"input_ids": torch.tensor([ids], dtype=torch.long), "position_ids": torch.tensor([positions]),
+            "labels": torch.tensor([labels], dtype=torch.long), "use_cache": False}
+
+
 def pack_text(examples: Sequence[Example], tokenizer: Any, seq_len: int) -> list[tuple[list[int], list[int]]]:
     """Plain-text examples as one token stream (eos between documents) cut into seq_len blocks; every
     token is a target. The last, shorter block is kept if it has at least 2 tokens."""
@@ -412,8 +429,9 @@ def training_items(examples: Sequence[Example], tokenizer: Any, seq_len: int, ta
 
 
 def training_batches(examples: Sequence[Example], tokenizer: Any, batch_size: int, steps: int, seq_len: int,
-                     seed: int, targets: str = "answer") -> Iterator[dict[str, torch.Tensor]]:
-    """`steps` batches drawn epoch by epoch from a seeded permutation of the training items."""
+                     seed: int, targets: str = "answer", packed: bool = False) -> Iterator[dict[str, Any]]:
+    """`steps` batches drawn epoch by epoch from a seeded permutation of the training items; each right-padded
+    (`collate`) or, with `packed`, one row (`pack`): the same examples either way."""
     items = training_items(examples, tokenizer, seq_len, targets)
     if not items:
         raise ValueError("no training items: the client's examples are empty")
@@ -426,7 +444,7 @@ def training_batches(examples: Sequence[Example], tokenizer: Any, batch_size: in
                 order = list(range(len(items)))
                 rng.shuffle(order)
             batch.append(items[order.pop()])
-        yield collate(batch, tokenizer.pad_token_id)
+        yield pack(batch) if packed else collate(batch, tokenizer.pad_token_id)
 
 
 def text_of(examples: Sequence[Example]) -> str:

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 from lm_eval.models.huggingface import HFLM
-from transformers import LlamaModel
 
 from fedprune_app.llm.data import normalize_record
 from fedprune_app.llm.evaluation import lm_eval_accuracy, lm_eval_per_example, local_mc_task
 from fedprune_app.llm.fast_eval import PackedChoicesLM, pack_rows, packing_support, segment, tree_mask
 from fedprune_app.llm.models import load_base_model, load_tokenizer
+from tests.model_variants import IgnoresMask, IgnoresPositions, compiled, llmpruner, peft, routed, slicegpt
 
 # (context, [continuations]): a context shared by several choices of 1..8 tokens, two choices that differ only
 # in their last token (HFLM's logits cache merges those), a one-token context (no prefix to cache).
@@ -45,60 +45,7 @@ def _requests(tok) -> list:
     return out
 
 
-def _peft(model):
-    from peft import LoraConfig, get_peft_model
-
-    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"]))
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:  # B = 0 would leave the model unchanged
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    return peft_model.eval()
-
-
-def _masks(model, seed: int):
-    from fedprune_app.methods.sftp.hf.configuration_fedprune_routed_llama import MASK_NAMES
-
-    d, gen = model.config.hidden_size, torch.Generator().manual_seed(seed)
-    return [{n: (torch.rand(d, generator=gen) < 0.6).float() for n in MASK_NAMES}
-            for _ in range(model.config.num_hidden_layers)]
-
-
-def _routed(model):
-    from fedprune_app.methods.sftp.routing import install_routing, set_masks
-
-    install_routing(model)
-    set_masks(model, _masks(model, 1))
-    return model.eval()
-
-
-def _compiled(model):
-    from fedprune_app.methods.sftp.routing import compile_model
-
-    return compile_model(model, _masks(model, 2))
-
-
-def _llmpruner(model):
-    from fedprune_app.methods.llmpruner.structure import compile_pruned
-
-    keep = {"heads": np.ones((model.config.num_hidden_layers, model.config.num_key_value_heads), bool),
-            "channels": np.random.default_rng(4).random((model.config.num_hidden_layers,
-                                                         model.config.intermediate_size)) < 0.6}
-    keep["heads"][:, 0] = False
-    return compile_pruned(model, keep)
-
-
-def _slicegpt(model):
-    from fedprune_app.methods.slicegpt.sliced import num_points, slice_model
-
-    d, gen = model.config.hidden_size, torch.Generator().manual_seed(5)
-    bases = [torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))[0][:, :d - 3]
-             for _ in range(num_points(model.config))]
-    return slice_model(model, bases)
-
-
-@pytest.mark.parametrize("build", [lambda m: m.eval(), _peft, _routed, _compiled, _llmpruner, _slicegpt],
+@pytest.mark.parametrize("build", [lambda m: m.eval(), peft, routed, compiled, llmpruner, slicegpt],
                          ids=["llama", "peft", "routed", "compiled", "llmpruner", "slicegpt"])
 def test_fast_loglikelihoods_equal_stock_hflm(tiny_model_dir: Path, tok, build) -> None:
     model = build(load_base_model(str(tiny_model_dir)))
@@ -124,21 +71,7 @@ def test_fast_accuracies_equal_stock_accuracies(tiny_model_dir: Path, tok, tmp_p
     assert lm_eval_per_example(model, tok, task, 4) == lm_eval_per_example(model, tok, task, 4, fast=False)
 
 
-class _IgnoresMask(LlamaModel):
-    """A decoder that ignores the attention mask it is given (plain causal attention): choices see each other."""
-
-    def forward(self, *args, attention_mask=None, **kwargs):
-        return super().forward(*args, **kwargs)
-
-
-class _IgnoresPositions(LlamaModel):
-    """A decoder that ignores the positions and mask it is given: its packed scores are wrong."""
-
-    def forward(self, *args, position_ids=None, attention_mask=None, **kwargs):
-        return super().forward(*args, **kwargs)
-
-
-@pytest.mark.parametrize("cls", [_IgnoresMask, _IgnoresPositions])
+@pytest.mark.parametrize("cls", [IgnoresMask, IgnoresPositions])
 def test_a_model_that_cannot_score_packed_choices_is_scored_by_the_stock_path(tiny_model_dir: Path, tok, cls,
                                                                               caplog) -> None:
     model = load_base_model(str(tiny_model_dir)).eval()

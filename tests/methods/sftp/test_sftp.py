@@ -34,7 +34,7 @@ from fedprune_app.methods.sftp.routing import (
     set_masks,
 )
 from strategies.sftp import SFTPStrategy
-from tests.conftest import small_config
+from tests.conftest import record_training_batches, small_config
 from tests.fake_grid import FakeGrid
 
 ROUNDS = 2
@@ -192,24 +192,19 @@ def test_the_reported_training_loss_is_eq_13(tiny_model_dir: Path, flower_ids: N
     that dropped λ, the penalty or the log ratio, or trained on another loss, reports another number."""
     import clients.sftp as sftp_client
 
-    seen: dict[str, list] = {"masks": [], "batches": []}
-    real_set_masks, real_batches = sftp_client.set_masks, sftp_client.training_batches
+    seen: dict[str, list] = {"masks": [], "batches": record_training_batches(sftp_client, monkeypatch)}
+    real_set_masks = sftp_client.set_masks
 
     def recording_set_masks(model: torch.nn.Module, masks: list | None) -> None:
         if masks is not None:
             seen["masks"].append([{k: v.detach().clone() for k, v in g.items()} for g in masks])
         real_set_masks(model, masks)
 
-    def recording_batches(*args: object, **kwargs: object):
-        for batch in real_batches(*args, **kwargs):
-            seen["batches"].append({k: v.clone() for k, v in batch.items()})
-            yield batch
-
     monkeypatch.setattr(sftp_client, "set_masks", recording_set_masks)
-    monkeypatch.setattr(sftp_client, "training_batches", recording_batches)
     reported = {}
     for lam in (1.0, 16.0):
-        cfg = sftp_config(tiny_model_dir, local_steps=1, lora_dropout=0.0, sftp_lambda=lam)
+        cfg = sftp_config(tiny_model_dir, local_steps=1, lora_dropout=0.0, sftp_lambda=lam,
+                          pack_sequences=False)  # the padded batch; packed = padded: test_packed_local_training
         initial = SFTPStrategy(cfg).initial_arrays()
         seen["masks"].clear()
         seen["batches"].clear()
@@ -234,16 +229,9 @@ def test_the_client_trains_on_the_configured_targets(loss_on: str | None, tiny_m
     'answer'` puts it on the responses only."""
     import clients.sftp as sftp_client
 
-    batches: list[dict[str, torch.Tensor]] = []
-    real_batches = sftp_client.training_batches
-
-    def recording_batches(*args: object, **kwargs: object):
-        for batch in real_batches(*args, **kwargs):
-            batches.append(batch)
-            yield batch
-
-    monkeypatch.setattr(sftp_client, "training_batches", recording_batches)
-    cfg = sftp_config(tiny_model_dir, local_steps=2, **({} if loss_on is None else {"sftp_loss_on": loss_on}))
+    batches = record_training_batches(sftp_client, monkeypatch)
+    cfg = sftp_config(tiny_model_dir, local_steps=2, pack_sequences=False,  # padded rows show which tokens are real
+                      **({} if loss_on is None else {"sftp_loss_on": loss_on}))
     make_client(cfg).train(content(SFTPStrategy(cfg).initial_arrays(), 1))
     assert len(batches) == 2
     for batch in batches:
@@ -253,6 +241,21 @@ def test_the_client_trains_on_the_configured_targets(loss_on: str | None, tiny_m
             assert targets.sum() < real.sum() and not (targets & ~real).any()
         else:
             assert torch.equal(targets, real) and torch.equal(batch["labels"][real], batch["input_ids"][real])
+
+
+def test_packed_local_training_follows_the_padded_trajectory(tiny_model_dir: Path, flower_ids: None) -> None:
+    """Alg. 1's inner loop on packed rows (`pack-sequences`, the default) and on padded rows, 3 steps from the same
+    Θ, Φ, e_k and gate seed: the same CLM and penalty per step and the same reply to float rounding."""
+    replies = {}
+    for packed in (True, False):
+        cfg = sftp_config(tiny_model_dir, local_steps=3, lora_dropout=0.0, pack_sequences=packed)
+        reply = make_client(cfg).train(content(SFTPStrategy(cfg).initial_arrays(), 1))
+        replies[packed] = (reply.metric_records["metrics"], reply.array_records["arrays"].to_numpy_ndarrays())
+    (m_packed, a_packed), (m_padded, a_padded) = replies[True], replies[False]
+    for key in ("clm-loss", "penalty", "train-loss"):
+        assert m_packed[key] == pytest.approx(m_padded[key], rel=1e-4), key
+    for a, b in zip(a_packed, a_padded, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6)
 
 
 def test_only_the_final_evaluation_carries_the_masks(round_one) -> None:

@@ -58,8 +58,11 @@ def baseline_schedule(budget: Budget) -> str:
 
 
 def overrides(method: str, budget: Budget, variant: str) -> str:
+    """The cell's run-config overrides. Every cell trains on padded rows (`pack-sequences=false`): the grid's
+    first cells ran before packed training existed, and a grid compares its cells on one code path (packed rows
+    give the same loss and gradients to float rounding, tests/llm/test_training.py, but not bit for bit)."""
     ratios = MIXED if budget == "mixed" else f"{float(budget):g}"
-    parts = [f"min-nodes={CLIENTS}"]
+    parts = [f"min-nodes={CLIENTS}", "pack-sequences=false"]
     if method == "sftp":
         _, conditioning, adapters = VARIANTS[variant]
         parts += [f'sftp-keep-ratios="{ratios}"', f"sftp-conditioning={str(conditioning).lower()}",

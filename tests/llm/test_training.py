@@ -1,0 +1,108 @@
+"""Packed training (`pack-sequences`): a step's examples in one row give the padded batch's loss and gradients on
+every model variant that trains here; a model that ignores the restarting positions trains padded; the local
+training loops (FedIT's `train_steps`, SFT-P's `local_training`) follow the same trajectory either way."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedprune_app.llm.data import collate, encode, normalize_record, pack, training_batches
+from fedprune_app.llm.models import load_base_model, load_tokenizer
+from fedprune_app.llm.training import packs_exactly, train_steps
+from tests.conftest import record_training_batches, small_config
+from tests.model_variants import IgnoresPositions, llmpruner, peft, routed, slicegpt
+
+QUESTIONS = [("What comes after one?", ["two", "three"]), ("The sky is", ["blue", "a very long answer indeed"]),
+             ("Pick a letter of the alphabet that comes early:", ["A", "B"]), ("Hi", ["there", "you"]),
+             ("Count to four slowly and say each number out loud, please:", ["one two three four", "no"])]
+
+
+def examples() -> list[dict]:
+    return [normalize_record("t", {"question": q, "choices": c, "label": i % 2})
+            for i, (q, c) in enumerate(QUESTIONS)]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: Path):
+    return load_tokenizer(str(tiny_model_dir))
+
+
+def test_pack_restarts_positions_and_never_scores_an_example_from_the_one_before(tok) -> None:
+    encoded = [encode(tok, e, 64, "sequence") for e in examples()[:3]]
+    batch = pack(encoded)
+    lengths = [len(x) for x, _ in encoded]
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (1, sum(lengths))
+    assert batch["input_ids"][0].tolist() == [t for x, _ in encoded for t in x]
+    assert batch["position_ids"][0].tolist() == [p for n in lengths for p in range(n)]
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    labels = batch["labels"][0].tolist()
+    assert all(labels[s] == -100 for s in starts)
+    assert [t for i, t in enumerate(labels) if i not in starts] == [t for _, y in encoded for t in y[1:]]
+    assert batch["use_cache"] is False and "attention_mask" not in batch
+
+
+def _loss_and_grads(model: torch.nn.Module, batch: dict) -> tuple[float, list[torch.Tensor]]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch).loss
+    loss.backward()
+    return float(loss), [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+@pytest.mark.parametrize("build", [lambda m: m, peft, routed, llmpruner, slicegpt],
+                         ids=["llama", "peft", "routed", "llmpruner", "slicegpt"])
+@pytest.mark.parametrize("targets", ["sequence", "answer"])
+def test_packed_batch_has_the_padded_loss_and_gradients(tiny_model_dir: Path, tok, build, targets: str) -> None:
+    """The models that train in this app (FedIT/FedTPA/FlexLoRA: llama + peft; SFT-P: routed with masks; the
+    baselines' recovery: LLM-Pruner compiled, SliceGPT sliced): one packed row = the padded batch, to float
+    rounding, for whole-sequence and answer-only targets (examples of 4 to 20 tokens, so padding is real)."""
+    model = build(load_base_model(str(tiny_model_dir))).eval()
+    assert packs_exactly(model, tok.pad_token_id)
+    encoded = [encode(tok, e, 64, targets) for e in examples()]
+    padded_loss, padded_grads = _loss_and_grads(model, collate(encoded, tok.pad_token_id))
+    packed_loss, packed_grads = _loss_and_grads(model, pack(encoded))
+    assert packed_loss == pytest.approx(padded_loss, abs=1e-5)
+    assert padded_grads and any(g.abs().sum() > 0 for g in padded_grads)
+    for a, b in zip(padded_grads, packed_grads, strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_model_that_ignores_the_positions_trains_padded(tiny_model_dir: Path, tok, caplog,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its attention would let packed examples see each other: the probe refuses, says why, and the loop pads."""
+    import fedprune_app.llm.training as training
+
+    model = peft(load_base_model(str(tiny_model_dir)))
+    model.base_model.model.model.__class__ = IgnoresPositions
+    with caplog.at_level(logging.WARNING, logger="fedprune_app.llm.training"):
+        assert not packs_exactly(model, tok.pad_token_id)
+    assert "training on padded rows" in caplog.text
+    seen = record_training_batches(training, monkeypatch)
+    train_steps(model, tok, examples(), small_config(tiny_model_dir, local_steps=2), seed=0)
+    assert len(seen) == 2 and all("attention_mask" in b and b["input_ids"].shape[0] == 2 for b in seen)
+
+
+def test_train_steps_follow_the_same_trajectory_packed_or_padded(tiny_model_dir: Path, tok) -> None:
+    """FedIT's local loop, 4 steps from the same adapters: the same losses and the same trained LoRA weights."""
+    runs = {}
+    for packed in (True, False):
+        torch.manual_seed(0)
+        model = peft(load_base_model(str(tiny_model_dir)))
+        cfg = small_config(tiny_model_dir, local_steps=4, batch_size=3, pack_sequences=packed, lora_dropout=0.0)
+        report = train_steps(model, tok, examples(), cfg, seed=1)
+        runs[packed] = (report.losses, {n: p.detach().clone() for n, p in model.named_parameters()
+                                        if p.requires_grad})
+    assert runs[True][0] == pytest.approx(runs[False][0], abs=1e-4)
+    for name, weight in runs[False][1].items():
+        assert torch.allclose(runs[True][1][name], weight, rtol=1e-3, atol=1e-6), name
+
+
+def test_training_batches_draw_the_same_examples_packed_or_padded(tok) -> None:
+    padded = list(training_batches(examples(), tok, 2, 3, 64, seed=4, targets="sequence"))
+    packed = list(training_batches(examples(), tok, 2, 3, 64, seed=4, targets="sequence", packed=True))
+    for a, b in zip(padded, packed, strict=True):
+        assert b["input_ids"][0].tolist() == a["input_ids"][a["attention_mask"] == 1].tolist()
