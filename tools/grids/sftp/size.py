@@ -49,14 +49,15 @@ def size_and_speed(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
     generation speed-up with its FLOP ceiling (min–max over SFT-P's per-client models)."""
     tags = {c.tag for c in grid_cells}
     lines = ["## Table 1, size and speed: the deployed models", "",
-             "Parameters of each deployed model (no method prunes the embedding or the LM head) and its speed-up "
-             "over the dense model, timed in the run's server process at its end (prefill of the prompt length "
-             "shown, last-token logits; generation of 32 tokens after 32; batch 1; medians of 3, round-robin with "
-             "the dense model). The ceiling is the FLOP ratio of the same workload (`speed.workload_flops`). The "
-             "timings share the machine with whatever else ran then and move by ±10–30% between runs; the "
-             "parameters and ceilings do not move. Generation above its ceiling is the compiled layout's own gain "
-             "(docs/methods/sftp.md, 'Speed of the compiled models'). SFT-P: min–max over its four per-client "
-             "models. fedflap does not time its model (its masks have SFT-P's shape).", ""]
+             "Parameters of each deployed model and its speed-up over the dense model, timed in the run's server "
+             "process at its end (prefill of the prompt length shown, last-token logits; generation of 32 tokens "
+             "after 32; batch 1; medians of 3, round-robin with the dense model). The ceiling is the FLOP ratio of "
+             "the same workload (`speed.workload_flops`). The timings share the machine with whatever else ran then "
+             "and move by 10–60% between runs (isolated timings of the deployed models: `tools.bench_deployed`, "
+             "docs/methods/sftp.md, 'Speed of the deployed models in the grid'); the parameters and ceilings do "
+             "not move. Generation above its ceiling is the compiled layout's own gain (docs/methods/sftp.md, "
+             "'Speed of the compiled models'). SFT-P: min–max over its four per-client models. fedflap does not "
+             "time its model (its masks have SFT-P's shape).", ""]
     head = ("| model | models | params (M) | params / dense | prefill tokens | prefill speed-up | ceiling | "
             "generation speed-up | ceiling |")
     for b in BUDGETS:
