@@ -13,11 +13,7 @@ largest difference between the two runs' per-step CLM losses (packing must not c
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +29,7 @@ from fedprune_app.llm.models import initial_adapter_state, set_adapter_state
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import generator_for, routed_model_for
 from tools.launch import APP_DIR, merged_config
+from tools.render_bench import finish_record, start_record
 
 
 def step_tokens(cfg: RunConfig, examples: list, tokenizer: Any, packed: bool) -> float:
@@ -66,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    record = start_record("packing", "tools.bench_packing", argv)
     quiet_libraries()
     torch.set_num_threads(1)
     base = [args.preset, *([args.run_config] if args.run_config else []), "lora-dropout=0.0"]
@@ -96,14 +94,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['speed-up']:.2f}x; max |ΔCLM| {row['max-clm-difference']:.1e}", flush=True)
     total = {m: sum(r[f"{m}-s-per-step"] for r in rows) for m in ("padded", "packed")}
     print(f"all clients: {total['padded'] / total['packed']:.2f}x (sum of seconds per step)")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        given = sys.argv[1:] if argv is None else argv
-        args.out.write_text(json.dumps({
-            "command": "python -m tools.bench_packing " + shlex.join(given), "clock": args.clock,
-            "steps": args.steps, "repeats": args.repeats, "load-average": os.getloadavg(),
-            "date": time.strftime("%Y-%m-%d"), "rows": rows,
-            "speed-up-all": total["padded"] / total["packed"]}, indent=1) + "\n")
+    record.update({"clock": args.clock, "steps": args.steps, "repeats": args.repeats, "preset": args.preset,
+                   "rows": rows, "speed-up-all": total["padded"] / total["packed"]})
+    finish_record(record, args.out)
     return 0
 
 

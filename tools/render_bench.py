@@ -224,10 +224,46 @@ def compiled_speed(records: Sequence[Record]) -> str:
     return "\n".join(lines)
 
 
+def packing(records: Sequence[Record]) -> str:
+    """tools/bench_packing.py: SFT-P's local step on padded and on packed rows, per client, same process."""
+    r = records[0]
+    lines = ["| client | tokens per step, padded → packed | s per step, padded → packed | speed-up | max \\|ΔCLM\\| |",
+             "|---|---|---|---|---|"]
+    for row in r["rows"]:
+        lines.append(f"| {row['client']} `{row['data'].split(':', 1)[-1]}` | {row['padded-tokens-per-step']:.0f} → "
+                     f"{row['packed-tokens-per-step']:.0f} | {row['padded-s-per-step']:.3f} → "
+                     f"{row['packed-s-per-step']:.3f} | {row['speed-up']:.2f}× | {row['max-clm-difference']:.1e} |")
+    lines += ["", f"All four clients: **{r['speed-up-all']:.2f}×** (sum of seconds per step). {r['steps']} steps, "
+                  f"medians of {r['repeats']} round-robin repeats, {r['clock']} clock, 1 thread; "
+                  f"`{shown_command(r)}` ({load_line(r)})."]
+    return "\n".join(lines)
+
+
+def deployed_speed(records: Sequence[Record]) -> str:
+    """tools/bench_deployed.py: the grid runs' deployed models against the dense model, one process."""
+    lines = ["| model | params (M) | params / dense | prefill speed-up (ceiling) | of ceiling | generation speed-up "
+             "(ceiling) | of ceiling |", "|---|---|---|---|---|---|---|"]
+    for r in records:
+        for row in r["rows"]:
+            if row["model"] == "dense":
+                lines.append(f"| dense | {row['params'] / 1e6:.1f} | 1.000 | {row['prefill-ms']:.0f} ms | | "
+                             f"{row['generate-tok-s']:.1f} tok/s | |")
+                continue
+            lines.append(f"| {row['model']} | {row['params'] / 1e6:.1f} | {row['params-ratio']:.3f} | "
+                         f"{row['prefill-speedup']:.2f}× ({row['prefill-ceiling']:.2f}×) | "
+                         f"{row['prefill-of-ceiling']:.2f} | {row['generate-speedup']:.2f}× "
+                         f"({row['generate-ceiling']:.2f}×) | {row['generate-of-ceiling']:.2f} |")
+    lines += ["", "; ".join(f"Prefill {r['prefill']} tokens (last-token logits), generation 32 tokens after 32, "
+                            f"batch 1, medians of {r['repeats']} round-robin runs, {r['clock']} clock, 1 thread; "
+                            f"`{shown_command(r)}` ({load_line(r)})" for r in records) + "."]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[Sequence[Record]], str]] = {
     "compiled-speed": compiled_speed,
     "pruning": pruning, "aggregation-memory": aggregation_memory, "overhead": overhead,
-    "budget-trajectory": budget_trajectory, "mask-rounding": mask_rounding,
+    "budget-trajectory": budget_trajectory, "mask-rounding": mask_rounding, "packing": packing,
+    "deployed-speed": deployed_speed,
 }
 
 
