@@ -375,6 +375,10 @@ def test_rescored_answer_perplexity_is_compared_paired_per_client(tmp_path: Path
     with_nll("p80-llmpruner", "final", {0: math.log(40), 1: math.log(80), 2: math.log(80), 3: math.log(80)})
     with_nll("p80-fedflap", "final", {k: math.log(500) for k in range(4)})
     with_nll("p80-fedflap", "dense", {k: math.log(100) for k in range(4)})
+    for tag, logs in (("p50-c-a", {0: 9, 1: 9, 2: math.log(100), 3: math.log(100)}),
+                      ("mixed-c-a", {0: math.log(30), 1: math.log(30), 2: math.log(400), 3: math.log(400)})):
+        rescore(runs[tag], {"final": {0: 20, 1: 20, 2: 20, 3: 15}}, sizes)
+        with_nll(tag, "final", logs)
     rescored = GRID.render(GRID.cells(args()), runs).split("# Re-scored on more examples per client")[1]
     block = rescored.split("(re-scored answer perplexity)")[1].split("### 50%")[0]
     ppl = {k: math.exp(math.log(50) + float(np.mean(difficulty[k]))) for k in range(4)}  # 5 tokens each
@@ -385,6 +389,13 @@ def test_rescored_answer_perplexity_is_compared_paired_per_client(tmp_path: Path
                             for name in ("the untouched model", "fedflap", "LLM-Pruner (FL)"))
     assert "**held**" in untouched and "**held**" in flap
     assert "**not held**" in llm and "client 0:" in llm and " ✗" in llm.split("client 1:")[0]
+    # the mixed run against the uniform run of each client's budget: clients 0, 1 (keep 0.8) lower, but trained on
+    # the 50% schedule (flagged), clients 2, 3 (keep 0.5) 4x higher than the uniform 50% run
+    mixed_80, mixed_50 = (next(line for line in lines if line.startswith("- mixed") and f"(keep {p})" in line)
+                          for p in ("0.8", "0.5"))
+    assert "clients 0, 1" in mixed_80 and "**held**" in mixed_80
+    assert "Confounded: the mixed run trains 12 × 50" in mixed_80
+    assert "clients 2, 3" in mixed_50 and "**not held**" in mixed_50 and "Confounded" not in mixed_50
     a = TokenScores.of(5 * (math.log(50) + difficulty[2]), [5] * 40)
     b = TokenScores.of(5 * (math.log(80) + difficulty[2]), [5] * 40)
     ci = paired_perplexity_interval(a, b, "difference", iters=2000, seed=2)

@@ -9,11 +9,12 @@ means, as in the tables).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
-from tools.grids import Cell, Interval, judge, mark
-from tools.grids.sftp.cells import BASELINES, BUDGETS, CLIENTS, budget_label, tag_of
+from tools.grids import Cell, Interval, Pair, judge, mark
+from tools.grids.sftp.cells import BASELINES, BUDGETS, CLIENTS, budget_label, sftp_schedule, tag_of
 from tools.grids.sftp.records import (
     answer_units,
     per_example,
@@ -21,7 +22,7 @@ from tools.grids.sftp.records import (
     rescored_accuracy,
     rescored_perplexity,
 )
-from tools.grids.sftp.tables import claims, table1, table2
+from tools.grids.sftp.tables import claims, mixed_groups, table1, table2
 
 
 def paired_interval(runs: dict[str, Path]) -> Callable[[str, str, list[int]], Interval | None]:
@@ -86,13 +87,27 @@ PPL_NOTE = ("Answer perplexity (lower is better) of each client's correct answer
             "the four clients' perplexities.")
 
 
+def _paired_pairs(ours: dict[int, Any], other: dict[int, Any], clients: Iterable[int]) -> list[Pair]:
+    """Per client: ppl(ours) at or below ppl(other), with the paired bootstrap interval of the difference."""
+    from fedprune_app.llm.intervals import paired_perplexity_interval
+
+    pairs: list[Pair] = []
+    for c in clients:
+        if c in ours and c in other and len(ours[c].nll) == len(other[c].nll):
+            ci = paired_perplexity_interval(ours[c], other[c], "difference", iters=2000, seed=c)
+            pairs.append((f"client {c}", ours[c].perplexity, other[c].perplexity, lambda x, y: x <= y,
+                          (ci.lo, ci.hi, len(ours[c].nll))))
+        else:
+            pairs.append((f"client {c}", None, None, lambda x, y: x <= y))
+    return pairs
+
+
 def perplexity_comparisons(runs: dict[str, Path]) -> list[str]:
     """SFT-P (+C/+A) against each federated baseline and the untouched model on answer perplexity, per client: Δ =
     ppl(SFT-P) − ppl(other) with a paired bootstrap interval over the client's answers
-    (`intervals.paired_perplexity_interval`). Not a claim of the paper (it reports accuracy): the quality check the
-    accuracies are too noisy to give."""
-    from fedprune_app.llm.intervals import paired_perplexity_interval
-
+    (`intervals.paired_perplexity_interval`); and the mixed-budget run against the uniform run of each client's
+    budget (Table 2's question). Not claims of the paper (it reports accuracy): the quality checks the accuracies
+    are too noisy to give."""
     lines = ["", "## Answer perplexity, paired (re-scored)", "",
              "SFT-P (+C/+A) at or below each reference's answer perplexity on every client, each Δ = ppl(SFT-P) − "
              "ppl(reference) with a paired 95% bootstrap interval over that client's answers (n answers).", ""]
@@ -105,14 +120,17 @@ def perplexity_comparisons(runs: dict[str, Path]) -> list[str]:
         if first is not None:
             references.insert(0, ("the untouched model", answer_units(runs, first, 0)))
         for label, other in references:
-            pairs = []
-            for c in range(CLIENTS):
-                if c in sftp and c in other and len(sftp[c].nll) == len(other[c].nll):
-                    ci = paired_perplexity_interval(sftp[c], other[c], "difference", iters=2000, seed=c)
-                    pairs.append((f"client {c}", sftp[c].perplexity, other[c].perplexity, lambda x, y: x <= y,
-                                  (ci.lo, ci.hi, len(sftp[c].nll))))
-                else:
-                    pairs.append((f"client {c}", None, None, lambda x, y: x <= y))
-            held, text = judge(pairs)
+            held, text = judge(_paired_pairs(sftp, other, range(CLIENTS)))
             lines.append(f"- {budget_label(b)}: SFT-P +C/+A at or below {label}: {mark(held)} ({text}).")
+    mixed = answer_units(runs, tag_of("sftp", "mixed", "c-a"))
+    if mixed:
+        mixed_schedule = sftp_schedule("mixed")
+        for p, clients in mixed_groups(runs).items():
+            held, text = judge(_paired_pairs(mixed, answer_units(runs, tag_of("sftp", p, "c-a")), clients))
+            uniform_schedule = sftp_schedule(p)
+            caveat = "" if uniform_schedule[:2] == mixed_schedule[:2] else (
+                f" Confounded: the mixed run trains {mixed_schedule[0]} × {mixed_schedule[1]} steps, the uniform "
+                f"run {uniform_schedule[0]} × {uniform_schedule[1]}.")
+            lines.append(f"- mixed budgets, clients {', '.join(map(str, clients))} (keep {p:g}): the mixed run at or "
+                         f"below the uniform run of their budget: {mark(held)} ({text}).{caveat}")
     return lines
