@@ -314,3 +314,15 @@ def test_a_claim_at_every_sparsity_is_not_checked_while_a_sparsity_has_not_run(t
     le = claim_lines(GRID.render(cells, runs))[0]
     assert "**not checked**" in le and "paper 50% `wiki`: 30.00 vs 32.25 (Δ -2.25 [" in le
     assert "missing: paper 60%" in le
+
+
+def test_the_gap_claim_is_not_checked_while_a_sparsity_of_its_group_has_not_run(tmp_path: Path) -> None:
+    """Two finished sparsities give a paired gap comparison, but the claim spans the group's every sparsity: with
+    70% not run it reads not checked and names what is missing beside what was measured."""
+    cells = GRID.cells(args(only="paper", sparsity="0.5,0.6,0.7"))
+    runs = {"paper-s50": window_run(tmp_path, "paper-s50", 0.5, 30.0, [32.0, 33.0, 31.5, 32.5]),
+            "paper-s60": window_run(tmp_path, "paper-s60", 0.6, 40.0, [48.0, 47.0, 49.0, 46.0])}
+    gap = claim_lines(GRID.render(cells, runs))[1]
+    assert "**not checked**" in gap and "paper 60% vs 50%:" in gap and "missing: paper 70%" in gap
+    cells = GRID.cells(args(only="paper", sparsity="0.5,0.6"))
+    assert "**held**" in claim_lines(GRID.render(cells, runs))[1]

@@ -176,13 +176,18 @@ def replicates(cell: Cell, grid_cells: list[Cell], runs: dict[str, Path]) -> lis
 
 def gap_pairs(group: str, group_cells: list[Cell], grid_cells: list[Cell], runs: dict[str, Path]
               ) -> list[Pair | None]:
-    """The paired gap comparison of each two consecutive finished sparsities of a group (`paired.gap_growth`)."""
+    """The paired gap comparison of each two consecutive finished sparsities of a group (`paired.gap_growth`), and
+    a not-checked entry for each of its sparsities not run yet: the claim spans every sparsity of the group, so it
+    is not decided on the finished ones alone."""
     done = sorted((c for c in group_cells if c.tag in runs), key=lambda c: c.settings["sparsity"])
     out: list[Pair | None] = []
     for lo, hi in zip(done, done[1:], strict=False):
         sources = model_rows(runs[lo.tag])[0]
         label = f"{group} {round(hi.settings['sparsity'] * 100)}% vs {round(lo.settings['sparsity'] * 100)}%"
         out.append(gap_growth(replicates(lo, grid_cells, runs), replicates(hi, grid_cells, runs), sources, label))
+    if out:
+        out += [(f"{group} {round(c.settings['sparsity'] * 100)}%", None, None, lambda a, b: a > b)
+                for c in group_cells if c.tag not in runs and "replicate-of" not in c.settings]
     return out
 
 
