@@ -259,11 +259,42 @@ def deployed_speed(records: Sequence[Record]) -> str:
     return "\n".join(lines)
 
 
+def sftp_conditioning(records: Sequence[Record]) -> str:
+    """tools/sftp_conditioning.py: per schedule and client-specific share ρ, each mode's final `captured` (mean over
+    clients, min–max) and the deployed cuts' `shared-cut` (mean), beside how alike the clients' own best cuts are."""
+    modes = (("fed", "+C, federated"), ("noc", "NOC, federated"), ("alone", "+C, each client alone"))
+    lines = ["| schedule | ρ | own best cuts: shared-cut | "
+             + " | ".join(f"{label}: captured (min–max) | shared-cut" for _, label in modes) + " |",
+             "|---|---|---|" + "---|---|" * len(modes)]
+    notes = []
+    for r in records:
+        s = r["settings"]
+        extras = [f"e_k std {s['embed-std']:g}" if s.get("embed-std", 1.0) != 1.0 else "",
+                  f"noise σ {s['noise']:g}" if s.get("noise") else "",
+                  f"layer share {s['layer-share']:g}" if s.get("layer-share") else ""]
+        schedule = ", ".join([f"keep {s['keep-ratio']:g}", f"{s['rounds']} × {s['steps']} steps", f"lr {s['lr']:g}",
+                              f"τ {s['tau']:g}", f"wd {s['weight-decay']:g}", *(e for e in extras if e)])
+        for cell in r["cells"]:
+            best = cell["best-cuts-shared-cut"]
+            row = [schedule, f"{cell['specific']:g}", f"{sum(best) / len(best):.2f}"]
+            for mode, _ in modes:
+                if mode not in cell:
+                    row += ["–", "–"]
+                    continue
+                last = cell[mode][-1]
+                cap, shared = last["captured"], last["shared-cut"]
+                row += [f"{sum(cap) / len(cap):.2f} ({min(cap):.2f} – {max(cap):.2f})",
+                        f"{sum(shared) / len(shared):.2f}"]
+            lines.append("| " + " | ".join(row) + " |")
+        notes.append(f"`{shown_command(r)}` ({load_line(r)}, {r['seconds']:.0f} s)")
+    return "\n".join([*lines, "", "; ".join(notes) + "."])
+
+
 RENDERERS: dict[str, Callable[[Sequence[Record]], str]] = {
     "compiled-speed": compiled_speed,
     "pruning": pruning, "aggregation-memory": aggregation_memory, "overhead": overhead,
     "budget-trajectory": budget_trajectory, "mask-rounding": mask_rounding, "packing": packing,
-    "deployed-speed": deployed_speed,
+    "deployed-speed": deployed_speed, "sftp-conditioning": sftp_conditioning,
 }
 
 
