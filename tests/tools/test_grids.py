@@ -185,6 +185,24 @@ def test_every_archived_record_is_committed() -> None:
     assert ignored == ["docs/runs/grid/run/adapter.safetensors"]
 
 
+@pytest.mark.parametrize("name", ["sftp", "fedspallm", "fedtpa"])
+def test_committed_tables_are_their_archived_records_rendered(name: str) -> None:
+    """docs/runs/<grid>/tables.md is what the grid renders from the records archived beside it (the default
+    cells, as `python -m tools.grids <grid> --render-only --out docs/runs/<grid> --archive none` writes it; the
+    figures' section, which also draws the PNGs, follows the tables): a figure edited by hand, a record changed
+    or lost, or a renderer changed without re-rendering fails here."""
+    from tools.grids import collect_runs
+    from tools.grids.__main__ import GRIDS
+
+    grid, out = GRIDS[name], ROOT / "docs" / "runs" / name
+    args = Namespace(only="", sparsity="0.5,0.6,0.7,0.8", seeds="0", alphas="0.5,1,inf", tags="", run_config="")
+    cells = grid.cells(args)
+    rendered = grid.render(cells, collect_runs(grid, cells, out))
+    committed = (out / "tables.md").read_text()
+    assert committed.startswith(rendered), f"re-render with: python -m tools.grids {name} --render-only --out " \
+                                           f"docs/runs/{name} --archive none"
+
+
 def test_grid_modules_import_each_other_without_cycles() -> None:
     """tools/grids/<m>/: tables and figures each read the records and neither imports the other; no module of the
     grids imports one that imports it back (lazily inside a function included)."""

@@ -376,6 +376,7 @@ def test_rescored_answer_perplexity_is_compared_paired_per_client(tmp_path: Path
     with_nll("p80-fedflap", "final", {k: math.log(500) for k in range(4)})
     with_nll("p80-fedflap", "dense", {k: math.log(100) for k in range(4)})
     for tag, logs in (("p50-c-a", {0: 9, 1: 9, 2: math.log(100), 3: math.log(100)}),
+                      ("p50-noc-a", dict.fromkeys(range(4), math.log(50))),
                       ("mixed-c-a", {0: math.log(30), 1: math.log(30), 2: math.log(400), 3: math.log(400)})):
         rescore(runs[tag], {"final": {0: 20, 1: 20, 2: 20, 3: 15}}, sizes)
         with_nll(tag, "final", logs)
@@ -391,6 +392,11 @@ def test_rescored_answer_perplexity_is_compared_paired_per_client(tmp_path: Path
     assert "**not held**" in llm and "client 0:" in llm and " ✗" in llm.split("client 1:")[0]
     # the mixed run against the uniform run of each client's budget: clients 0, 1 (keep 0.8) lower, but trained on
     # the 50% schedule (flagged), clients 2, 3 (keep 0.5) 4x higher than the uniform 50% run
+    # the ablations whose two cells were re-scored: +C/+A against NOC/+A at 50% (worse on every client); no line
+    # for a pair with a cell missing
+    ablations = [line for line in lines if "at or below NOC/" in line or "at or below +C/" in line]
+    assert len(ablations) == 1 and ablations[0].startswith("- 50% pruned (keep 0.5): SFT-P +C/+A at or below NOC/+A")
+    assert "**not held**" in ablations[0] and ablations[0].count(" ✗") == 4
     mixed_80, mixed_50 = (next(line for line in lines if line.startswith("- mixed") and f"(keep {p})" in line)
                           for p in ("0.8", "0.5"))
     assert "clients 0, 1" in mixed_80 and "**held**" in mixed_80

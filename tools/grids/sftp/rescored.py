@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.grids import Cell, Interval, Pair, judge, mark
-from tools.grids.sftp.cells import BASELINES, BUDGETS, CLIENTS, budget_label, sftp_schedule, tag_of
+from tools.grids.sftp.cells import BASELINES, BUDGETS, CLIENTS, VARIANTS, budget_label, sftp_schedule, tag_of
 from tools.grids.sftp.records import (
     answer_units,
     per_example,
@@ -102,12 +102,16 @@ def _paired_pairs(ours: dict[int, Any], other: dict[int, Any], clients: Iterable
     return pairs
 
 
+ABLATIONS = (("c-a", "noc-a"), ("c-noa", "noc-noa"), ("c-a", "c-noa"), ("noc-a", "noc-noa"))  # +C vs NOC, +A vs NOA
+
+
 def perplexity_comparisons(runs: dict[str, Path]) -> list[str]:
     """SFT-P (+C/+A) against each federated baseline and the untouched model on answer perplexity, per client: Δ =
     ppl(SFT-P) − ppl(other) with a paired bootstrap interval over the client's answers
-    (`intervals.paired_perplexity_interval`); and the mixed-budget run against the uniform run of each client's
-    budget (Table 2's question). Not claims of the paper (it reports accuracy): the quality checks the accuracies
-    are too noisy to give."""
+    (`intervals.paired_perplexity_interval`); the paper's two ablations at each budget whose pair of cells has run
+    (+C against NOC, +A against NOA, the other switch fixed); and the mixed-budget run against the uniform run of
+    each client's budget (Table 2's question). Not claims of the paper (it reports accuracy): the quality checks the
+    accuracies are too noisy to give."""
     lines = ["", "## Answer perplexity, paired (re-scored)", "",
              "SFT-P (+C/+A) at or below each reference's answer perplexity on every client, each Δ = ppl(SFT-P) − "
              "ppl(reference) with a paired 95% bootstrap interval over that client's answers (n answers).", ""]
@@ -122,6 +126,13 @@ def perplexity_comparisons(runs: dict[str, Path]) -> list[str]:
         for label, other in references:
             held, text = judge(_paired_pairs(sftp, other, range(CLIENTS)))
             lines.append(f"- {budget_label(b)}: SFT-P +C/+A at or below {label}: {mark(held)} ({text}).")
+    for b in BUDGETS:
+        for ours, other in ABLATIONS:
+            a, z = answer_units(runs, tag_of("sftp", b, ours)), answer_units(runs, tag_of("sftp", b, other))
+            if a and z:
+                held, text = judge(_paired_pairs(a, z, range(CLIENTS)))
+                lines.append(f"- {budget_label(b)}: SFT-P {VARIANTS[ours][0]} at or below {VARIANTS[other][0]}: "
+                             f"{mark(held)} ({text}).")
     mixed = answer_units(runs, tag_of("sftp", "mixed", "c-a"))
     if mixed:
         mixed_schedule = sftp_schedule("mixed")
