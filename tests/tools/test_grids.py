@@ -185,22 +185,41 @@ def test_every_archived_record_is_committed() -> None:
     assert ignored == ["docs/runs/grid/run/adapter.safetensors"]
 
 
+def test_replicates_are_named_by_seed_and_pooled_only_with_their_cell() -> None:
+    from tools.grids import Cell, replicate, replicate_tags, seeds_of
+
+    cell = Cell("g", "p50-c-a", ("conf/x.toml", "a=1 b=2"), 4, {"budget": 0.5})
+    assert replicate(cell, 0) is cell
+    copy = replicate(cell, 3)
+    assert (copy.tag, copy.run_config, copy.settings) == (
+        "p50-c-a-seed3", ("conf/x.toml", "a=1 b=2 seed=3"), {"budget": 0.5, "replicate-of": "p50-c-a", "seed": 3})
+    tags = ["p50-c-a-seed10", "p50-c-a", "p50-c-a-seed2", "p50-c-a-2", "p50-c-a-seedx", "p50-c-noa-seed1"]
+    assert replicate_tags(tags, "p50-c-a") == {0: "p50-c-a", 2: "p50-c-a-seed2", 10: "p50-c-a-seed10"}
+    assert replicate_tags(["p50-c-a-seed1"], "p50-c-a") == {}
+    assert seeds_of(Namespace(seeds="2,0")) == [2, 0] and seeds_of(Namespace()) == [0]
+    with pytest.raises(SystemExit, match="--seeds must include 0"):
+        seeds_of(Namespace(seeds="1"))
+
+
 @pytest.mark.parametrize("name", ["sftp", "fedspallm", "fedtpa"])
 def test_committed_tables_are_their_archived_records_rendered(name: str) -> None:
     """docs/runs/<grid>/tables.md is what the grid renders from the records archived beside it (the default
     cells, as `python -m tools.grids <grid> --render-only --out docs/runs/<grid> --archive none` writes it; the
-    figures' section, which also draws the PNGs, follows the tables): a figure edited by hand, a record changed
+    figures' section, which also draws the PNGs, follows the tables; with every seed replicate archived there,
+    `--seeds`): a figure edited by hand, a record changed
     or lost, or a renderer changed without re-rendering fails here."""
     from tools.grids import collect_runs
     from tools.grids.__main__ import GRIDS
 
     grid, out = GRIDS[name], ROOT / "docs" / "runs" / name
-    args = Namespace(only="", sparsity="0.5,0.6,0.7,0.8", seeds="0", alphas="0.5,1,inf", tags="", run_config="")
+    seeds = ",".join(map(str, sorted({0} | {int(p.name.rsplit("-seed", 1)[1]) for p in out.glob("*-seed*")
+                                            if p.name.rsplit("-seed", 1)[1].isdigit()})))
+    args = Namespace(only="", sparsity="0.5,0.6,0.7,0.8", seeds=seeds, alphas="0.5,1,inf", tags="", run_config="")
     cells = grid.cells(args)
     rendered = grid.render(cells, collect_runs(grid, cells, out))
     committed = (out / "tables.md").read_text()
     assert committed.startswith(rendered), f"re-render with: python -m tools.grids {name} --render-only --out " \
-                                           f"docs/runs/{name} --archive none"
+                                           f"docs/runs/{name} --archive none --seeds {seeds}"
 
 
 def test_grid_modules_import_each_other_without_cycles() -> None:

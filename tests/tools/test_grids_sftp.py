@@ -27,8 +27,8 @@ GOOD = {"noc-noa": 0.40, "noc-a": 0.42, "c-noa": 0.45, "c-a": 0.50, "fedflap": 0
         "slicegpt": 0.31}
 
 
-def args(only: str = "") -> Namespace:
-    return Namespace(only=only)
+def args(only: str = "", seeds: str = "0") -> Namespace:
+    return Namespace(only=only, seeds=seeds)
 
 
 def cell_of(tag: str):
@@ -407,6 +407,69 @@ def test_rescored_answer_perplexity_is_compared_paired_per_client(tmp_path: Path
     ci = paired_perplexity_interval(a, b, "difference", iters=2000, seed=2)
     assert f"client 2: {a.perplexity:.2f} vs {b.perplexity:.2f} (Δ {ci.estimate:+.2f} [{ci.lo:.2f}, {ci.hi:.2f}], " \
            "n = 40)" in llm
+
+
+def test_seeds_replicate_the_sftp_variants_and_stay_out_of_the_tables(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`--seeds 0,2` adds a replicate of each SFT-P variant at 20% and 50% (tag `<cell>-seed2`, `seed=2` appended to
+    its overrides), none of the baselines or the mixed run; the tables still show each cell's own run, whatever a
+    replicate scored, and the runs section lists the replicates."""
+    cells = GRID.cells(args(seeds="0,2"))
+    base = {c.tag: c for c in GRID.cells(args())}
+    replicas = [c for c in cells if "replicate-of" in c.settings]
+    assert [c.tag for c in cells[:15]] == list(base)
+    assert [c.tag for c in replicas] == [f"{t}-seed2" for t in base if t.split("-", 1)[1] in
+                                         ("noc-noa", "noc-a", "c-noa", "c-a") and not t.startswith("mixed")]
+    for c in replicas:
+        original = base[c.settings["replicate-of"]]
+        assert c.run_config == (original.run_config[0], f"{original.run_config[1]} seed=2") and c.settings["seed"] == 2
+        assert RunConfig.from_flower(merged_config(ROOT, list(c.run_config))).seed == 2
+    runs = runs_for(tmp_path, tiny_model_dir)
+    own = GRID.render(list(base.values()), runs)
+    runs["p50-c-a-seed2"] = fake_run(tmp_path / "replica", next(c for c in replicas if c.tag == "p50-c-a-seed2"),
+                                     0.10, tiny_model_dir)
+    with_replica = GRID.render(cells, runs)
+    assert with_replica.split("## Runs")[0] == own.split("## Runs")[0]
+    assert f"- `p50-c-a-seed2`: [`{runs['p50-c-a-seed2'].name}`]" in with_replica
+    assert "- `p80-c-a-seed2`: not run" in with_replica
+
+
+def test_ablations_pool_the_seed_replicates(tmp_path: Path) -> None:
+    """+C/+A vs NOC/+A at 50% with two seeds: seed 0 has +C clearly worse on every client, seed 1 clearly better.
+    Alone, seed 0's pair reads not held; pooled (two-stage bootstrap over seeds, then answers), the effect is the
+    mean of the two seeds' differences and its interval straddles 0: unresolved. A seed only one cell has run
+    (seed 3 of +C/+A) is left out."""
+    import math
+
+    from fedprune_app.llm.intervals import TokenScores
+    from tools.grids.sftp.rescored import ablation_line
+
+    difficulty = np.random.default_rng(0).normal(0.0, 0.3, size=60)
+
+    def rescored(tag: str, log_ppl: float) -> None:
+        run = tmp_path / tag
+        run.mkdir()
+        nll = [float(x) for x in 4 * (log_ppl + difficulty)]
+        model = {str(k): {"acc": [1.0] * 60, "acc_norm": [1.0] * 60, "nll": nll, "tokens": [4] * 60}
+                 for k in range(4)}
+        (run / "rescore.json").write_text(json.dumps({"per-source": 100, "models": {"final": model}, "seconds": 1.0,
+                                                      "clients": {}}))
+        runs[tag] = run
+
+    runs: dict[str, Path] = {}
+    for tag, ppl in (("p50-c-a", 100), ("p50-noc-a", 50), ("p50-c-a-seed1", 50), ("p50-noc-a-seed1", 100),
+                     ("p50-c-a-seed3", 10)):
+        rescored(tag, math.log(ppl))
+    pooled = ablation_line(runs, 0.5, "c-a", "noc-a")
+    alone = ablation_line({t: runs[t] for t in ("p50-c-a", "p50-noc-a")}, 0.5, "c-a", "noc-a")
+    assert alone is not None and "**not held**" in alone and "pooled" not in alone
+    assert pooled is not None and "pooled over 2 seeds" in pooled and "**unresolved**" in pooled
+    big = TokenScores.of([float(x) for x in 4 * (math.log(100) + difficulty)], [4] * 60).perplexity
+    small = TokenScores.of([float(x) for x in 4 * (math.log(50) + difficulty)], [4] * 60).perplexity
+    mean = (big + small) / 2
+    assert f"client 0: {mean:.2f} vs {mean:.2f} (Δ +0.00 [" in pooled and "n = 120)" in pooled
+    lo, hi = (float(x) for x in pooled.split("client 0:")[1].split("[")[1].split("]")[0].split(", "))
+    assert lo < -(big - small) / 4 and hi > (big - small) / 4  # the seeds' spread is in the interval
+    assert ablation_line({"p50-c-a": runs["p50-c-a"]}, 0.5, "c-a", "noc-a") is None
 
 
 def test_size_and_speed_table_reads_the_compiled_rows(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -118,6 +118,34 @@ def selected_groups(args: Any, groups: Sequence[str], grid_name: str) -> list[st
     return only
 
 
+def seeds_of(args: Any) -> list[int]:
+    """`--seeds`: the seeds each replicated cell runs with; 0 (the tables' own run) must be among them."""
+    seeds = [int(s) for s in str(getattr(args, "seeds", "0") or "0").split(",")]
+    if 0 not in seeds:
+        raise SystemExit(f"--seeds must include 0 (the tables' own run), got {seeds}")
+    return seeds
+
+
+def replicate(cell: Cell, seed: int) -> Cell:
+    """`cell` run again with `seed=<seed>` appended to its last run config: tag `<tag>-seed<seed>`, its settings
+    marking the cell it replicates. Seed 0 is the cell itself (the tables show it; the claims pool them all)."""
+    if seed == 0:
+        return cell
+    return Cell(cell.group, f"{cell.tag}-seed{seed}", (*cell.run_config[:-1], f"{cell.run_config[-1]} seed={seed}"),
+                cell.supernodes, {**cell.settings, "replicate-of": cell.tag, "seed": seed})
+
+
+def replicate_tags(tags: Iterable[str], tag: str) -> dict[int, str]:
+    """{seed: tag} of the cell `tag` and its replicates (`replicate`'s tags) among `tags` (e.g. the finished runs),
+    by seed; {} without the cell itself (seed 0): replicates are pooled with it, never read alone."""
+    tags = set(tags)
+    if tag not in tags:
+        return {}
+    prefix = f"{tag}-seed"
+    found = {int(t.removeprefix(prefix)): t for t in tags if t.startswith(prefix) and t.removeprefix(prefix).isdigit()}
+    return {0: tag, **dict(sorted(found.items()))}
+
+
 ARCHIVED = ("config.json", "summary.json", "metrics.jsonl", "sparsity.json", "results.md", "masks.json", "masks.npz",
             "rescore.json")
 

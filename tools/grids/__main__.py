@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated cell groups (e.g. table1,comm; SFT-P: "
                         "table1,table2,figs,comm); default all")
     parser.add_argument("--sparsity", default="0.5,0.6,0.7,0.8", help="FedSpaLLM: target sparsities")
-    parser.add_argument("--seeds", default="0", help="FedSpaLLM: seeds of each table cell; seed 0 is the tables' "
-                        "run, the others replicates that the claims pool (e.g. 0,1,2)")
+    parser.add_argument("--seeds", default="0", help="FedSpaLLM: seeds of each table cell; SFT-P: of each variant "
+                        "cell (the ablations); seed 0 is the tables' run, the others replicates that the claims "
+                        "pool (e.g. 0,1,2)")
     parser.add_argument("--alphas", default="0.5,1,inf", help="FedTPA: Dirichlet alphas (inf = IID)")
     parser.add_argument("--tags", default="", help="comma-separated cell tags to run; default every selected cell")
     parser.add_argument("--run-config", default="", help="'key=value ...' overrides appended to every cell "

@@ -11,31 +11,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from tools.grids import Cell
+from tools.grids import Cell, replicate, seeds_of
 
 TABLES = {"table1": 4, "table2": 8, "table3": 16, "paper": 4}  # group: clients
 PRESETS = {"table1": "conf/fedspallm-table1.toml", "table2": "conf/fedspallm-table2.toml",
            "table3": "conf/fedspallm-table3.toml", "paper": "conf/fedspallm-paper.toml"}
 
 
-def replicate_tag(tag: str, seed: int) -> str:
-    return tag if seed == 0 else f"{tag}-seed{seed}"
-
-
 def cells(args: Any) -> list[Cell]:
     sparsities = [float(s) for s in str(args.sparsity).split(",")]
-    seeds = [int(s) for s in str(getattr(args, "seeds", "0") or "0").split(",")]
-    if 0 not in seeds:
-        raise SystemExit(f"--seeds must include 0 (the tables' own run), got {seeds}")
+    seeds = seeds_of(args)
     out = []
     for group, n in TABLES.items():
         for s in sparsities:
             tag = f"{group}-s{round(s * 100)}"
-            for seed in seeds:
-                extra = {} if seed == 0 else {"replicate-of": tag, "seed": seed}
-                out.append(Cell(group, replicate_tag(tag, seed),
-                                (PRESETS[group], f"sparsity={s}" + (f" seed={seed}" if seed else "")),
-                                n, {"clients": n, "sparsity": s, **extra}))
+            cell = Cell(group, tag, (PRESETS[group], f"sparsity={s}"), n, {"clients": n, "sparsity": s})
+            out += [replicate(cell, seed) for seed in seeds]
     out.append(Cell("comm", "comm-sampled", ("conf/fedspallm.toml", "sparsity=0.5 fedspallm-references=''"), 4,
                     {"clients": 4, "sparsity": 0.5, "resources": 0.5}))
     only = [g for g in str(args.only).split(",") if g]

@@ -16,6 +16,7 @@ from tools.grids import (
     model_parameters,
     read_config,
     read_metrics,
+    replicate_tags,
     runs_section,
 )
 from tools.grids.fedspallm.cells import TABLES
@@ -169,9 +170,7 @@ def perplexity_claims(protocol: str, ev: Evidence) -> list[str]:
 
 def replicates(cell: Cell, grid_cells: list[Cell], runs: dict[str, Path]) -> list[Path]:
     """A table cell's run, then its finished seed replicates (cells whose `replicate-of` is its tag), by seed."""
-    reps = sorted((c for c in grid_cells if c.settings.get("replicate-of") == cell.tag and c.tag in runs),
-                  key=lambda c: int(c.settings["seed"]))
-    return [runs[cell.tag], *(runs[c.tag] for c in reps)]
+    return [runs[t] for t in replicate_tags((c.tag for c in grid_cells if c.tag in runs), cell.tag).values()]
 
 
 def gap_pairs(group: str, group_cells: list[Cell], grid_cells: list[Cell], runs: dict[str, Path]

@@ -33,7 +33,10 @@ PPL_NOTE = ("Answer perplexity (lower is better) of each client on its own test 
             "the mean over the four clients' perplexities.")
 
 
-def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
+def render(all_cells: list[Cell], runs: dict[str, Path]) -> str:
+    """The tables from each cell's own run (seed 0); seed replicates (`--seeds`) enter only the paired ablations,
+    pooled (rescored.perplexity_comparisons), the masks' agreement and the list of runs."""
+    grid_cells = [c for c in all_cells if "replicate-of" not in c.settings]
     groups = {g for c in grid_cells for g in c.settings["groups"]}
     lines = ["# SFT-P on this app: the paper's Tables 1–2, claims and communication", "",
              "4 clients (one task each, non-IID), every run's numbers read from its metrics.jsonl and config.json. "
@@ -50,7 +53,7 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
         lines += ["", *communication(grid_cells, runs)]
     rescored = section(grid_cells, runs)
     lines += ["", *rescored] if rescored else []
-    lines += ["", *runs_section(grid_cells, runs)]
+    lines += ["", *runs_section(all_cells, runs)]
     return "\n".join(lines) + "\n"
 
 

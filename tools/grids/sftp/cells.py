@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tools.grids import Cell, plan, selected_groups
+from tools.grids import Cell, plan, replicate, seeds_of, selected_groups
 
 PRESETS = {"fedflap": "conf/fedflap.toml", "llmpruner": "conf/llmpruner.toml", "slicegpt": "conf/slicegpt.toml"}
 SFTP_PRESETS = {0.8: "conf/sftp.toml", 0.5: "conf/sftp-50.toml", "mixed": "conf/sftp-50.toml"}
@@ -78,12 +78,21 @@ def preset_of(method: str, budget: Budget) -> str:
 
 
 def cells(args: Any) -> list[Cell]:
-    """The cells the selected groups (`--only`) need; a cell several groups read is run once."""
+    """The cells the selected groups (`--only`) need, a cell several groups read run once; then the SFT-P variants'
+    seed replicates (`--seeds`, tags `<cell>-seed<k>`)."""
     only = selected_groups(args, GROUPS, "SFT-P")
     needs = [n for b in BUDGETS
              for n in [*(("table1", ("sftp", b, v)) for v in VARIANTS), *(("table1", (m, b, "")) for m in BASELINES)]]
     needs += [(g, ("sftp", b, "c-a")) for b in (*BUDGETS, "mixed") for g in ("table2", "figs")]  # figs: 4b every
     needs += [("comm", ("sftp", 0.5, v)) for v in VARIANTS] + [("comm", ("fedflap", 0.5, ""))]  # +C/+A; 3, 5: 50%
-    return [Cell(groups[0], tag_of(m, b, v), (preset_of(m, b), overrides(m, b, v)), CLIENTS,
-                 {"method": m, "budget": b, "variant": v, "groups": groups})
-            for (m, b, v), groups in plan(only, GROUPS, needs).items()]
+    planned = [Cell(groups[0], tag_of(m, b, v), (preset_of(m, b), overrides(m, b, v)), CLIENTS,
+                    {"method": m, "budget": b, "variant": v, "groups": groups})
+               for (m, b, v), groups in plan(only, GROUPS, needs).items()]
+    return planned + [replicate(c, seed) for seed in seeds_of(args) if seed for c in planned if replicated(c)]
+
+
+def replicated(cell: Cell) -> bool:
+    """`--seeds` replicates the four SFT-P variants at the uniform budgets: the cells of the paper's ablations
+    (+C vs NOC, +A vs NOA), whose paired answer perplexities then pool the training noise of several runs
+    (rescored.perplexity_comparisons). The baselines and the mixed run stay single runs."""
+    return cell.settings["method"] == "sftp" and cell.settings["budget"] in BUDGETS

@@ -158,7 +158,8 @@ def figures(grid_cells: list[Cell], runs: dict[str, Path], out_dir: Path) -> str
     selected = {c.tag for c in grid_cells}
     half = tag_of("sftp", 0.5, "c-a")
     four_b = [(budget_label(c.settings["budget"]), runs[c.tag]) for c in grid_cells
-              if c.settings["method"] == "sftp" and c.settings["variant"] == "c-a" and c.tag in runs]
+              if c.settings["method"] == "sftp" and c.settings["variant"] == "c-a" and c.tag in runs
+              and "replicate-of" not in c.settings]
     out_dir.mkdir(parents=True, exist_ok=True)
     stats = read_stats(runs[half]) if half in selected and half in runs else None
     masks = read_masks(runs[half]) if stats is not None else None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from tools.grids import Cell, Interval, Pair, judge, mark
+from tools.grids import Cell, Interval, Pair, judge, mark, replicate_tags
 from tools.grids.sftp.cells import BASELINES, BUDGETS, CLIENTS, VARIANTS, budget_label, sftp_schedule, tag_of
 from tools.grids.sftp.records import (
     answer_units,
@@ -102,6 +102,49 @@ def _paired_pairs(ours: dict[int, Any], other: dict[int, Any], clients: Iterable
     return pairs
 
 
+def _pooled_pairs(replicates: list[tuple[dict[int, Any], dict[int, Any]]], clients: Iterable[int]) -> list[Pair]:
+    """`_paired_pairs` over seed replicates of both cells: per client, each replicate's paired difference ppl(ours)
+    − ppl(other) on its own answers, pooled by the two-stage bootstrap (`intervals.pooled_interval`: replicates,
+    then answers within each), so the interval holds the training noise too; a and b are the replicates' means,
+    n the answers over all replicates."""
+    import numpy as np
+
+    from fedprune_app.llm.intervals import pooled_interval, resampled_perplexities
+
+    pairs: list[Pair] = []
+    for c in clients:
+        if any(c not in a or c not in b or len(a[c].nll) != len(b[c].nll) for a, b in replicates):
+            pairs.append((f"client {c}", None, None, lambda x, y: x <= y))
+            continue
+        draws = []
+        for i, (a, b) in enumerate(replicates):
+            d = resampled_perplexities({"a": a[c], "b": b[c]}, iters=2000, seed=7919 * i + c)
+            draws.append(d["a"] - d["b"])
+        ci = pooled_interval([a[c].perplexity - b[c].perplexity for a, b in replicates], draws, seed=c)
+        pairs.append((f"client {c}", float(np.mean([a[c].perplexity for a, _ in replicates])),
+                      float(np.mean([b[c].perplexity for _, b in replicates])), lambda x, y: x <= y,
+                      (ci.lo, ci.hi, sum(len(a[c].nll) for a, _ in replicates))))
+    return pairs
+
+
+def ablation_line(runs: dict[str, Path], budget: float, ours: str, other: str) -> str | None:
+    """One ablation of the paper (`ours` at or below `other` in answer perplexity, per client) at a budget: on the
+    two cells' own runs, or pooled over every seed both have run (`--seeds`); None until both are re-scored."""
+    seeds = replicate_tags(runs, tag_of("sftp", budget, ours)), replicate_tags(runs, tag_of("sftp", budget, other))
+    replicates = [(a, z) for s in seeds[0] if s in seeds[1]
+                  if (a := answer_units(runs, seeds[0][s])) and (z := answer_units(runs, seeds[1][s]))]
+    if not replicates:
+        return None
+    if len(replicates) == 1:
+        held, text = judge(_paired_pairs(*replicates[0], range(CLIENTS)))
+        pooled = ""
+    else:
+        held, text = judge(_pooled_pairs(replicates, range(CLIENTS)))
+        pooled = f", pooled over {len(replicates)} seeds (means of the seeds; the interval holds their spread)"
+    return (f"- {budget_label(budget)}: SFT-P {VARIANTS[ours][0]} at or below {VARIANTS[other][0]}{pooled}: "
+            f"{mark(held)} ({text}).")
+
+
 ABLATIONS = (("c-a", "noc-a"), ("c-noa", "noc-noa"), ("c-a", "c-noa"), ("noc-a", "noc-noa"))  # +C vs NOC, +A vs NOA
 
 
@@ -126,13 +169,7 @@ def perplexity_comparisons(runs: dict[str, Path]) -> list[str]:
         for label, other in references:
             held, text = judge(_paired_pairs(sftp, other, range(CLIENTS)))
             lines.append(f"- {budget_label(b)}: SFT-P +C/+A at or below {label}: {mark(held)} ({text}).")
-    for b in BUDGETS:
-        for ours, other in ABLATIONS:
-            a, z = answer_units(runs, tag_of("sftp", b, ours)), answer_units(runs, tag_of("sftp", b, other))
-            if a and z:
-                held, text = judge(_paired_pairs(a, z, range(CLIENTS)))
-                lines.append(f"- {budget_label(b)}: SFT-P {VARIANTS[ours][0]} at or below {VARIANTS[other][0]}: "
-                             f"{mark(held)} ({text}).")
+    lines += [line for b in BUDGETS for ours, other in ABLATIONS if (line := ablation_line(runs, b, ours, other))]
     mixed = answer_units(runs, tag_of("sftp", "mixed", "c-a"))
     if mixed:
         mixed_schedule = sftp_schedule("mixed")
