@@ -4,6 +4,7 @@ hold or to break each claim, missing cells never invented, the figures and the c
 from __future__ import annotations
 
 import json
+import shutil
 from argparse import Namespace
 from pathlib import Path
 
@@ -314,12 +315,32 @@ def test_figures_are_drawn_next_to_the_tables(tmp_path: Path, tiny_model_dir: Pa
     assert "Kept ratio per client and round, 20% pruned (keep 0.8):" in section
     # each client drops coordinates 4–7 plus its own flipped one: 4 of its 5 drops are every client's
     assert "| `p50-c-a` | 0.500 | 0.800 / 0.800 / 0.800 / 0.800 |" in section
+    assert "| run | other run |" not in section  # one run with masks.npz: no pair to compare
+    shutil.copy(runs["p50-c-a"] / "masks.npz", runs["p50-noc-a"] / "masks.npz")  # the same masks in a second run
+    assert "| `p50-noc-a` | `p50-c-a` | 1.000 | 1.000 |" in GRID.figures(cells, runs, tmp_path / "pair")
+    (runs["p50-noc-a"] / "masks.npz").unlink()
     (runs["p50-c-a"] / "masks.npz").unlink()  # masks.json alone: the agreement curves, no heatmap
     section = GRID.figures(cells, runs, tmp_path / "json-only")
     assert "no masks.npz: no heatmap" in section and (tmp_path / "json-only" / FIG3).is_file()
     empty = GRID.figures(cells, {}, tmp_path / "none")
     assert "Figs. 3 and 5 not drawn" in empty and "Fig. 4b not drawn" in empty
     assert not (tmp_path / "none" / FIG3).exists()
+
+
+def test_cross_run_overlap_against_counting() -> None:
+    """Two runs' masks: agreement and the share of run a's cut that run b also cuts, counted by hand; clients only
+    one run has are left out."""
+    from tools.grids.sftp.figures import cut_overlap
+
+    a = {0: {"attn-in": np.array([[1, 1, 0, 0], [1, 0, 0, 1]]), "ffn-in": np.array([[0, 1, 1, 1]])},
+         1: {"attn-in": np.ones((2, 4)), "ffn-in": np.ones((1, 4))}, 5: {"attn-in": np.zeros((2, 4)),
+                                                                         "ffn-in": np.zeros((1, 4))}}
+    b = {0: {"attn-in": np.array([[1, 0, 0, 1], [1, 0, 1, 1]]), "ffn-in": np.array([[0, 0, 1, 1]])},
+         1: {"attn-in": np.ones((2, 4)), "ffn-in": np.array([[1, 1, 1, 0]])}}
+    # client 0: a = 11001001 0111 (5 cut), b = 10011011 0011 (5 cut); same gate on 8 of 12; cut by both: 3 of a's 5
+    # client 1: a keeps everything (no cut: shared 0), 11 of 12 agree
+    agree, shared = cut_overlap(a, b)
+    assert agree == pytest.approx((8 / 12 + 11 / 12) / 2) and shared == pytest.approx((3 / 5 + 0) / 2)
 
 
 def test_command_renders_finished_runs_of_both_methods(tmp_path: Path, tiny_model_dir: Path, capsys) -> None:

@@ -152,6 +152,39 @@ def shared_cut_lines(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]
             "| run | mean agreement | shared cut, clients 0 / 1 / 2 / 3 |", "|---|---|---|", *rows, ""]
 
 
+def cut_overlap(a: dict[int, dict[str, np.ndarray]], b: dict[int, dict[str, np.ndarray]]) -> tuple[float, float]:
+    """(agreement, shared cut) of two runs' deployed masks, averaged over the clients both have: the share of
+    (mask, layer, coordinate) with the same gate, and the share of run a's dropped coordinates that run b drops too.
+    Two independent cuts that drop a share q each would share q of a's cut."""
+    agree, shared = [], []
+    for k in sorted(set(a) & set(b)):
+        x = np.concatenate([np.asarray(a[k][n], bool).ravel() for n in sorted(a[k])])
+        y = np.concatenate([np.asarray(b[k][n], bool).ravel() for n in sorted(a[k])])
+        agree.append(float((x == y).mean()))
+        shared.append(float((~x & ~y).sum() / max(int((~x).sum()), 1)))
+    return float(np.mean(agree)), float(np.mean(shared))
+
+
+def cross_run_lines(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
+    """Per budget, each pair of finished SFT-P runs with masks.npz (variants and seed replicates): how alike their
+    deployed masks are (`cut_overlap`). Within a run the clients' masks may be one mask (shared_cut_lines); this says
+    whether that mask is the task's or the run's."""
+    rows = []
+    for budget in sorted({c.settings["budget"] for c in grid_cells if c.settings["method"] == "sftp"}, key=str):
+        done = [(c.tag, m) for c in grid_cells if c.settings["method"] == "sftp" and c.settings["budget"] == budget
+                and c.tag in runs and (m := read_masks(runs[c.tag]))]
+        for i, (tag_a, a) in enumerate(done):
+            for tag_b, b in done[i + 1:]:
+                agree, shared = cut_overlap(a, b)
+                rows.append(f"| `{tag_a}` | `{tag_b}` | {agree:.3f} | {shared:.3f} |")
+    if not rows:
+        return []
+    return ["- How alike two runs' deployed masks are (masks.npz, averaged over clients): agreement = share of "
+            "(mask, layer, coordinate) with the same gate; shared cut = share of the first run's dropped coordinates "
+            "that the second drops too (two independent cuts at keep p share 1 − p).", "",
+            "| run | other run | agreement | shared cut |", "|---|---|---|---|", *rows, ""]
+
+
 def figures(grid_cells: list[Cell], runs: dict[str, Path], out_dir: Path) -> str:
     """Draw Figs. 3, 4b and 5 into out_dir from the finished +C/+A cells; the Markdown section naming them."""
     lines = ["## Figures", ""]
@@ -178,6 +211,7 @@ def figures(grid_cells: list[Cell], runs: dict[str, Path], out_dir: Path) -> str
         lines.append(f"- Fig. 5, per-layer mask density of client {client} (`{half}`): [`{path.name}`]({path.name}); "
                      f"range over layers: {spread}.")
     lines += shared_cut_lines(grid_cells, runs)
+    lines += cross_run_lines(grid_cells, runs)
     if four_b:
         path = fig4b(four_b, out_dir / FIG4B)
         lines += [f"- Fig. 4b, kept ratio per client and round vs target (±{BUDGET_TOLERANCE} band), +C/+A runs: "
