@@ -32,6 +32,7 @@ from fedprune_app.methods.sftp.generator import (
     get_generator_state,
     held_open,
     hold_open,
+    initial_embedding,
     keep_ratio_of,
     layer_masks,
     model_kept_ratios,
@@ -141,13 +142,13 @@ class SFTPClient(FederatedClient):
         return routed_model_with(self.cfg, content.array_records["arrays"].to_torch_state_dict())
 
     def embedding(self, device: torch.device | str = "cpu") -> tuple[nn.Parameter | None, dict[str, Tensor]]:
-        """(e_k, its AdamW state) from `context.state`, on `device` (the model's); e_k ~ N(0, I) seeded by
-        (seed, partition) at first use. None under NOC (no private conditioning)."""
+        """(e_k, its AdamW state) from `context.state`, on `device` (the model's); e_k^(0) from
+        `initial_embedding`, seeded by (seed, partition), at first use. None under NOC (no private conditioning)."""
         sftp_cfg = self.cfg.section(SFTPConfig)
         if not sftp_cfg.sftp_conditioning:
             return None, {}
         if EMBEDDING_RECORD not in self.context.state.array_records:
-            init = torch.randn(sftp_cfg.sftp_embed_dim, generator=torch.Generator().manual_seed(self.seed(0)))
+            init = initial_embedding(self.cfg, self.seed(0))
             self.context.state[EMBEDDING_RECORD] = ArrayRecord({"embedding": init})
         stored = self.context.state.array_records[EMBEDDING_RECORD].to_torch_state_dict()
         state = {k: v.to(device) for k, v in stored.items() if k != "embedding"}

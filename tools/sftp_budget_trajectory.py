@@ -3,7 +3,8 @@
 Runs `local_training` (clients/sftp.py: ReinMax gates of h_Θ(e_k), CLM + λ·R(T, pT), AdamW on Θ, e_k and LoRA)
 for `num-server-rounds` rounds of `local-steps` on one client's data, carrying Θ, e_k and e_k's optimiser state
 from round to round as a client does (Θ is not averaged with other clients: a single-client view), and prints per
-round the mean CLM loss, the budget penalty at the first and last step (sampled gates) and the kept ratio of the
+round the mean CLM loss, the budget penalty at the first and last step (sampled gates; the record keeps both per
+step, `clm-steps`, `penalty-steps`) and the kept ratio of the
 deterministic mask 1[σ(s + c) > 0.5] that evaluation and compilation use, beside the kept ratio expected under
 sampled gates and the share of unsaturated gates (`mask_rounding`; held-open gates count as kept). No Flower, no
 Ray. The record (settings, per-round figures, command, machine, load average) goes to `--out`;
@@ -28,6 +29,7 @@ from fedprune_app.methods.sftp.generator import (
     generator_for,
     held_open,
     hold_open,
+    initial_embedding,
     keep_ratio_of,
     layer_masks,
     mask_rounding,
@@ -57,8 +59,7 @@ def main() -> None:
     model, tokenizer = routed_model_for(cfg)
     data = client_data(cfg, args.client, args.partitions)
     generator = generator_for(cfg, model.config, seed=cfg.seed)
-    embedding = torch.nn.Parameter(torch.randn(sftp_cfg.sftp_embed_dim,
-                                               generator=torch.Generator().manual_seed(cfg.seed + args.client)))
+    embedding = torch.nn.Parameter(initial_embedding(cfg, cfg.seed + args.client))
     state: dict[str, torch.Tensor] = {}
     p = keep_ratio_of(cfg, args.client, args.partitions)
     total = prunable_parameters(model.config)
@@ -82,7 +83,7 @@ def main() -> None:
             rounding = mask_rounding(logits, sftp_cfg.sftp_gate_bias, model.config)
         record["rounds"].append({"round": r, "clm": sum(report.clm) / len(report.clm), "penalty-first":
                                  report.penalty[0], "penalty-last": report.penalty[-1], "seconds": report.seconds,
-                                 **rounding})
+                                 "clm-steps": list(report.clm), "penalty-steps": list(report.penalty), **rounding})
         print(f"round {r}: clm {sum(report.clm) / len(report.clm):.3f}  penalty {report.penalty[0]:.3f} -> "
               f"{report.penalty[-1]:.3f}  deterministic kept {kept:.3f}  expected {rounding['expected']:.3f}  "
               f"unsaturated {rounding['unsaturated']:.3f}  ({report.seconds:.0f} s)", flush=True)

@@ -65,6 +65,12 @@ class SFTPConfig(ConfigSection):
     sftp_embed_dim: int = key(
         16, "SFT-P dimension of the private client embedding e_k (and the layer embedding).", minimum=1
     )
+    sftp_embed_init_std: float = key(
+        1.0,
+        "SFT-P standard deviation of e_k's first draw, e_k^(0) ~ N(0, std^2 I) (the paper leaves it open); 0 starts "
+        "+C exactly as NOC, and e_k then grows from the client's own gradient.",
+        minimum=0.0,
+    )
     sftp_generator_hidden: int = key(32, "SFT-P hidden units of the 2-layer MLP mask generator.", minimum=1)
     sftp_generator_lr: float = key(
         1e-3, "SFT-P AdamW learning rate of the generator and e_k (no schedule).", minimum=0.0

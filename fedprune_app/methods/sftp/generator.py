@@ -227,6 +227,16 @@ class MaskGenerator(nn.Module):
                 "hidden": self.fc1.out_features, "conditioning": self.conditioning}
 
 
+def initial_embedding(cfg: RunConfig, seed: int) -> Tensor:
+    """A client's e_k^(0) ~ N(0, std² I) (Alg. 1, Init: "each client k initializes e_k^(0)"; std =
+    `sftp-embed-init-std`, 1 by default), drawn on the CPU from `seed`. At 0, +C starts with NOC's logits and e_k
+    grows from the client's own gradient (an ablation knob: docs/methods/sftp.md, "+C cuts to the budget
+    sooner")."""
+    sftp_cfg = cfg.section(SFTPConfig)
+    draw = torch.randn(sftp_cfg.sftp_embed_dim, generator=torch.Generator().manual_seed(seed))
+    return sftp_cfg.sftp_embed_init_std * draw
+
+
 def generator_for(cfg: RunConfig, model_config: Any, seed: int | None = None,
                   device: torch.device | str = "cpu") -> MaskGenerator:
     """The generator for a model config and the `sftp-*` keys (initialised on the CPU from `seed` if given, so

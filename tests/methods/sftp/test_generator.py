@@ -13,6 +13,7 @@ from fedprune_app.methods.sftp.generator import (
     cosine_lr,
     deterministic_mask,
     get_generator_state,
+    initial_embedding,
     kept_ratios,
     layer_masks,
     mask_rounding,
@@ -143,6 +144,31 @@ def test_conditioning_on_and_off() -> None:
     torch.testing.assert_close(noc(e1), noc(None))
     layers = gen(e1)
     assert not torch.allclose(layers[0], layers[1])  # the layer identity enters
+
+
+def test_initial_embedding_scale_and_zero_start_equals_noc() -> None:
+    """e_k^(0) = std · N(0, I) from its seed; at std 0 a conditioned generator starts with NOC's logits (same Θ),
+    and e_k still gets a gradient, so +C can leave NOC from the client's own data."""
+    from fedprune_app.core.config import RunConfig
+
+    def cfg(std: float) -> RunConfig:
+        return RunConfig.from_flower({"method": "sftp", "sftp-embed-init-std": std, "sftp-embed-dim": 4})
+
+    unit = torch.randn(4, generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(initial_embedding(cfg(1.0), 7), unit)
+    torch.testing.assert_close(initial_embedding(cfg(2.5), 7), 2.5 * unit)
+    zero = initial_embedding(cfg(0.0), 7)
+    assert torch.count_nonzero(zero) == 0
+    torch.manual_seed(0)
+    gen = MaskGenerator(3, 8, embed_dim=4, hidden=5)
+    noc = MaskGenerator(3, 8, embed_dim=4, hidden=5, conditioning=False)
+    noc.load_state_dict(gen.state_dict())
+    e = zero.clone().requires_grad_(True)
+    torch.testing.assert_close(gen(e), noc())
+    budget_penalty(reinmax_binary(gen(e), 0.4, 3.0, torch.Generator().manual_seed(0)).sum(), 10.0).backward()
+    assert e.grad is not None and e.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="sftp-embed-init-std"):
+        cfg(-1.0)
 
 
 def test_gradients_reach_theta_and_the_embedding() -> None:
