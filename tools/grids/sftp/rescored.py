@@ -88,25 +88,16 @@ PPL_NOTE = ("Answer perplexity (lower is better) of each client's correct answer
 
 
 def _paired_pairs(ours: dict[int, Any], other: dict[int, Any], clients: Iterable[int]) -> list[Pair]:
-    """Per client: ppl(ours) at or below ppl(other), with the paired bootstrap interval of the difference."""
-    from fedprune_app.llm.intervals import paired_perplexity_interval
-
-    pairs: list[Pair] = []
-    for c in clients:
-        if c in ours and c in other and len(ours[c].nll) == len(other[c].nll):
-            ci = paired_perplexity_interval(ours[c], other[c], "difference", iters=2000, seed=c)
-            pairs.append((f"client {c}", ours[c].perplexity, other[c].perplexity, lambda x, y: x <= y,
-                          (ci.lo, ci.hi, len(ours[c].nll))))
-        else:
-            pairs.append((f"client {c}", None, None, lambda x, y: x <= y))
-    return pairs
+    """Per client: ppl(ours) at or below ppl(other), with the paired bootstrap interval of the difference over the
+    client's answers (one replicate of `_pooled_pairs`: the same draws as `intervals.paired_perplexity_interval`)."""
+    return _pooled_pairs([(ours, other)], clients)
 
 
 def _pooled_pairs(replicates: list[tuple[dict[int, Any], dict[int, Any]]], clients: Iterable[int]) -> list[Pair]:
-    """`_paired_pairs` over seed replicates of both cells: per client, each replicate's paired difference ppl(ours)
-    − ppl(other) on its own answers, pooled by the two-stage bootstrap (`intervals.pooled_interval`: replicates,
-    then answers within each), so the interval holds the training noise too; a and b are the replicates' means,
-    n the answers over all replicates."""
+    """Per client, ppl(ours) at or below ppl(other) over seed replicates of both cells: each replicate's paired
+    difference on its own answers, pooled by the two-stage bootstrap (`intervals.pooled_interval`: replicates, then
+    answers within each), so the interval holds the training noise too; a and b are the replicates' means, n the
+    answers over all replicates. One replicate: its own paired percentile interval."""
     import numpy as np
 
     from fedprune_app.llm.intervals import pooled_interval, resampled_perplexities
@@ -135,12 +126,9 @@ def ablation_line(runs: dict[str, Path], budget: float, ours: str, other: str) -
                   if (a := answer_units(runs, seeds[0][s])) and (z := answer_units(runs, seeds[1][s]))]
     if not replicates:
         return None
-    if len(replicates) == 1:
-        held, text = judge(_paired_pairs(*replicates[0], range(CLIENTS)))
-        pooled = ""
-    else:
-        held, text = judge(_pooled_pairs(replicates, range(CLIENTS)))
-        pooled = f", pooled over {len(replicates)} seeds (means of the seeds; the interval holds their spread)"
+    held, text = judge(_pooled_pairs(replicates, range(CLIENTS)))
+    pooled = "" if len(replicates) == 1 else \
+        f", pooled over {len(replicates)} seeds (means of the seeds; the interval holds their spread)"
     return (f"- {budget_label(budget)}: SFT-P {VARIANTS[ours][0]} at or below {VARIANTS[other][0]}{pooled}: "
             f"{mark(held)} ({text}).")
 
