@@ -63,7 +63,8 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     (Eq. 13–14, `sftp_objective`), one AdamW step on (Θ, e_k, Φ) with the gradient clipped jointly to
     `max-grad-norm`. Gates held open by `sftp-hold-open` read 1 in every sampled mask (`hold_open`).
 
-    AdamW lr `sftp-generator-lr`, wd `sftp-generator-weight-decay` for Θ and e_k (constant); LoRA lr
+    AdamW lr `sftp-generator-lr`, wd `sftp-generator-weight-decay` for Θ and e_k (constant; e_k's lr times
+    `sftp-embed-lr-scale`, 1 = the paper's one rate); LoRA lr
     `sftp-lora-lr` cosine-annealed over all rounds' steps (step (round−1)·E + t of R·E), wd `weight-decay`.
     `embedding_state` holds e_k's AdamW moments/step ({} at first) and is updated in place.
     """
@@ -72,7 +73,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     lora = [p for p in model.parameters() if p.requires_grad]
     groups: list[dict[str, Any]] = [{"params": list(generator.parameters())}]
     if embedding is not None:
-        groups.append({"params": [embedding]})
+        groups.append({"params": [embedding], "lr": sftp_cfg.sftp_embed_lr_scale * sftp_cfg.sftp_generator_lr})
     if lora:
         groups.append({"params": lora, "lr": sftp_cfg.sftp_lora_lr, "weight_decay": cfg.weight_decay})
     opt = torch.optim.AdamW(groups, lr=sftp_cfg.sftp_generator_lr,

@@ -40,7 +40,8 @@ from tools.launch import APP_DIR, merged_config
 from tools.render_bench import finish_record, start_record
 
 SETTING_KEYS = ("sftp-lambda", "sftp-generator-lr", "sftp-gate-tau", "sftp-gate-bias", "sftp-conditioning",
-                "sftp-adapters", "sftp-hold-open", "sftp-loss-on", "sftp-lora-lr")
+                "sftp-adapters", "sftp-hold-open", "sftp-loss-on", "sftp-lora-lr", "sftp-embed-init-std",
+                "sftp-embed-lr-scale")
 
 
 def main() -> None:

@@ -71,6 +71,12 @@ class SFTPConfig(ConfigSection):
         "+C exactly as NOC, and e_k then grows from the client's own gradient.",
         minimum=0.0,
     )
+    sftp_embed_lr_scale: float = key(
+        1.0,
+        "SFT-P learning rate of e_k as a multiple of sftp-generator-lr (the paper trains e_k with the generator, "
+        "1); below 1, e_k moves slower than Θ, e.g. when a fast generator rate lets e_k swing the first cut.",
+        minimum=0.0,
+    )
     sftp_generator_hidden: int = key(32, "SFT-P hidden units of the 2-layer MLP mask generator.", minimum=1)
     sftp_generator_lr: float = key(
         1e-3, "SFT-P AdamW learning rate of the generator and e_k (no schedule).", minimum=0.0

@@ -157,6 +157,32 @@ def test_local_training_moves_the_kept_ratio_to_the_budget(tiny_model_dir: Path)
     assert all(layer.routing_masks is None for layer in model.base_model.model.model.layers)  # left dense
 
 
+def test_embed_lr_scale_moves_e_k_at_its_own_rate(tiny_model_dir: Path) -> None:
+    """`sftp-embed-lr-scale` = e_k's AdamW lr / Θ's. One step from the same start (same batch, gates, gradient): AdamW's
+    first step is lr·(g/(|g|+eps) + wd·p), so e_k's step scales with the factor while Θ's step does not; at 0 e_k
+    stays put."""
+    steps: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+    for scale in (1.0, 0.25, 0.0):
+        cfg = sftp_config(tiny_model_dir, sftp_generator_lr=1e-2, local_steps=1, batch_size=1, seq_len=16,
+                          sftp_embed_lr_scale=scale)
+        client = make_client(cfg)
+        model, tokenizer = routed_model_for(cfg)
+        generator = generator_for(cfg, model.config, seed=0)
+        theta = torch.cat([p.detach().clone().flatten() for p in generator.parameters()])
+        embedding, state = client.embedding()
+        start = embedding.detach().clone()
+        local_training(model, tokenizer, generator, embedding, state, client.data.train, cfg, 0.5, 0, 1)
+        moved = torch.cat([p.detach().flatten() for p in generator.parameters()]) - theta
+        steps[scale] = (embedding.detach() - start, moved)
+    full, quarter, frozen = steps[1.0], steps[0.25], steps[0.0]
+    assert full[0].abs().max() > 1e-3
+    torch.testing.assert_close(quarter[0], 0.25 * full[0], rtol=1e-4, atol=1e-7)
+    assert torch.count_nonzero(frozen[0]) == 0
+    for other in (quarter[1], frozen[1]):  # Θ's step is the factor's business nowhere (entries whose gradient is
+        same = torch.isclose(other, full[1], rtol=1e-4, atol=1e-7)  # near AdamW's eps may flip with thread order)
+        assert same.float().mean() > 0.99, same.float().mean()
+
+
 def _eq13_by_hand(model: torch.nn.Module, masks: list[dict[str, torch.Tensor]], batch: dict[str, torch.Tensor],
                   keep_ratio: float) -> tuple[float, float]:
     """(CLM, R) of one step computed here, not by the code under test: CLM = mean next-token cross-entropy of the
