@@ -73,8 +73,9 @@ class SFTPConfig(ConfigSection):
     )
     sftp_embed_lr_scale: float = key(
         1.0,
-        "SFT-P learning rate of e_k as a multiple of sftp-generator-lr (the paper trains e_k with the generator, "
-        "1); below 1, e_k moves slower than Θ, e.g. when a fast generator rate lets e_k swing the first cut.",
+        "SFT-P learning rate of e_k as a multiple of sftp-generator-lr (the paper trains e_k with the generator: "
+        "1); below 1, e_k moves slower than Θ. At a fast generator rate e_k's size (sftp-embed-init-std) sets how "
+        "fast +C cuts more than e_k's rate does (docs/methods/sftp.md).",
         minimum=0.0,
     )
     sftp_generator_hidden: int = key(32, "SFT-P hidden units of the 2-layer MLP mask generator.", minimum=1)

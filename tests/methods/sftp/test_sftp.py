@@ -178,8 +178,8 @@ def test_embed_lr_scale_moves_e_k_at_its_own_rate(tiny_model_dir: Path) -> None:
     assert full[0].abs().max() > 1e-3
     torch.testing.assert_close(quarter[0], 0.25 * full[0], rtol=1e-4, atol=1e-7)
     assert torch.count_nonzero(frozen[0]) == 0
-    for other in (quarter[1], frozen[1]):  # Θ's step is the factor's business nowhere (entries whose gradient is
-        same = torch.isclose(other, full[1], rtol=1e-4, atol=1e-7)  # near AdamW's eps may flip with thread order)
+    for other in (quarter[1], frozen[1]):  # Θ's step does not depend on the factor (a few entries whose gradient
+        same = torch.isclose(other, full[1], rtol=1e-4, atol=1e-7)  # is near AdamW's eps differ with thread order)
         assert same.float().mean() > 0.99, same.float().mean()
 
 
