@@ -19,6 +19,7 @@ import fedprune_app.llm.evaluation
 import fedprune_app.llm.training
 import fedprune_app.methods.fedspallm.pruners
 import fedprune_app.methods.sftp.generator
+import fedprune_app.methods.sftp.speed
 from fedprune_app.core.config import ConfigError, RunConfig
 from fedprune_app.llm import models
 from fedprune_app.llm.data import Example, instruction_example, text_example
@@ -139,7 +140,7 @@ def inputs_recorded(model: nn.Module, monkeypatch: pytest.MonkeyPatch) -> Iterat
         return META
 
     for module in (fedprune_app.llm.training, fedprune_app.llm.evaluation, fedprune_app.methods.fedspallm.pruners,
-                   fedprune_app.methods.sftp.generator, clients.fedtpa, clients.sftp):
+                   fedprune_app.methods.sftp.generator, fedprune_app.methods.sftp.speed, clients.fedtpa, clients.sftp):
         monkeypatch.setattr(module, "model_device", spy)
 
     def hook(_module: nn.Module, args: tuple) -> None:
@@ -204,6 +205,19 @@ def test_pruning_and_sftp_inputs_go_to_the_models_device(tiny_model_dir: Path,
     with inputs_recorded(model, monkeypatch) as (asked, received), pytest.raises(_Seen):
         local_training(model, tok, generator, None, {}, examples(), cfg, 0.5, 0, 1)
     assert asked and all(m is model for m in asked) and received and set(received) == {META}  # probe included
+
+
+def test_speed_table_times_each_model_on_its_device(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled-models table (SFT-P, LLM-Pruner, SliceGPT) builds its prompt on the CPU: it must move it to
+    each model's device (found on an H200: a CPU prompt into a CUDA model raised in the embedding's index_select)."""
+    from fedprune_app.llm.layers import dense_model
+    from fedprune_app.methods.sftp.speed import speed_table
+
+    model, _ = dense_model(small_config(tiny_model_dir, device="cpu"))
+    with inputs_recorded(model, monkeypatch) as (asked, received), pytest.raises(_Seen):
+        speed_table({"dense": model}, int(model.config.vocab_size), model.config.eos_token_id, prefill=8,
+                    new_tokens=1, repeats=1)
+    assert asked == [model] and received == [META]
 
 
 # --- allocations follow their inputs' device (meta raises when mixed with the CPU) --------------------------

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedprune_app.llm.models import model_device
+
 
 def weights(model: nn.Module) -> tuple[int, float]:
     """(parameters, MB of their storage); tied embeddings counted once."""
@@ -37,9 +39,17 @@ def weights(model: nn.Module) -> tuple[int, float]:
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
 
 
-def _seconds(fn: Callable[[], object], clock: Callable[[], float]) -> float:
+def _seconds(fn: Callable[[], object], clock: Callable[[], float], device: torch.device) -> float:
+    """`fn`'s time on `clock`; on a GPU the queued kernels are waited for before each reading (CUDA runs them
+    asynchronously, so the call alone returns before the work is done)."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    sync()
     start = clock()
     fn()
+    sync()
     return clock() - start
 
 
@@ -54,19 +64,21 @@ def speed_table(models: Mapping[str, nn.Module], vocab_size: int, eos_token_id: 
     close to idle figures on a loaded machine, where wall time with 2 threads mostly measures waiting)."""
     prompt = torch.randint(0, int(vocab_size), (1, prefill), generator=torch.Generator().manual_seed(seed))
     short = prompt[:, :32]
-    tasks: dict[str, Callable[[nn.Module], object]] = {
-        "prefill": lambda m: m(prompt, use_cache=True, logits_to_keep=1),
-        "generate": lambda m: m.generate(short, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                         do_sample=False, pad_token_id=eos_token_id),
+    devices = {name: model_device(model) for name, model in models.items()}  # each model's prompt goes there
+    tasks: dict[str, Callable[[nn.Module, torch.device], object]] = {
+        "prefill": lambda m, at: m(prompt.to(at), use_cache=True, logits_to_keep=1),
+        "generate": lambda m, at: m.generate(short.to(at), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                             do_sample=False, pad_token_id=eos_token_id),
     }
     if full_logits:
-        tasks["full-logits"] = lambda m: m(prompt, use_cache=False)
+        tasks["full-logits"] = lambda m, at: m(prompt.to(at), use_cache=False)
     times: dict[tuple[str, str], list[float]] = {(t, n): [] for t in tasks for n in models}
     with torch.inference_mode():
         for rep in range(repeats + 1):
             for task, fn in tasks.items():
                 for name, model in models.items():
-                    seconds = _seconds(lambda fn=fn, model=model: fn(model), CLOCKS[clock])
+                    at = devices[name]
+                    seconds = _seconds(lambda fn=fn, model=model, at=at: fn(model, at), CLOCKS[clock], at)
                     if rep:  # rep 0 is the warm-up
                         times[(task, name)].append(seconds)
     med = {key: statistics.median(v) for key, v in times.items()}
