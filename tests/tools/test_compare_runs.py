@@ -1,0 +1,57 @@
+"""tools/compare_runs.py: two re-scored runs, per client, against a brute-force computation."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tools.compare_runs import compare
+
+
+def write_run(path: Path, per_client: dict[int, tuple[list[float], list[float], list[int]]],
+              model: str = "final") -> Path:
+    """A rescore.json as tools/rescore_accuracy.py writes it: {client: (acc, nll, tokens)}."""
+    path.mkdir(parents=True)
+    models = {model: {str(k): {"acc": acc, "acc_norm": acc, "nll": nll, "tokens": tokens}
+                      for k, (acc, nll, tokens) in per_client.items()}}
+    (path / "rescore.json").write_text(json.dumps({"per-source": 10, "clients": [str(k) for k in per_client],
+                                                   "models": models, "seconds": 1.0}))
+    return path
+
+
+def client(seed: int, shift: float, n: int = 40) -> tuple[list[float], list[float], list[int]]:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, 6, n).tolist()
+    nll = [t * (2.0 + shift) + float(rng.normal(0, 0.1)) for t in tokens]
+    return rng.integers(0, 2, n).astype(float).tolist(), nll, tokens
+
+
+def test_perplexities_and_accuracy_deltas_match_brute_force(tmp_path: Path) -> None:
+    a = {0: client(0, 1.0), 1: client(1, 1.0)}
+    b = {0: client(0, 0.0), 1: client(1, 0.0)}
+    b[1] = ([1.0 - x for x in b[1][0]], b[1][1], b[1][2])  # B's client 1 answers the other way
+    lines = compare(write_run(tmp_path / "a", a), write_run(tmp_path / "b", b))
+    for k in (0, 1):  # answer perplexity = exp(sum NLL / sum tokens), per client
+        ppl_a, ppl_b = (math.exp(sum(r[k][1]) / sum(r[k][2])) for r in (a, b))
+        assert f"client {k}: {ppl_a:.2f} vs {ppl_b:.2f}" in lines[0]
+    assert "**not held**" in lines[0]  # A is e^1 times B on every answer: every interval excludes 0
+    deltas = [100 * (np.mean(a[k][0]) - np.mean(b[k][0])) for k in (0, 1)]
+    found = [float(x) for x in re.findall(r"Δ ([+-][0-9.]+) \[", lines[1])]
+    assert found == pytest.approx([*deltas, np.mean(deltas)], abs=0.051)
+
+
+def test_a_dense_reference_and_mismatched_examples(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a", {0: client(0, 0.0)})
+    dense = write_run(tmp_path / "b", {0: client(0, 0.0)}, model="dense")
+    line = compare(a, dense, "dense")[0]  # the same answers, read from B's `dense` model: Δ exactly 0
+    assert "**held**" in line and "Δ +0.00 [0.00, 0.00], n = 40" in line
+    with pytest.raises(SystemExit, match="no re-scored answers"):
+        compare(a, dense)  # B has no final models
+    short = write_run(tmp_path / "c", {0: client(0, 0.0, n=30)})
+    with pytest.raises(SystemExit, match="different examples"):
+        compare(a, short)
