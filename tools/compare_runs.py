@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fedprune_app.llm.evaluation import bootstrap_ci
 from tools.grids import judge, mark
 from tools.grids.sftp.records import MODEL_OF_ROUND, answer_units, per_example
 from tools.grids.sftp.rescored import _paired_pairs
@@ -31,8 +32,6 @@ def compare(a: Path, b: Path, b_model: str = "final") -> list[str]:
     clients = sorted(set(units_a) & set(units_b))
     held, text = judge(_paired_pairs(units_a, units_b, clients))
     lines = [f"answer perplexity, A at or below B: {mark(held)} ({text})"]
-    from fedprune_app.llm.evaluation import bootstrap_ci
-
     acc_a, acc_b = per_example(runs, "a"), per_example(runs, "b", ROUND_OF_MODEL[b_model])
     parts = []
     for group in [*([k] for k in clients), clients]:

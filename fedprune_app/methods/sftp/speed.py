@@ -64,21 +64,23 @@ def speed_table(models: Mapping[str, nn.Module], vocab_size: int, eos_token_id: 
     close to idle figures on a loaded machine, where wall time with 2 threads mostly measures waiting)."""
     prompt = torch.randint(0, int(vocab_size), (1, prefill), generator=torch.Generator().manual_seed(seed))
     short = prompt[:, :32]
-    devices = {name: model_device(model) for name, model in models.items()}  # each model's prompt goes there
-    tasks: dict[str, Callable[[nn.Module, torch.device], object]] = {
-        "prefill": lambda m, at: m(prompt.to(at), use_cache=True, logits_to_keep=1),
-        "generate": lambda m, at: m.generate(short.to(at), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                             do_sample=False, pad_token_id=eos_token_id),
+    devices = {name: model_device(model) for name, model in models.items()}
+    inputs = {name: (prompt.to(at), short.to(at)) for name, at in devices.items()}  # copied once, outside the clock
+    Task = Callable[[nn.Module, torch.Tensor, torch.Tensor], object]  # (model, its prompt, its short prompt)
+    tasks: dict[str, Task] = {
+        "prefill": lambda m, p, _: m(p, use_cache=True, logits_to_keep=1),
+        "generate": lambda m, _, s: m.generate(s, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                               do_sample=False, pad_token_id=eos_token_id),
     }
     if full_logits:
-        tasks["full-logits"] = lambda m, at: m(prompt.to(at), use_cache=False)
+        tasks["full-logits"] = lambda m, p, _: m(p, use_cache=False)
     times: dict[tuple[str, str], list[float]] = {(t, n): [] for t in tasks for n in models}
     with torch.inference_mode():
         for rep in range(repeats + 1):
             for task, fn in tasks.items():
                 for name, model in models.items():
-                    at = devices[name]
-                    seconds = _seconds(lambda fn=fn, model=model, at=at: fn(model, at), CLOCKS[clock], at)
+                    seconds = _seconds(lambda fn=fn, model=model, x=inputs[name]: fn(model, *x), CLOCKS[clock],
+                                       devices[name])
                     if rep:  # rep 0 is the warm-up
                         times[(task, name)].append(seconds)
     med = {key: statistics.median(v) for key, v in times.items()}
