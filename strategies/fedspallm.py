@@ -32,6 +32,7 @@ from fedprune_app.llm.layers import calibration_batches, dense_model, model_with
 from fedprune_app.methods.fedspallm.aggregation import (
     L0Sum,
     expand_masks,
+    kept_by,
     layer_of,
     layer_quota,
     random_prune,
@@ -162,10 +163,15 @@ class FedSpaLLMStrategy(FederatedStrategy):
         matrices no accepted client sampled keep their previous global weights."""
         prune_cfg = self.cfg.section(FedSpaLLMConfig)
         n, m = prune_cfg.prune_n, prune_cfg.prune_m
+        agreement: dict[int, np.ndarray] = {}
         for key, acc in self.l0.items():
             merged, pruned_count = acc.merged(self.global_state[key].dtype)
-            self.global_state[key], _ = expand_masks(merged, pruned_count, acc.clients, prune_cfg.sparsity, n, m)
+            self.global_state[key], kept = expand_masks(merged, pruned_count, acc.clients, prune_cfg.sparsity, n, m)
+            counts = kept_by(acc.kept, kept, acc.clients)
+            agreement[acc.clients] = agreement.get(acc.clients, 0) + counts
         self.l0 = {}
+        self.record({"round": server_round, "phase": "server-aggregate", "global-kept-by": {
+            str(clients): (counts / max(1, counts.sum())).round(6).tolist() for clients, counts in agreement.items()}})
         return to_record({"global-round": np.array([server_round], dtype=np.int64)})
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
@@ -200,6 +206,11 @@ class FedSpaLLMStrategy(FederatedStrategy):
             client_seed(self.cfg.seed, 1, pid))]
         log.info("[fedprune] reference centralized: pruning on the pooled calibration data of %d clients", n)
         prune_sequentially(model, batches, range(self.num_layers), pruner_for(self.cfg))
+        params = {k: p.detach().cpu().numpy() for k, p in model.named_parameters() if k in self.global_state}
+        both = sum(int(((params[k] != 0) & (w != 0)).sum()) for k, w in self.global_state.items())
+        share = both / max(1, sum(int((w != 0).sum()) for w in self.global_state.values()))
+        log.info("[fedprune] reference centralized: keeps %.4f of the weights the global mask keeps", share)
+        self.record({"phase": "fedspallm-mask-agreement", "global-vs-centralized": share})
         return model, tokenizer
 
     def client_references(self) -> list[str]:

@@ -80,6 +80,14 @@ def expand_masks(merged: np.ndarray, pruned_count: np.ndarray, n_clients: int, s
     return np.where(pruned, 0, merged).astype(merged.dtype), ~pruned
 
 
+def kept_by(kept: np.ndarray, global_mask: np.ndarray, n_clients: int) -> np.ndarray:
+    """Agreement behind one expanded mask: counts[j] = how many positions the global mask keeps that exactly j of
+    the `n_clients` sampling clients kept (j = 0..N; j = 0 never occurs, Eq. 6 prunes those first). Where every
+    kept weight was kept by all N, Eq. 5 averages N values compensated for the same position set; the smaller j,
+    the more the global mask is one no client's pruner compensated for."""
+    return np.bincount(kept[global_mask].astype(np.int64), minlength=n_clients + 1)
+
+
 def random_prune(weight: np.ndarray, sparsity: float, rng: np.random.Generator) -> np.ndarray:
     """The `random` baseline: exactly ⌈s·d⌉ positions, drawn uniformly, set to zero."""
     out = weight.copy()

@@ -17,7 +17,14 @@ from fedprune_app.client_app import app
 from fedprune_app.core.encoding import decode_dense, decode_sparse, encode_sparse
 from fedprune_app.core.replies import to_record
 from fedprune_app.llm.layers import prunable_names, prunable_weights
-from fedprune_app.methods.fedspallm.aggregation import L0Sum, expand_masks, l0_aggregate, layer_quota, sample_layers
+from fedprune_app.methods.fedspallm.aggregation import (
+    L0Sum,
+    expand_masks,
+    kept_by,
+    l0_aggregate,
+    layer_quota,
+    sample_layers,
+)
 from fedprune_app.methods.fedspallm.masks import MASK_SUFFIX, target_count
 from strategies.fedspallm import FedSpaLLMStrategy
 from tests.conftest import small_config
@@ -82,6 +89,15 @@ def test_mask_expansion_breaks_ties_by_magnitude_and_supports_n_m() -> None:
     merged = rng.normal(size=(4, 8)).astype(np.float32)
     _, kept = expand_masks(merged, rng.integers(0, 3, size=(4, 8)), 3, 0.5, prunen=2, prunem=4)
     assert (kept.reshape(4, 2, 4).sum(-1) == 2).all()
+
+
+def test_kept_by_counts_the_clients_behind_each_kept_position() -> None:
+    rng = np.random.default_rng(5)
+    masks = [rng.random((6, 7)) < 0.6 for _ in range(3)]
+    kept = np.sum(masks, axis=0).astype(np.uint16)
+    global_mask = (kept > 0) & (rng.random((6, 7)) < 0.7)
+    brute = Counter(int(sum(m[pos] for m in masks)) for pos in zip(*np.nonzero(global_mask), strict=True))
+    assert kept_by(kept, global_mask, 3).tolist() == [brute[j] for j in range(4)]
 
 
 def test_layer_sampling_covers_every_layer_and_follows_resources() -> None:
@@ -157,13 +173,25 @@ def test_strategy_aggregates_hand_built_replies(fedspallm_cfg, flower_ids: None)
                       "metrics": MetricRecord({"num-examples": 4})})
     replies.append(Message(content=bad, reply_to=sent[0]))
     arrays, _ = strategy.aggregate_train(1, replies)
-    assert arrays is not None and [r["status"] for r in rows].count("rejected") == 1
+    assert arrays is not None and [r.get("status") for r in rows].count("rejected") == 1
     assert strategy.l0 == {}  # the round's sums are spent; no reply's weights are held after the round
     sampled = {k for m in sent for k in m.content.array_records["arrays"] if not k.endswith(MASK_SUFFIX)}
     for k in sampled:  # packed replies folded in = Eq. 5–7 over the unpacked fp32 replies, bit for bit
         got = [d[k] for d in dense.values() if k in d]
         merged, counts = l0_aggregate([w for w, _ in got], [m for _, m in got])
         np.testing.assert_array_equal(strategy.global_state[k], expand_masks(merged, counts, len(got), 0.5)[0])
+    expected: dict[str, Counter] = {}  # per number of sampling clients: kept-by count of each global kept position
+    for k in sampled:
+        got = [m for d in dense.values() if k in d for _, m in [d[k]]]
+        tally = expected.setdefault(str(len(got)), Counter())
+        for pos in zip(*np.nonzero(strategy.global_state[k]), strict=True):
+            tally[sum(bool(m[pos]) for m in got)] += 1
+    row = next(r for r in rows if r.get("phase") == "server-aggregate")
+    assert set(row["global-kept-by"]) == set(expected)
+    for n_clients, tally in expected.items():
+        total = sum(tally.values())
+        want = [tally[j] / total for j in range(int(n_clients) + 1)]
+        np.testing.assert_allclose(row["global-kept-by"][n_clients], want, atol=1e-6)
     for k, v in strategy.global_state.items():
         if k in sampled:
             assert (v == 0).sum() == math.ceil(0.5 * v.size)
@@ -281,11 +309,18 @@ def test_centralized_reference_prunes_on_the_pooled_segments(fedspallm_cfg) -> N
     from fedprune_app.methods.fedspallm.pruners import prune_sequentially, pruner_for
 
     cfg = fedspallm_cfg.replace(**{"fedspallm-references": "random,centralized", "partitioner": "iid"})
-    strategy = FedSpaLLMStrategy(cfg)
+    rows: list[dict] = []
+    strategy = FedSpaLLMStrategy(cfg, recorder=rows.append)
     strategy.initial_arrays()
     strategy.num_connected = 2
+    rng = np.random.default_rng(0)  # a global mask to compare with: half the positions of each matrix zeroed
+    strategy.global_state = {k: np.where(rng.random(w.shape) < 0.5, 0, w) for k, w in strategy.global_state.items()}
     model, _ = strategy.reference_models()["centralized"]()
     got = {k: v.detach().clone() for k, v in model.named_parameters() if k in strategy.global_state}
+    both = sum(int(((got[k] != 0).numpy() & (w != 0)).sum()) for k, w in strategy.global_state.items())
+    kept = sum(int((w != 0).sum()) for w in strategy.global_state.values())
+    assert rows == [{"phase": "fedspallm-mask-agreement", "global-vs-centralized": pytest.approx(both / kept)}]
+    assert 0.3 < both / kept < 0.7  # two independent half masks share about half of the kept positions
     model, tok = dense_model(cfg)
     pooled = [b for p in range(2) for b in calibration_batches(client_data(cfg, p, 2).train, tok, 4, 32,
                                                                client_seed(0, 1, p))]
