@@ -363,3 +363,21 @@ def test_the_gap_claim_is_not_checked_while_a_sparsity_of_its_group_has_not_run(
     assert "**not checked**" in gap and "paper 60% vs 50%:" in gap and "missing: paper 70%" in gap
     cells = GRID.cells(args(only="paper", sparsity="0.5,0.6"))
     assert "**held**" in claim_lines(GRID.render(cells, runs))[1]
+
+
+def test_mask_agreement_is_rendered_from_the_runs_that_recorded_it(tmp_path: Path) -> None:
+    from tools.grids import Cell
+    from tools.grids.fedspallm.tables import mask_agreement
+
+    old = fake_run(tmp_path, "paper-s80", 0.8, 100.0, 110.0, 1e6)
+    new = fake_run(tmp_path, "paper-s80-seed1", 0.8, 100.0, 110.0, 1e6)
+    with (new / "metrics.jsonl").open("a") as f:
+        for row in ({"round": 1, "phase": "server-aggregate", "global-kept-by": {"4": [0.0, 0.1, 0.2, 0.3, 0.4]}},
+                    {"phase": "fedspallm-mask-agreement", "global-vs-centralized": 0.625}):
+            f.write(json.dumps(row) + "\n")
+    cells = [Cell("paper", "paper-s80", (), 4), Cell("paper", "paper-s80-seed1", (), 4)]
+    runs = {"paper-s80": old, "paper-s80-seed1": new}
+    lines = mask_agreement(cells, runs)
+    assert [line for line in lines if line.startswith("| `")] == [
+        "| `paper-s80-seed1` | 4 clients: 10.0 / 20.0 / 30.0 / 40.0 | 62.5% |"]
+    assert mask_agreement(cells[:1], {"paper-s80": old}) == []  # older records: no section at all

@@ -98,7 +98,8 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
     ex = claims["exact"]
     lines.append(f"- Every pruned matrix of the global model has exactly ⌈s·d⌉ zeros: {mark(all(ex) if ex else None)} "
                  f"({exact_counts[0]}/{exact_counts[1]} matrices over {len(ex)} runs; a count, no sampling error).")
-    lines += ["", *communication(grid_cells, runs), "", *runs_section(grid_cells, runs)]
+    lines += ["", *mask_agreement(grid_cells, runs), *communication(grid_cells, runs), "",
+              *runs_section(grid_cells, runs)]
     return "\n".join(lines) + "\n"
 
 
@@ -188,6 +189,29 @@ def gap_pairs(group: str, group_cells: list[Cell], grid_cells: list[Cell], runs:
         out += [(f"{group} {round(c.settings['sparsity'] * 100)}%", None, None, lambda a, b: a > b)
                 for c in group_cells if c.tag not in runs and "replicate-of" not in c.settings]
     return out
+
+
+def mask_agreement(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
+    """Per run that recorded it (runs from 2026-11-26 on): the share of the global mask's kept weights that 1..N
+    sampling clients kept (the last round's `server-aggregate` row) and the share of them the centralized model
+    keeps too (`fedspallm-mask-agreement`). Nothing for older runs."""
+    rows = []
+    for cell in grid_cells:
+        if cell.tag not in runs:
+            continue
+        metrics = read_metrics(runs[cell.tag])
+        kept_by = [r["global-kept-by"] for r in metrics if r.get("phase") == "server-aggregate"]
+        central = [r["global-vs-centralized"] for r in metrics if r.get("phase") == "fedspallm-mask-agreement"]
+        if kept_by:
+            shares = "; ".join(f"{n} clients: " + " / ".join(f"{100 * x:.1f}" for x in v[1:])
+                               for n, v in sorted(kept_by[-1].items(), key=lambda kv: int(kv[0])))
+            rows.append(f"| `{cell.tag}` | {shares} | " + (f"{100 * central[-1]:.1f}%" if central else "–") + " |")
+    if not rows:
+        return []
+    return ["## Mask agreement", "",
+            "Of the weights the global mask keeps, the % that exactly 1 / 2 / … / N of the N clients that pruned the "
+            "matrix kept (the last round's ℓ0 counts, Eq. 6), and the % that the centralized model keeps too.", "",
+            "| run | kept by 1 / … / N clients (%) | centralized keeps |", "|---|---|---|", *rows, ""]
 
 
 def communication(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
