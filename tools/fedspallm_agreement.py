@@ -36,9 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +61,7 @@ from fedprune_app.methods.fedspallm.pruners import (
 )
 from tools.grids.fedspallm import records
 from tools.launch import APP_DIR, merged_config
+from tools.render_bench import finish_record, start_record
 
 
 @torch.no_grad()
@@ -210,17 +208,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     quiet_libraries()
-    command = "python -m tools.fedspallm_agreement " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.run is not None:
-        start = time.perf_counter()
-        record = {"command": command, "run": str(args.run), "corpora": run_decomposition(args.run)}
-        record["seconds"] = round(time.perf_counter() - start, 1)
-        _write(record, args.out)
-        return record
+        record = start_record("fedspallm-resolved", "tools.fedspallm_agreement", argv)
+        record.update({"run": str(args.run), "corpora": run_decomposition(args.run)})
+        return finish_record(record, args.out)
+    record = start_record("fedspallm-agreement", "tools.fedspallm_agreement", argv)
     cfg = RunConfig.from_flower(merged_config(APP_DIR, [args.preset, args.run_config]))
     prune_cfg = cfg.section(FedSpaLLMConfig)
     layers = {int(x) for x in split_list(args.layers)}
-    start = time.perf_counter()
     model, tokenizer = load_base_model(cfg.model_name).eval(), load_tokenizer(cfg.model_name)
     n = cfg.min_nodes
     client_h = [layer_hessians(model, calibration_batches(
@@ -232,12 +227,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     eval_h = layer_hessians(model, eval_batches, layers)
     weights = {(j, name): lin.weight.detach().float().clone() for j, layer in enumerate(decoder_layers(model))
                if j in layers for name, lin in linear_modules(layer).items()}
-    record: dict[str, Any] = {
-        "command": command,
+    record.update({
         "preset": args.preset, "clients": n, "layers": sorted(layers), "calibration":
             f"{prune_cfg.calib_segments} x {prune_cfg.calib_seq_len} tokens per client",
         "held-out": f"{args.eval_segments} x {prune_cfg.calib_seq_len} tokens from each of {cfg.server_eval_data}",
-        "sparsities": {}}
+        "sparsities": {}})
     for s in (float(x) for x in split_list(args.sparsities)):
         per_matrix = {f"{j}.{name}": matrix_errors(w, [h[(j, name)] for h in client_h], eval_h[(j, name)], s,
                                                   prune_cfg.sparsegpt_blocksize, prune_cfg.sparsegpt_percdamp)
@@ -248,15 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"({m['global-over-standalone']:.2f}x; above on {m['matrices-global-above-standalone']}/{m['matrices']})"
               f"  global mask re-solved {m['global-mask-resolved']:.4f}  centralized {m['centralized']:.4f}  "
               f"kept by 1..{n} clients {m['kept-by'][1:]}", flush=True)
-    record["seconds"] = round(time.perf_counter() - start, 1)
-    _write(record, args.out)
-    return record
-
-
-def _write(record: dict[str, Any], out: Path | None) -> None:
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=1) + "\n")
+    return finish_record(record, args.out)
 
 
 if __name__ == "__main__":

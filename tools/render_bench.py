@@ -98,6 +98,9 @@ def shown_command(record: Record) -> str:
 def load_line(record: Record) -> str:
     """'load average 3.1 → 4.2 on 2 cores, 2026-11-25': the 1-minute load at start and end."""
     load = record["load-average"]
+    if load.get("start") is None:  # a record whose header was written after its run (its note says why)
+        return f"load average not sampled at the start, {load['end'][0]:.1f} at the end on {record['cpus']} cores, " \
+               f"{record['date'][:10]}"
     during = f" (1-minute load {load['1min-range'][0]:.1f}–{load['1min-range'][1]:.1f} during the run)" \
         if "1min-range" in load else ""
     return (f"load average {load['start'][0]:.1f} → {load['end'][0]:.1f}{during} on {record['cpus']} cores, "
@@ -290,11 +293,34 @@ def sftp_conditioning(records: Sequence[Record]) -> str:
     return "\n".join([*lines, "", "; ".join(notes) + "."])
 
 
+def fedspallm_resolved(records: Sequence[Record]) -> str:
+    """tools/fedspallm_agreement.py --run: a FedSpaLLM run's global mask with its weights re-solved on the pooled
+    calibration data, beside the run's own models on the same held-out windows (paired differences, 95%)."""
+    lines = ["| run | corpus | windows | global | global mask, re-solved | standalone (mean) | centralized | "
+             "re-solved − global | re-solved − centralized |", "|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for r in records:
+        run = Path(r["run"]).name
+        for corpus, row in r["corpora"].items():
+            ppl = row["ppl"]
+            diff = [f"{d[0]:+.1f} [{d[1]:+.1f}, {d[2]:+.1f}]" for d in (row["resolved - global"],
+                                                                          row["resolved - centralized"])]
+            lines.append(f"| `{run}` | `{corpus.split(':')[-1]}` | {row['windows']} | {ppl['global (record)']:.1f} | "
+                         f"**{ppl['resolved']:.1f}** | {ppl['standalone mean']:.1f} | {ppl['centralized']:.1f} | "
+                         f"{diff[0]} | {diff[1]} |")
+        same = all(abs(row["ppl"]["global (re-scored)"] - row["ppl"]["global (record)"]) < 1e-6 * row["ppl"][
+            "global (record)"] for row in r["corpora"].values())
+        notes.append(f"`{shown_command(r)}` ({load_line(r)}, {r['seconds']:.0f} s; the global model re-scored "
+                     f"{'equals' if same else 'DIFFERS FROM'} the run's record on every corpus)")
+    return "\n".join([*lines, "", "; ".join(notes) + "."])
+
+
 RENDERERS: dict[str, Callable[[Sequence[Record]], str]] = {
     "compiled-speed": compiled_speed,
     "pruning": pruning, "aggregation-memory": aggregation_memory, "overhead": overhead,
     "budget-trajectory": budget_trajectory, "mask-rounding": mask_rounding, "packing": packing,
     "deployed-speed": deployed_speed, "sftp-conditioning": sftp_conditioning,
+    "fedspallm-resolved": fedspallm_resolved,
 }
 
 
