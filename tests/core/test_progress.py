@@ -167,7 +167,8 @@ def test_a_grid_prints_each_cell_with_the_time_elapsed_and_left(tmp_path: Path, 
     finish("b")
     took = {"a": 600.0, "c": 900.0}
 
-    def fake_launch(run_configs: list[str], federation: str, quiet: bool = False) -> SimpleNamespace:
+    def fake_launch(run_configs: list[str], federation: str, quiet: bool = False, timeout: float = 7200
+                    ) -> SimpleNamespace:
         tag = run_configs[-1].split('"')[1]
         clock.tick(took[tag])
         return SimpleNamespace(code=0, run_dir=finish(tag), status="completed")
@@ -181,3 +182,29 @@ def test_a_grid_prints_each_cell_with_the_time_elapsed_and_left(tmp_path: Path, 
         "[grid] demo cell 2/3: b already done (20260101-000002-fedit-b)",
         "[grid] demo cell 3/3: c (2 clients); 10 min 00 s elapsed, ~10 min 00 s left",
         "[grid] demo cell 3/3: c done in 15 min 00 s; 25 min 00 s elapsed (0 of 2 cells to run)"]
+
+
+def test_a_cell_past_its_timeout_is_left_out_and_the_grid_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """`launch` raises TimeoutExpired for a cell that runs past --timeout: that cell is left out, the next one runs."""
+    import subprocess
+
+    cells = [Cell("t", tag, (), 2) for tag in ("slow", "fast")]
+    grid = Grid("demo", "fedit", lambda _args: cells, lambda *_: "")
+    limits = []
+
+    def fake_launch(run_configs: list[str], federation: str, quiet: bool = False, timeout: float = 7200
+                    ) -> SimpleNamespace:
+        limits.append(timeout)
+        tag = run_configs[-1].split('"')[1]
+        if tag == "slow":
+            raise subprocess.TimeoutExpired(["flwr", "run"], timeout)
+        run = tmp_path / "20260101-000001-fedit-fast"
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+        return SimpleNamespace(code=0, run_dir=run, status="completed")
+
+    monkeypatch.setattr("tools.launch.launch", fake_launch)
+    runs = run_cells(grid, cells, tmp_path, clock=FakeClock(), timeout=60)
+    assert set(runs) == {"fast"} and limits == [60, 60]
+    assert "slow stopped after --timeout 60 s, left out of the tables" in capsys.readouterr().out

@@ -76,10 +76,13 @@ def cell_method(grid: Grid, cell: Cell) -> str:
 
 
 def run_cells(grid: Grid, cells: Sequence[Cell], out_dir: Path, quiet: bool = False,
-              clock: Clock = time.monotonic) -> dict[str, Path]:
+              clock: Clock = time.monotonic, timeout: float = 7200) -> dict[str, Path]:
     """Launch every cell that has no completed run yet (one `flwr run` each); return {tag: run dir}. Prints
     `cell i/N` before and after each launch, with the time elapsed and the time left: the mean time of the cells
-    launched so far times the cells still to launch (finished cells are skipped and cost nothing)."""
+    launched so far times the cells still to launch (finished cells are skipped and cost nothing). A cell still
+    running after `timeout` seconds is stopped (`launch`) and left out, and the grid goes on to the next cell."""
+    import subprocess
+
     from tools.launch import launch
 
     runs: dict[str, Path] = {}
@@ -91,11 +94,15 @@ def run_cells(grid: Grid, cells: Sequence[Cell], out_dir: Path, quiet: bool = Fa
         if done is None:
             print(f"{head}: {cell.tag} ({cell.supernodes} clients); {countdown.status()}", flush=True)
             start = clock()
-            launched = launch([*cell.run_config, f"run-tag=\"{cell.tag}\" output-dir=\"{out_dir}\""],
-                              f"num-supernodes={cell.supernodes} client-resources-num-cpus=1", quiet=quiet)
+            try:
+                launched = launch([*cell.run_config, f"run-tag=\"{cell.tag}\" output-dir=\"{out_dir}\""],
+                                  f"num-supernodes={cell.supernodes} client-resources-num-cpus=1", quiet=quiet,
+                                  timeout=timeout)
+                done = launched.run_dir if launched.code == 0 else None
+                outcome = "done" if done is not None else f"failed (status {launched.status}), left out of the tables"
+            except subprocess.TimeoutExpired:
+                done, outcome = None, f"stopped after --timeout {timeout:.0f} s, left out of the tables"
             countdown.done(clock() - start)
-            done = launched.run_dir if launched.code == 0 else None
-            outcome = "done" if done is not None else f"failed (status {launched.status}), left out of the tables"
             print(f"{head}: {cell.tag} {outcome} in {duration(countdown.took[-1])}; {countdown.status()} "
                   f"({countdown.left_units} of {todo} cells to run)", flush=True)
         else:

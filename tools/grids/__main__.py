@@ -27,11 +27,13 @@ def select(cells: list[Cell], tags: str, extra: str) -> list[Cell]:
     return [replace(c, run_config=(*c.run_config, extra)) if extra.strip() else c for c in chosen]
 
 
-def runs_of(grid: Grid, cells: list[Cell], out_dir: Path, render_only: bool, quiet: bool) -> dict[str, Path]:
+def runs_of(grid: Grid, cells: list[Cell], out_dir: Path, render_only: bool, quiet: bool, timeout: float = 7200
+            ) -> dict[str, Path]:
     """Run (or only collect) the cells, with `cell i/N`, time elapsed and time left printed around each launch; a
     cell of another method (settings `method`, e.g. FedTPA's baselines) is run and found under that method's
     run-directory name (`cell_method`)."""
-    return collect_runs(grid, cells, out_dir) if render_only else run_cells(grid, cells, out_dir, quiet)
+    return collect_runs(grid, cells, out_dir) if render_only else run_cells(grid, cells, out_dir, quiet,
+                                                                             timeout=timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,13 +54,15 @@ def main(argv: list[str] | None = None) -> int:
                         "(default docs/runs/<grid>; 'none' = do not copy)")
     parser.add_argument("--render-only", action="store_true", help="do not run; render from finished runs")
     parser.add_argument("--quiet", action="store_true", help="hide each run's log stream")
+    parser.add_argument("--timeout", type=float, default=7200, help="seconds one cell may run before it is stopped "
+                        "and left out (default 7200; a cell beside other heavy work on 2 cores can need more)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # lets the running launch stop its SuperLink
     grid = GRIDS[args.grid]
     out_dir = Path(args.out or f"outputs/grids/{grid.name}").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     cells = select(grid.cells(args), args.tags, args.run_config)
-    runs = runs_of(grid, cells, out_dir, args.render_only, args.quiet)
+    runs = runs_of(grid, cells, out_dir, args.render_only, args.quiet, args.timeout)
     text = grid.render(cells, runs)
     figures = getattr(grid, "figures", None)
     if figures is not None:
