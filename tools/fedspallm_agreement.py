@@ -53,9 +53,6 @@ from fedprune_app.methods.fedspallm.aggregation import expand_masks, kept_by, l0
 from fedprune_app.methods.fedspallm.config import FedSpaLLMConfig
 from fedprune_app.methods.fedspallm.pruners import (
     Pruner,
-    _layer_output,
-    capture_layer0_inputs,
-    collect_input_stats,
     prune_sequentially,
     sparsegpt_prune,
 )
@@ -67,17 +64,17 @@ from tools.render_bench import finish_record, start_record
 @torch.no_grad()
 def layer_hessians(model: Any, batches: list[torch.Tensor], layer_ids: set[int]) -> dict[tuple[int, str], torch.Tensor]:
     """{(layer, linear name): H = 2XXᵀ/n of its inputs} for the layers in `layer_ids`, every layer fed the dense
-    model's activations (`collect_input_stats` as the pruning loop uses it, without pruning)."""
-    inputs = capture_layer0_inputs(model, batches)
-    hidden, kwargs = inputs.hidden, inputs.kwargs
+    model's activations: the pruning loop (`prune_sequentially`) with a pruner that records H and keeps W."""
+    where = {id(lin): (j, name) for j, layer in enumerate(decoder_layers(model))
+             for name, lin in linear_modules(layer).items()}
     out: dict[tuple[int, str], torch.Tensor] = {}
-    for j, layer in enumerate(decoder_layers(model)):
-        if j > max(layer_ids):
-            break
-        if j in layer_ids:
-            stats = collect_input_stats(layer, linear_modules(layer), hidden, kwargs, "hessian")
-            out.update({(j, name): st.hessian.clone() for name, st in stats.items()})
-        hidden = [_layer_output(layer(h, **kw)) for h, kw in zip(hidden, kwargs, strict=True)]
+
+    def record(_name: str, linear: torch.nn.Linear, hessian: torch.Tensor, _sq: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        out[where[id(linear)]] = hessian.clone()
+        return linear.weight.data, torch.ones_like(linear.weight, dtype=torch.bool)
+
+    prune_sequentially(model, batches, sorted(layer_ids), Pruner(record))
     return out
 
 
