@@ -94,7 +94,12 @@ def test_seed_replicates_are_cells_of_their_own_that_the_tables_pool() -> None:
     cells = GRID.cells(Namespace(only="paper", sparsity="0.5", seeds="0,1,2"))
     assert [c.tag for c in cells] == ["paper-s50", "paper-s50-seed1", "paper-s50-seed2"]
     assert [c.settings.get("replicate-of") for c in cells] == [None, "paper-s50", "paper-s50"]
-    assert [RunConfig.from_flower(merged_config(ROOT, list(c.run_config))).seed for c in cells] == [0, 1, 2]
+    configs = [RunConfig.from_flower(merged_config(ROOT, list(c.run_config))) for c in cells]
+    assert [cfg.seed for cfg in configs] == [0, 1, 2]
+    # a replicate leaves out the random reference (no pooled claim reads it), everything else as its cell
+    refs = [cfg.section(FedSpaLLMConfig).fedspallm_references for cfg in configs]
+    assert refs == ["random,standalone,centralized", "standalone,centralized", "standalone,centralized"]
+    assert {cfg.section(FedSpaLLMConfig).sparsity for cfg in configs} == {0.5}
     with pytest.raises(SystemExit, match="--seeds must include 0"):
         GRID.cells(Namespace(only="paper", sparsity="0.5", seeds="1,2"))
 
@@ -381,3 +386,22 @@ def test_mask_agreement_is_rendered_from_the_runs_that_recorded_it(tmp_path: Pat
     assert [line for line in lines if line.startswith("| `")] == [
         "| `paper-s80-seed1` | 4 clients: 10.0 / 20.0 / 30.0 / 40.0 | 62.5% |"]
     assert mask_agreement(cells[:1], {"paper-s80": old}) == []  # older records: no section at all
+
+
+def test_seed_replicates_show_each_seeds_figures_side_by_side(tmp_path: Path) -> None:
+    """One row per (cell, text): each seed's dense, global, standalone mean and centralized perplexity in seed
+    order, and global − standalone in % of standalone; a replicate without a reference shows '–'; no section while
+    no cell has a finished replicate."""
+    from tools.grids.fedspallm.tables import seed_replicates
+
+    cells = GRID.cells(args(only="paper", sparsity="0.8", seeds="0,1,2"))
+    runs = {"paper-s80": fake_run(tmp_path / "a", "paper-s80", 0.8, 110.0, 100.0, 1e6)}
+    assert seed_replicates(cells, runs) == []
+    runs["paper-s80-seed2"] = fake_run(tmp_path / "c", "paper-s80-seed2", 0.8, 90.0, 120.0, 1e6)
+    summary = json.loads((runs["paper-s80-seed2"] / "summary.json").read_text())
+    del summary["references"]["centralized"]
+    (runs["paper-s80-seed2"] / "summary.json").write_text(json.dumps(summary))
+    rows = [line for line in seed_replicates(cells, runs) if line.startswith("| `")]
+    assert rows == [f"| `paper-s80` | `{x}` | 0 / 2 | 20.00 / 20.00 | 110.00 / 90.00 | 100.00 / 120.00 | "
+                    f"99.00 / – | +10.0 / -25.0 |" for x in SOURCES]
+    assert "## Seed replicates" in GRID.render(cells, runs)

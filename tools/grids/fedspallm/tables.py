@@ -98,7 +98,8 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
     ex = claims["exact"]
     lines.append(f"- Every pruned matrix of the global model has exactly ⌈s·d⌉ zeros: {mark(all(ex) if ex else None)} "
                  f"({exact_counts[0]}/{exact_counts[1]} matrices over {len(ex)} runs; a count, no sampling error).")
-    lines += ["", *mask_agreement(grid_cells, runs), *communication(grid_cells, runs), "",
+    lines += ["", *seed_replicates(grid_cells, runs), *mask_agreement(grid_cells, runs),
+              *communication(grid_cells, runs), "",
               *runs_section(grid_cells, runs)]
     return "\n".join(lines) + "\n"
 
@@ -189,6 +190,38 @@ def gap_pairs(group: str, group_cells: list[Cell], grid_cells: list[Cell], runs:
         out += [(f"{group} {round(c.settings['sparsity'] * 100)}%", None, None, lambda a, b: a > b)
                 for c in group_cells if c.tag not in runs and "replicate-of" not in c.settings]
     return out
+
+
+def seed_replicates(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
+    """Per table cell with finished seed replicates and per text: each seed's global, standalone-mean and
+    centralized perplexity, and global − standalone in % of the standalone mean: the run-to-run variation that the
+    pooled intervals of the claims hold. Nothing while no cell has a finished replicate."""
+    rows = []
+    for cell in grid_cells:
+        if "replicate-of" in cell.settings:
+            continue
+        tags = replicate_tags((c.tag for c in grid_cells if c.tag in runs), cell.tag)
+        if len(tags) < 2:
+            continue
+        seeds = [model_rows(runs[tag])[1] for tag in tags.values()]
+        for x in model_rows(runs[cell.tag])[0]:
+            def per_seed(name: str, x: str = x, seeds: list[dict] = seeds) -> str:
+                return " / ".join(fmt_ppl(models.get(name, {}).get(x)) for models in seeds)
+
+            gaps = [f"{100 * (m['fedspallm'][x] - m['standalone'][x]) / m['standalone'][x]:+.1f}"
+                    if x in m.get("standalone", {}) else "–" for m in seeds]
+            rows.append(f"| `{cell.tag}` | `{x}` | {' / '.join(map(str, tags))} | {per_seed('dense')} | "
+                        f"{per_seed('fedspallm')} | {per_seed('standalone')} | {per_seed('centralized')} | "
+                        f"{' / '.join(gaps)} |")
+    if not rows:
+        return []
+    return ["## Seed replicates", "",
+            "The cells run with several seeds (`--seeds`): the seed draws the clients' calibration shares and the "
+            "held-out text each run scores, so the dense model's score moves too. Each seed's perplexities side by "
+            "side (seeds in the order of the third column); the claims above pool them.", "",
+            "| cell | text | seeds | dense | global | standalone mean | centralized | "
+            "global − standalone (% of standalone) |",
+            "|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def mask_agreement(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
