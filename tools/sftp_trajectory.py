@@ -76,13 +76,15 @@ def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, example
 
 
 def trajectory(cfg: RunConfig, partitions: int, alone: list[int], examples: int, log: Any = print,
-               on_round: Any = None) -> list[dict[str, Any]]:
-    """The rows: one per (mode, client, round); `on_round(rows)` after every round (to save what is done)."""
+               on_round: Any = None, federate: bool = True) -> list[dict[str, Any]]:
+    """The rows: one per (mode, client, round); `on_round(rows)` after every round (to save what is done).
+    `federate=False` runs only the `alone` clients (and their untouched round 0): a client alone beside a federated
+    trajectory already recorded, at a fraction of the time."""
     rows: list[dict[str, Any]] = []
     server = SFTPStrategy(cfg)
     initial = server.initial_arrays()
     phi0 = numpy_state(initial)
-    federated = [make_client(cfg, k, partitions) for k in range(partitions)]
+    federated = [make_client(cfg, k, partitions) for k in range(partitions)] if federate else []
     by_itself = {k: make_client(cfg, k, partitions) for k in alone}
     own = {k: initial for k in alone}
     servers = {k: SFTPStrategy(cfg) for k in alone}
@@ -100,14 +102,15 @@ def trajectory(cfg: RunConfig, partitions: int, alone: list[int], examples: int,
             f"{row['answer-nll']:.3f}  |Φ-Φ0| {row['adapter-shift']:.3f}"
             + (f"  clm {row['clm-loss']:.3f} penalty {row['penalty']:.3f}" if reply is not None else ""))
 
-    for client in federated:
+    for client in federated or list(by_itself.values()):
         add("untouched", client, 0, initial, None)
     arrays = initial
     for rnd in range(1, cfg.num_server_rounds + 1):
-        replies = [client.train(message(arrays, rnd)) for client in federated]
-        arrays = server.aggregate(rnd, replies)
-        for client, reply in zip(federated, replies, strict=True):
-            add("federated", client, rnd, arrays, reply)
+        if federated:
+            replies = [client.train(message(arrays, rnd)) for client in federated]
+            arrays = server.aggregate(rnd, replies)
+            for client, reply in zip(federated, replies, strict=True):
+                add("federated", client, rnd, arrays, reply)
         for k, client in by_itself.items():
             reply = client.train(message(own[k], rnd))
             own[k] = servers[k].aggregate(rnd, [reply])
@@ -142,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-config", default="", help="'key=value ...' overrides (TOML values)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--alone", default="all", help="clients also run alone: 'all', 'none' or '0,2'")
+    parser.add_argument("--federated", action=argparse.BooleanOptionalAction, default=True,
+                        help="--no-federated: run only the --alone clients")
     parser.add_argument("--eval-examples", type=int, default=60, help="test examples scored per client")
     parser.add_argument("--out", type=Path, help="write the rows (and the settings) as JSON here")
     args = parser.parse_args(argv)
@@ -158,11 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             record = {"command": "python -m tools.sftp_trajectory " + shlex.join(given), "config": cfg.to_dict(),
-                      "partitions": args.partitions, "alone": alone, "eval-examples": args.eval_examples,
+                      "partitions": args.partitions, "alone": alone, "federated": args.federated,
+                      "eval-examples": args.eval_examples,
                       "finished": done, "seconds": round(time.perf_counter() - start, 1), "rows": rows}
             args.out.write_text(json.dumps(record, indent=1))
 
-    rows = trajectory(cfg, args.partitions, alone, args.eval_examples, on_round=save)
+    if not args.federated and not alone:
+        parser.error("--no-federated needs at least one --alone client")
+    rows = trajectory(cfg, args.partitions, alone, args.eval_examples, on_round=save, federate=args.federated)
     save(rows, done=True)
     print(table(rows))
     print(f"{time.perf_counter() - start:.0f} s")

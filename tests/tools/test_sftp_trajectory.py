@@ -34,3 +34,15 @@ def test_two_clients_are_averaged(tiny_model_dir: Path) -> None:
     alone = next(r for r in rows if r["mode"] == "alone")
     assert set(fed) == {0, 1} and fed[0]["adapter-shift"] == fed[1]["adapter-shift"]  # one global Φ
     assert alone["adapter-shift"] != fed[1]["adapter-shift"]  # client 1 alone moved Φ on its own
+
+
+def test_alone_only_gives_the_same_alone_rows_without_the_federated_run(tiny_model_dir: Path) -> None:
+    cfg = small_config(tiny_model_dir, method="sftp", num_server_rounds=2, local_steps=1, sftp_keep_ratios="0.5",
+                       test_examples=4)
+    full = trajectory(cfg, 2, [1], 2, log=lambda _: None)
+    only = trajectory(cfg, 2, [1], 2, log=lambda _: None, federate=False)
+    assert [(r["mode"], r["client"], r["round"]) for r in only] == [("untouched", 1, 0), ("alone", 1, 1),
+                                                                    ("alone", 1, 2)]
+    for row in only:  # client 1 alone does not depend on whether the federated run ran beside it
+        same = next(r for r in full if (r["mode"], r["client"], r["round"]) == (row["mode"], 1, row["round"]))
+        assert row["answer-nll"] == pytest.approx(same["answer-nll"], rel=1e-5) and row["kept"] == same["kept"]
