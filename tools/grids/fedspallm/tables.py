@@ -193,9 +193,10 @@ def gap_pairs(group: str, group_cells: list[Cell], grid_cells: list[Cell], runs:
 
 
 def seed_replicates(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
-    """Per table cell with finished seed replicates and per text: each seed's global, standalone-mean and
-    centralized perplexity, and global − standalone in % of the standalone mean: the run-to-run variation that the
-    pooled intervals of the claims hold. Nothing while no cell has a finished replicate."""
+    """Per table cell with finished seed replicates and per text: each seed's dense, global, standalone-mean and
+    centralized perplexity ('–' where a run lacks that model), and global − standalone in % of the standalone mean:
+    the run-to-run variation that the pooled intervals of the claims hold. Nothing while no cell has a finished
+    replicate."""
     rows = []
     for cell in grid_cells:
         if "replicate-of" in cell.settings:
