@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -81,8 +82,6 @@ def run_cells(grid: Grid, cells: Sequence[Cell], out_dir: Path, quiet: bool = Fa
     `cell i/N` before and after each launch, with the time elapsed and the time left: the mean time of the cells
     launched so far times the cells still to launch (finished cells are skipped and cost nothing). A cell still
     running after `timeout` seconds is stopped (`launch`) and left out, and the grid goes on to the next cell."""
-    import subprocess
-
     from tools.launch import launch
 
     runs: dict[str, Path] = {}

@@ -204,8 +204,9 @@ def seed_replicates(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
         tags = replicate_tags((c.tag for c in grid_cells if c.tag in runs), cell.tag)
         if len(tags) < 2:
             continue
-        seeds = [model_rows(runs[tag])[1] for tag in tags.values()]
-        for x in model_rows(runs[cell.tag])[0]:
+        read = [model_rows(runs[tag]) for tag in tags.values()]  # seed 0 (the cell itself) first
+        seeds = [models for _, models in read]
+        for x in read[0][0]:
             def per_seed(name: str, x: str = x, seeds: list[dict] = seeds) -> str:
                 return " / ".join(fmt_ppl(models.get(name, {}).get(x)) for models in seeds)
 
