@@ -315,12 +315,35 @@ def fedspallm_resolved(records: Sequence[Record]) -> str:
     return "\n".join([*lines, "", "; ".join(notes) + "."])
 
 
+def fedspallm_compare(records: Sequence[Record]) -> str:
+    """tools/fedspallm_compare.py: two FedSpaLLM runs of one seed that differ in one key, paired on the same
+    held-out windows (variant − base, 95%)."""
+    lines = ["| variant | corpus | windows | global: base → variant | standalone mean: base → variant | "
+             "global − standalone: base → variant | Δ global | Δ standalone | Δ (global − standalone) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+
+    def ci(x: Sequence[float]) -> str:
+        return f"{x[0]:+.1f} [{x[1]:+.1f}, {x[2]:+.1f}]"
+
+    for r in records:
+        for corpus, row in r["corpora"].items():
+            b, v, d = row["base"], row["variant"], row["variant - base"]
+            cells = [f"{b[k][0]:.1f} → {v[k][0]:.1f}" for k in ("global", "standalone mean")]
+            lines.append(f"| {r['label']} | `{corpus.split(':')[-1]}` | {row['windows']} | {cells[0]} | {cells[1]} | "
+                         f"{ci(b['global - standalone mean'])} → {ci(v['global - standalone mean'])} | "
+                         f"{ci(d['global'])} | {ci(d['standalone mean'])} | {ci(d['global - standalone mean'])} |")
+        notes.append(f"`{shown_command(r)}` ({load_line(r)}, {r['seconds']:.0f} s; base `{Path(r['base']).name}`, "
+                     f"variant `{Path(r['variant']).name}`)")
+    return "\n".join([*lines, "", "; ".join(notes) + "."])
+
+
 RENDERERS: dict[str, Callable[[Sequence[Record]], str]] = {
     "compiled-speed": compiled_speed,
     "pruning": pruning, "aggregation-memory": aggregation_memory, "overhead": overhead,
     "budget-trajectory": budget_trajectory, "mask-rounding": mask_rounding, "packing": packing,
     "deployed-speed": deployed_speed, "sftp-conditioning": sftp_conditioning,
-    "fedspallm-resolved": fedspallm_resolved,
+    "fedspallm-resolved": fedspallm_resolved, "fedspallm-compare": fedspallm_compare,
 }
 
 
