@@ -16,12 +16,14 @@ question at 80% (docs/methods/fedspallm.md): the same seed with `calib-seq-len` 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedprune_app.llm.intervals import TokenScores, resampled_perplexities
+from tools.grids import read_metrics
 from tools.grids.fedspallm.records import window_scores
 from tools.render_bench import finish_record, start_record
 
@@ -80,6 +82,15 @@ def compare_runs(base: Path, variant: Path) -> dict[str, Any]:
                               {m: b[m][c] for m in ("dense", "fedspallm", "standalone")}) for c in corpora}
 
 
+def run_facts(run: Path) -> dict[str, Any]:
+    """What a reader needs beside the figures: the run's wall time and each client's calibration tokens."""
+    summary = run / "summary.json"
+    seconds = json.loads(summary.read_text()).get("seconds") if summary.exists() else None
+    tokens = sorted({int(r["calib-tokens"]) for r in read_metrics(run)
+                     if r.get("phase") == "train" and r.get("calib-tokens") is not None})
+    return {"seconds": seconds, "calib-tokens": tokens}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--base", type=Path, required=True, help="a finished FedSpaLLM run (its folder)")
@@ -89,6 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     record = start_record("fedspallm-compare", "tools.fedspallm_compare", argv)
     record.update({"base": str(args.base), "variant": str(args.variant), "label": args.label,
+                   "runs": {"base": run_facts(args.base), "variant": run_facts(args.variant)},
                    "corpora": compare_runs(args.base, args.variant)})
     return finish_record(record, args.out)
 

@@ -315,6 +315,12 @@ def fedspallm_resolved(records: Sequence[Record]) -> str:
     return "\n".join([*lines, "", "; ".join(notes) + "."])
 
 
+def _calib_and_time(facts: Record) -> str:
+    tokens = "/".join(f"{t:,}" for t in facts.get("calib-tokens", [])) or "?"
+    seconds = facts.get("seconds")
+    return f"{tokens} calibration tokens per client, " + (f"{seconds:,.0f} s" if seconds else "time not recorded")
+
+
 def fedspallm_compare(records: Sequence[Record]) -> str:
     """tools/fedspallm_compare.py: two FedSpaLLM runs of one seed that differ in one key, paired on the same
     held-out windows (variant − base, 95%)."""
@@ -333,8 +339,9 @@ def fedspallm_compare(records: Sequence[Record]) -> str:
             lines.append(f"| {r['label']} | `{corpus.split(':')[-1]}` | {row['windows']} | {cells[0]} | {cells[1]} | "
                          f"{ci(b['global - standalone mean'])} → {ci(v['global - standalone mean'])} | "
                          f"{ci(d['global'])} | {ci(d['standalone mean'])} | {ci(d['global - standalone mean'])} |")
-        notes.append(f"`{shown_command(r)}` ({load_line(r)}, {r['seconds']:.0f} s; base `{Path(r['base']).name}`, "
-                     f"variant `{Path(r['variant']).name}`)")
+        runs = [f"{k} `{Path(r[k]).name}` ({_calib_and_time(r.get('runs', {}).get(k, {}))})"
+                for k in ("base", "variant")]
+        notes.append(f"`{shown_command(r)}` ({load_line(r)}); " + ", ".join(runs))
     return "\n".join([*lines, "", "; ".join(notes) + "."])
 
 

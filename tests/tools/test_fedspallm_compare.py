@@ -82,6 +82,7 @@ def write_run(folder: Path, run: dict[str, list[TokenScores]], corpus: str) -> P
     rows = [row(run["dense"][0], phase="server-evaluate", round=0),
             row(run["fedspallm"][0], phase="server-evaluate", round=1)]
     rows += [row(s, phase="reference", model="standalone", client=k) for k, s in enumerate(run["standalone"])]
+    rows += [{"phase": "train", "round": 1, "client": k, "calib-tokens": 8192} for k in range(len(run["standalone"]))]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
@@ -96,6 +97,8 @@ def test_cli_writes_a_record_that_renders(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["corpora"].keys() == {"squad_shifts:nyt"}
     table = render_bench.render("fedspallm-compare", [out])
     assert "| calib 1024 | `nyt` | 40 |" in table and record["kind"] == "fedspallm-compare"
+    assert record["runs"]["base"] == {"seconds": None, "calib-tokens": [8192]}
+    assert "base `a-seed1` (8,192 calibration tokens per client, time not recorded)" in table
 
 
 def test_a_run_without_standalone_models_is_refused_by_name(tmp_path: Path) -> None:
