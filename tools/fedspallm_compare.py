@@ -5,12 +5,14 @@ windows (checked: the dense model's per-window NLLs must agree to 1e-6 relative,
 of the two runs (global = the last round's model, standalone = the clients' round-1 models, their mean perplexity)
 is then paired window by window across the runs: one bootstrap over the windows resamples all of them at once
 (`intervals.resampled_perplexities`), so `variant − base` of the global model, of the standalone mean and of the
-claim's own statistic (global − standalone mean) each get a paired 95% interval. Used for the calibration-length
-question at 80% (docs/methods/fedspallm.md): the same seed with `calib-seq-len` 256 and 1,024.
+claim's own statistic (global − standalone mean) each get a paired 95% interval. The intervals cover the scored
+text only: a changed key also redraws what the runs' clients calibrated on, whose run-to-run spread needs seeds.
+Used for the calibration-length question at 80% (docs/methods/fedspallm.md): one seed with `calib-seq-len` 256
+against 1,024 and 2,048.
 
     python -m tools.fedspallm_compare --base docs/runs/fedspallm/<run>-paper-s80-seed1 \
-        --variant outputs/grids/fedspallm-seq1024/<run>-paper-s80-seed1 --label "calib-seq-len 1024" \
-        --out docs/bench/fedspallm-calib-length-s80.json
+        --variant docs/runs/fedspallm-seq2048/<run>-paper-s80-seed1 --label "calib-seq-len 2048" \
+        --out docs/bench/fedspallm-calib-2048-s80.json
 """
 
 from __future__ import annotations
