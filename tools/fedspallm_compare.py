@@ -24,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from fedprune_app.llm.intervals import TokenScores, resampled_perplexities
+from fedprune_app.llm.intervals import TokenScores, pooled_interval, resampled_perplexities
 from tools.grids import read_metrics
 from tools.grids.fedspallm.records import window_scores
 from tools.render_bench import finish_record, start_record
 
 ITERS = 2000
 STATISTICS = ("global", "standalone mean", "global - standalone mean")
+MODELS = ("dense", "fedspallm", "standalone")
 
 
 def _same_windows(a: TokenScores, b: TokenScores) -> bool:
@@ -39,8 +40,8 @@ def _same_windows(a: TokenScores, b: TokenScores) -> bool:
 
 
 def _interval(point: float, draws: np.ndarray) -> list[float]:
-    lo, hi = np.percentile(draws, [2.5, 97.5])
-    return [float(point), float(lo), float(hi)]
+    ci = pooled_interval([point], [draws])  # one replicate: the percentile interval of its draws
+    return [ci.estimate, ci.lo, ci.hi]
 
 
 def compare_corpus(base: dict[str, list[TokenScores]], variant: dict[str, list[TokenScores]], seed: int = 0
@@ -74,14 +75,13 @@ def compare_runs(base: Path, variant: Path) -> dict[str, Any]:
     """compare_corpus on every corpus both runs scored, from their metrics.jsonl."""
     a, b = window_scores(base), window_scores(variant)
     for run, scores in ((base, a), (variant, b)):
-        if not all(scores.get(m) for m in ("dense", "fedspallm", "standalone")):
+        if not all(scores.get(m) for m in MODELS):
             raise ValueError(f"{run}: needs per-window scores of the dense, global and standalone models "
                              "(a run with `fedspallm-references` including 'standalone', recorded since 2026-11-25)")
     corpora = sorted(set(a["dense"]) & set(b["dense"]))
     if not corpora:
         raise ValueError(f"{base} and {variant} scored no corpus in common")
-    return {c: compare_corpus({m: a[m][c] for m in ("dense", "fedspallm", "standalone")},
-                              {m: b[m][c] for m in ("dense", "fedspallm", "standalone")}) for c in corpora}
+    return {c: compare_corpus({m: a[m][c] for m in MODELS}, {m: b[m][c] for m in MODELS}) for c in corpora}
 
 
 def run_facts(run: Path) -> dict[str, Any]:
