@@ -112,6 +112,27 @@ def test_tables_and_claims_held(tmp_path: Path) -> None:
     assert "| FedTPA | 0.5 | 3.0 | 1.0 · 2.0 · 3.0 · 4.0 · 5.0 | 4.0 |" in text
 
 
+def test_curve_over_the_evaluated_rounds(tmp_path: Path) -> None:
+    """Runs evaluated only at round 0 and their last get no curve section (Table II has both); a run evaluated
+    every 5 of 15 rounds gets its row, each round's mean over the evaluating clients, and its last change."""
+    cells = [c for c in GRID.cells(args(only="table2", alphas="0.5"))]
+    runs = runs_for(tmp_path, cells, GOOD)
+    assert "Rouge-L by evaluated round" not in GRID.render(cells, runs)
+    tpa = next(c for c in cells if c.tag == "a0.5-fedtpa")
+    run = fake_run(tmp_path / "curve", tpa, 0.30, rounds=15)
+    with (run / "metrics.jsonl").open("a") as f:
+        for t, values in ((5, (0.10, 0.20)), (10, (0.26,)), (10, (float("nan"),))):
+            for v in values:
+                f.write(json.dumps({"round": t, "phase": "evaluate", "client": 4, "status": "ok", "rouge-l": v}) + "\n")
+        f.write(json.dumps({"round": 10, "phase": "evaluate", "client": 2, "status": "failed", "rouge-l": 0.9}) + "\n")
+    text = GRID.render(cells, runs | {tpa.tag: run})
+    section = text.split("## Rouge-L by evaluated round (in-run)")[1].split("\n## ")[0]
+    assert "| cell | round 0 | round 2 | round 5 | round 10 | round 15 | last change |" in section
+    assert "| a0.5-fedtpa | 5.00 | – | 15.00 | nan |" not in section
+    assert "| a0.5-fedit | 5.00 | 25.00 | – | – | – | +20.00 |" in section
+    assert "| a0.5-fedtpa | 5.00 | – | 15.00 | 26.00 | 30.00 | +4.00 |" in section, section
+
+
 def rescore_constant(runs: dict[str, Path], cells, table: dict[str, float], examples: int = 40) -> None:
     """rescore.json with every example of a cell scoring the cell's in-run score: every paired Δ is a constant
     shift, so its interval has zero width and decides the claim."""

@@ -1,4 +1,5 @@
-"""What the FedTPA grid reads from its runs' files: the final Rouge-L of the `evaluate` rows, the re-scored
+"""What the FedTPA grid reads from its runs' files: the final Rouge-L of the `evaluate` rows (and its curve over
+the evaluated rounds), the re-scored
 Rouge-L of rescore.json (`tools/rescore_rouge.py`) and the per-round series of the accepted `train` rows."""
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ def final_rouge(run_dir: Path, round_: int | None = None) -> float | None:
             if r.get("phase") == "evaluate" and r.get("status") == "ok" and r.get("round") == round_
             and isinstance(r.get("rouge-l"), int | float)]
     return sum(vals) / len(vals) if vals else None
+
+
+def rouge_curve(run_dir: Path) -> dict[int, float]:
+    """{round: mean Rouge-L ×100} of every evaluated round (`eval-every`: the curve that shows where the score
+    stops changing), sorted by round."""
+    per_round: dict[int, list[float]] = defaultdict(list)
+    for r in read_metrics(run_dir):
+        if (r.get("phase") == "evaluate" and r.get("status") == "ok" and isinstance(r.get("round"), int)
+                and isinstance(r.get("rouge-l"), int | float) and r["rouge-l"] == r["rouge-l"]):  # not NaN
+            per_round[int(r["round"])].append(float(r["rouge-l"]))
+    return {t: 100 * sum(v) / len(v) for t, v in sorted(per_round.items())}
 
 
 def rouge_table(grid_cells: list[Cell], runs: dict[str, Path]) -> dict[str, float | None]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from tools.grids import Cell, Interval, judge, mark, runs_section, train_rows
 from tools.grids.fedtpa.cells import ABLATIONS, LABELS, NON_IID, PRESETS, TABLE4_ALPHA, alpha_name, tag_of
-from tools.grids.fedtpa.records import final_rouge, rescored_table, rouge_table
+from tools.grids.fedtpa.records import final_rouge, rescored_table, rouge_curve, rouge_table
 
 
 def fmt(value: float | None) -> str:
@@ -113,6 +113,7 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
              "the same split). α: Dirichlet concentration over the task categories; inf = IID. 5 clients each. "
              "Run directories at the end.", ""]
     lines += score_sections(groups, alphas, rouge_table(grid_cells, runs), lambda *_: None, runs)
+    lines += curve(grid_cells, runs)
     wide = rescored_table(grid_cells, runs)
     if wide:
         sizes = sorted({len(v) for v in wide.values()})
@@ -128,6 +129,26 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
         lines += ["", *communication(grid_cells, runs)]
     lines += ["", *runs_section(grid_cells, runs)]
     return "\n".join(lines) + "\n"
+
+
+def curve(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
+    """Rouge-L ×100 after every evaluated round of each run (in-run, no interval), when some run evaluated more than
+    round 0 and its last: the curve that shows whether the score still changes when the run stops (§IV runs 15)."""
+    curves = {c.tag: rouge_curve(runs[c.tag]) for c in grid_cells if c.tag in runs}
+    if not any(len(v) > 2 for v in curves.values()):
+        return []
+    rounds = sorted({t for v in curves.values() for t in v})
+    lines = ["## Rouge-L by evaluated round (in-run)", "",
+             "Mean Rouge-L ×100 on the in-run test examples after each evaluated round (`eval-every`); the last "
+             "column is the change over the last evaluated interval. In-run means have no interval: the re-scored "
+             "tables decide the claims.", "",
+             "| cell | " + " | ".join(f"round {t}" for t in rounds) + " | last change |",
+             "|---|" + "---|" * (len(rounds) + 1)]
+    for tag, values in curves.items():
+        last = list(values.values())[-2:]
+        change = f"{last[1] - last[0]:+.2f}" if len(last) == 2 else "–"
+        lines.append(f"| {tag} | " + " | ".join(fmt(values.get(t)) for t in rounds) + f" | {change} |")
+    return lines + [""]
 
 
 def communication(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
