@@ -138,7 +138,7 @@ def curve(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
     if not any(len(v) > 2 for v in curves.values()):
         return []
     rounds = sorted({t for v in curves.values() for t in v})
-    lines = ["## Rouge-L by evaluated round (in-run)", "",
+    lines = ["", "## Rouge-L by evaluated round (in-run)", "",
              "Mean Rouge-L ×100 on the in-run test examples after each evaluated round (`eval-every`); the last "
              "column is the change over the last evaluated interval. In-run means have no interval: the re-scored "
              "tables decide the claims.", "",
@@ -148,7 +148,7 @@ def curve(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
         last = list(values.values())[-2:]
         change = f"{last[1] - last[0]:+.2f}" if len(last) == 2 else "–"
         lines.append(f"| {tag} | " + " | ".join(fmt(values.get(t)) for t in rounds) + f" | {change} |")
-    return lines + [""]
+    return lines
 
 
 def communication(grid_cells: list[Cell], runs: dict[str, Path]) -> list[str]:
