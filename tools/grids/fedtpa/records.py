@@ -12,26 +12,30 @@ from tools.grids import Cell, read_config, read_metrics, train_rows
 from tools.rescore import RESCORE_FILE
 
 
+def evaluated_rouge(run_dir: Path) -> dict[int, list[float]]:
+    """{round: the Rouge-L of each ok `evaluate` row} of the run (one row per evaluating client), sorted by round."""
+    per_round: dict[int, list[float]] = defaultdict(list)
+    for r in read_metrics(run_dir):
+        if (r.get("phase") == "evaluate" and r.get("status") == "ok" and isinstance(r.get("round"), int)
+                and isinstance(r.get("rouge-l"), int | float)):
+            per_round[int(r["round"])].append(float(r["rouge-l"]))
+    return dict(sorted(per_round.items()))
+
+
 def final_rouge(run_dir: Path, round_: int | None = None) -> float | None:
     """Mean Rouge-L of the `evaluate` rows of the run's last round (or `round_`), None when that round has none.
     The presets let one client evaluate (every client would score the same global test split)."""
     if round_ is None:
         round_ = int(read_config(run_dir)["num-server-rounds"])
-    vals = [float(r["rouge-l"]) for r in read_metrics(run_dir)
-            if r.get("phase") == "evaluate" and r.get("status") == "ok" and r.get("round") == round_
-            and isinstance(r.get("rouge-l"), int | float)]
+    vals = evaluated_rouge(run_dir).get(round_)
     return sum(vals) / len(vals) if vals else None
 
 
 def rouge_curve(run_dir: Path) -> dict[int, float]:
     """{round: mean Rouge-L ×100} of every evaluated round (`eval-every`: the curve that shows where the score
-    stops changing), sorted by round."""
-    per_round: dict[int, list[float]] = defaultdict(list)
-    for r in read_metrics(run_dir):
-        if (r.get("phase") == "evaluate" and r.get("status") == "ok" and isinstance(r.get("round"), int)
-                and isinstance(r.get("rouge-l"), int | float) and r["rouge-l"] == r["rouge-l"]):  # not NaN
-            per_round[int(r["round"])].append(float(r["rouge-l"]))
-    return {t: 100 * sum(v) / len(v) for t, v in sorted(per_round.items())}
+    stops changing), NaN scores left out, sorted by round."""
+    curve = {t: [v for v in vals if v == v] for t, vals in evaluated_rouge(run_dir).items()}  # v == v: not NaN
+    return {t: 100 * sum(v) / len(v) for t, v in curve.items() if v}
 
 
 def rouge_table(grid_cells: list[Cell], runs: dict[str, Path]) -> dict[str, float | None]:
