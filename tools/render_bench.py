@@ -345,12 +345,30 @@ def fedspallm_compare(records: Sequence[Record]) -> str:
     return "\n".join([*lines, "", "; ".join(notes) + "."])
 
 
+def fedtpa_adapter_norms(records: Sequence[Record]) -> str:
+    """tools/fedtpa_adapter_norms.py: each run's global update ‖(α/r)·B·A‖ (mean over layers), its ratio to
+    FedIT's at the same Dirichlet α, and the rank dimensions zero-padding left dead."""
+    lines = ["| run | α | mean ‖(α/r)·B·A‖ per layer | vs FedIT, same α | dead dimensions | dead layers |",
+             "|---|---|---|---|---|---|"]
+    notes = []
+    for r in records:
+        fedit = {row["alpha"]: row["update-norm"] for row in r["runs"] if row["method"] == "fedit"}
+        for row in r["runs"]:
+            base = fedit.get(row["alpha"])
+            ratio = f"{row['update-norm'] / base:.2f}" if base else "–"
+            lines.append(f"| `{row['run-tag'] or row['run']}` | {row['alpha']} | {row['update-norm']:.3f} "
+                         f"| {ratio} | {row['dead-dims']} of {row['dims']} | {row['dead-layers']} of {row['layers']} |")
+        notes.append(f"`{shown_command(r)}` ({load_line(r)})")
+    return "\n".join([*lines, "", "; ".join(notes) + "."])
+
+
 RENDERERS: dict[str, Callable[[Sequence[Record]], str]] = {
     "compiled-speed": compiled_speed,
     "pruning": pruning, "aggregation-memory": aggregation_memory, "overhead": overhead,
     "budget-trajectory": budget_trajectory, "mask-rounding": mask_rounding, "packing": packing,
     "deployed-speed": deployed_speed, "sftp-conditioning": sftp_conditioning,
     "fedspallm-resolved": fedspallm_resolved, "fedspallm-compare": fedspallm_compare,
+    "fedtpa-adapter-norms": fedtpa_adapter_norms,
 }
 
 
