@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers
+from tools.grids.fedtpa.cells import alpha_name
 from tools.render_bench import finish_record, start_record
 
 
@@ -52,16 +55,16 @@ def read_adapter(adapter_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, np
     if config.get("rank_pattern") or config.get("use_rslora"):
         raise ValueError(f"{adapter_dir}: per-layer ranks or rsLoRA scaling are not read by this tool")
     tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
-    a = {k.replace(".lora_A.weight", ""): v for k, v in tensors.items() if k.endswith(".lora_A.weight")}
-    b = {k.replace(".lora_B.weight", ""): v for k, v in tensors.items() if k.endswith(".lora_B.weight")}
-    return a, b, float(config["lora_alpha"]) / float(config["r"])
+    layers = adapter_layers(tensors)
+    scaling = float(config["lora_alpha"]) / float(config["r"])
+    return {n: tensors[n + LORA_A] for n in layers}, {n: tensors[n + LORA_B] for n in layers}, scaling
 
 
 def run_figures(run: Path) -> dict[str, Any]:
     """One run: what it was (method, tag, Dirichlet α: "inf" for the IID split, FedTPA's switches) and its
     adapter's figures."""
     config = json.loads((run / "config.json").read_text())
-    alpha = "inf" if config.get("partitioner") == "iid" else f"{float(config['dirichlet-alpha']):g}"
+    alpha = alpha_name(math.inf if config.get("partitioner") == "iid" else float(config["dirichlet-alpha"]))
     row = {"run": run.name, "method": config["method"], "run-tag": config.get("run-tag", ""), "alpha": alpha,
            "rank": config.get("lora-rank")}
     if config["method"] == "fedtpa":
