@@ -329,6 +329,29 @@ def test_the_global_vs_standalone_interval_is_a_brute_force_paired_bootstrap(tmp
                          pytest.approx((ppl(std[0], np.arange(64)) + ppl(std[1], np.arange(64))) / 2), 64)
 
 
+def test_a_windowed_reversal_decides_beside_runs_without_windows(tmp_path: Path) -> None:
+    """Re-run cells record windows while older ones of the same protocol do not: a windowed pair that refutes the
+    claim makes it not held (one measured reversal refutes "at every sparsity"), naming its interval; windowed
+    pairs that agree with the claim leave it unresolved, since the older runs decide nothing."""
+    cells = GRID.cells(args(sparsity="0.5,0.6,0.7"))
+    old = {"table1-s50": fake_run(tmp_path / "old", "table1-s50", 0.5, 30.0, 31.0, 1e6),
+           "table1-s60": fake_run(tmp_path / "old", "table1-s60", 0.6, 40.0, 44.0, 1e6)}
+    reversed_ = {**old, "table1-s70": window_run(tmp_path / "a", "table1-s70", 0.7, 70.0, [60.0, 61.0, 59.0, 60.0])}
+    le, gap = claim_lines(GRID.render(cells, reversed_))[:2]
+    assert "**not held**" in le and "decided by the runs that recorded their windows: table1 70% `wiki`: 70.00 vs " \
+                                  "60.00 (Δ +10.00 [" in le and "✗" in le
+    assert "every run: 4/6 (setting, domain) pairs at the point estimates on 2,048 / 6,400 tokens per domain)" in le
+    assert "**unresolved**" in gap and "decided by" not in gap  # 60 -> 70% pairs a run without windows
+    agreeing = {**old, "table1-s70": window_run(tmp_path / "b", "table1-s70", 0.7, 50.0, [60.0, 61.0, 59.0, 60.0])}
+    le = claim_lines(GRID.render(cells, agreeing))[0]
+    assert "**unresolved**" in le and "decided by" not in le
+    gap_reversal = {"table1-s50": fake_run(tmp_path / "c", "table1-s50", 0.5, 30.0, 31.0, 1e6),
+                    "table1-s60": window_run(tmp_path / "c", "table1-s60", 0.6, 30.0, [40.0, 40.0, 40.0, 40.0]),
+                    "table1-s70": window_run(tmp_path / "c", "table1-s70", 0.7, 50.0, [51.0, 51.0, 51.0, 51.0])}
+    gap = claim_lines(GRID.render(cells, gap_reversal))[1]
+    assert "**not held**" in gap and "table1 70% vs 60%:" in gap and "✗" in gap
+
+
 def test_replicates_pool_into_the_claim_and_count_their_windows(tmp_path: Path) -> None:
     cells = GRID.cells(args(sparsity="0.5", seeds="0,1"))
     runs = {"table1-s50": window_run(tmp_path, "table1-s50", 0.5, 30.0, [32.0, 33.0]),

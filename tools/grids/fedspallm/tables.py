@@ -87,8 +87,9 @@ def render(grid_cells: list[Cell], runs: dict[str, Path]) -> str:
               "A claim between two perplexities is decided by a paired 95% interval: every model of a run is scored "
               "on the same windows of each text, the windows are resampled together (replicate seeds of a cell, "
               "where run, are pooled by a two-stage bootstrap), and n counts the windows behind each comparison. "
-              "A run recorded without per-window scores has point estimates only: its claims read unresolved. The "
-              "two protocols are judged apart.", ""]
+              "A run recorded without per-window scores has point estimates only, which decide nothing: a claim that "
+              "rests on such runs reads unresolved, unless a run that recorded its windows refutes it. The two "
+              "protocols are judged apart.", ""]
     for name, ev in evidence.items():
         lines += perplexity_claims(PROTOCOLS[name], ev)
     rnd = claims["random"]
@@ -135,8 +136,10 @@ def token_counts(run_dir: Path) -> set[int]:
 
 
 def perplexity_claims(protocol: str, ev: Evidence) -> list[str]:
-    """The two perplexity claims of one protocol: by their paired intervals when every run recorded its windows,
-    else unresolved beside the point comparison; nothing when the protocol has no finished cell."""
+    """The two perplexity claims of one protocol: by their paired intervals when every run recorded its windows;
+    else not held when a pair that carries an interval refutes the claim (one measured reversal decides a claim
+    made "at every sparsity", whatever the runs without windows show), and unresolved beside the point comparison
+    otherwise; nothing when the protocol has no finished cell."""
     if not ev.le_points:
         return []
     counted = f"{' / '.join(f'{t:,}' for t in sorted(ev.tokens))} tokens per domain"
@@ -147,9 +150,12 @@ def perplexity_claims(protocol: str, ev: Evidence) -> list[str]:
         lines.append(f"- Under {protocol}, the global model's perplexity is at or below the standalone mean at every "
                      f"sparsity: {mark(held)} (Δ = ppl global − mean ppl standalone on {counted}; {text}).")
     else:
-        le = ev.le_points
+        le, refuted = ev.le_points, refutation(ev.le_pairs)
+        points = f"{sum(le)}/{len(le)} (setting, domain) pairs at the "
         lines.append(f"- Under {protocol}, the global model's perplexity is at or below the standalone mean at every "
-                     f"sparsity: {mark(UNRESOLVED)} ({sum(le)}/{len(le)} (setting, domain) pairs at the {basis})"
+                     f"sparsity: {mark(False if refuted else UNRESOLVED)} ("
+                     + (f"decided by the runs that recorded their windows: {refuted}; every run: {points}point "
+                        f"estimates on {counted}" if refuted else points + basis) + ")"
                      + (f"; exceptions: {'; '.join(ev.details)}" if ev.details else "") + ".")
     if not ev.gap_pairs:
         lines.append(f"- Under {protocol}, the gap (standalone − FedSpaLLM, relative, mean over domains) grows with "
@@ -164,10 +170,21 @@ def perplexity_claims(protocol: str, ev: Evidence) -> list[str]:
         gap_text = "; ".join(f"{group}: " + ", ".join(f"{round(s * 100)}% {100 * v:+.1f}%"
                                                      for s, v in sorted(g.items()))
                              for group, g in ev.gaps.items())
+        refuted = refutation(ev.gap_pairs)
         lines.append(f"- Under {protocol}, the gap (standalone − FedSpaLLM, relative, mean over domains) grows with "
-                     f"sparsity: {mark(UNRESOLVED if grows else None)} ({gap_text}; grows in {sum(grows)}/"
-                     f"{len(grows)} groups at the {basis}).")
+                     f"sparsity: {mark(False if refuted else UNRESOLVED if grows else None)} ("
+                     + (f"decided by the runs that recorded their windows, gap in %, higher vs lower sparsity: "
+                        f"{refuted}; every run at the point estimates on {counted}: {gap_text})" if refuted else
+                        f"{gap_text}; grows in {sum(grows)}/{len(grows)} groups at the {basis})") + ".")
     return lines
+
+
+def refutation(pairs: list[Pair | None]) -> str:
+    """The evidence of the pairs that carry an interval (`judge`) when one of them refutes the claim, else "": a
+    pair is None where a run lacks windows, and those decide nothing either way."""
+    measured = [p for p in pairs if p is not None and p[1] is not None and p[2] is not None]
+    held, text = judge(measured) if measured else (None, "")
+    return text if held is False else ""
 
 
 def replicates(cell: Cell, grid_cells: list[Cell], runs: dict[str, Path]) -> list[Path]:
