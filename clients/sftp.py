@@ -58,10 +58,15 @@ class LocalReport:
 
 def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, embedding: nn.Parameter | None,
                    embedding_state: dict[str, Tensor], examples: list[Example], cfg: RunConfig, keep_ratio: float,
-                   seed: int, server_round: int) -> LocalReport:
+                   seed: int, server_round: int, fixed_masks: list[LayerMasks] | None = None) -> LocalReport:
     """Alg. 1's inner loop: per step, g = ReinMax gates of h_Θ(e_k) (Eq. 10–12), L = CLM + λ·R(T(g), p·T_total)
     (Eq. 13–14, `sftp_objective`), one AdamW step on (Θ, e_k, Φ) with the gradient clipped jointly to
     `max-grad-norm`. Gates held open by `sftp-hold-open` read 1 in every sampled mask (`hold_open`).
+
+    LoRA dropout is seeded by `seed` too, so a client's round is the same whatever ran before it in the process.
+
+    `fixed_masks` (a recovery round, `sftp-recovery-rounds`; not in Alg. 1): every step runs these masks and
+    AdamW steps Φ alone on L_CLM; Θ and e_k do not move (the penalty of the fixed mask is reported, not trained).
 
     AdamW lr `sftp-generator-lr`, wd `sftp-generator-weight-decay` for Θ and e_k (constant; e_k's lr times
     `sftp-embed-lr-scale`, 1 = the paper's one rate); LoRA lr
@@ -71,14 +76,16 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     sftp_cfg = cfg.section(SFTPConfig)
     steps, total_steps = cfg.local_steps, cfg.num_server_rounds * cfg.local_steps
     lora = [p for p in model.parameters() if p.requires_grad]
-    groups: list[dict[str, Any]] = [{"params": list(generator.parameters())}]
-    if embedding is not None:
+    groups: list[dict[str, Any]] = [] if fixed_masks is not None else [{"params": list(generator.parameters())}]
+    if embedding is not None and fixed_masks is None:
         groups.append({"params": [embedding], "lr": sftp_cfg.sftp_embed_lr_scale * sftp_cfg.sftp_generator_lr})
     if lora:
         groups.append({"params": lora, "lr": sftp_cfg.sftp_lora_lr, "weight_decay": cfg.weight_decay})
     opt = torch.optim.AdamW(groups, lr=sftp_cfg.sftp_generator_lr,
                             weight_decay=sftp_cfg.sftp_generator_weight_decay)
-    if embedding is not None and embedding_state:
+    if not groups:
+        raise ValueError("a recovery round (fixed masks) trains Φ only: it needs adapters (sftp-adapters)")
+    if embedding is not None and embedding_state and fixed_masks is None:
         opt.state[embedding] = {k: v.clone() for k, v in embedding_state.items()}
     params = [p for g in groups for p in g["params"]]
     config, total = model.config, prunable_parameters(model.config)
@@ -91,15 +98,21 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     report, start = LocalReport(), time.perf_counter()
     model.train()
     generator.train()
+    torch.manual_seed(seed)  # LoRA dropout draws from the global generator: the same round for a seed, as FedIT's
     try:
         for t, batch in enumerate(training_batches(examples, tokenizer, cfg.batch_size, steps, cfg.seq_len,
                                                    seed, targets=sftp_cfg.sftp_loss_on, packed=packed)):
             if lora:
                 groups[-1]["lr"] = cosine_lr(sftp_cfg.sftp_lora_lr, (server_round - 1) * steps + t, total_steps)
-            masks = layer_masks(hold_open(reinmax_binary(generator(embedding), tau, bias, gate_rng), held))
+            if fixed_masks is None:
+                masks = layer_masks(hold_open(reinmax_binary(generator(embedding), tau, bias, gate_rng), held))
+            else:
+                masks = fixed_masks
             set_masks(model, masks)
             clm = model(**to_device(batch, device)).loss
             loss, penalty = sftp_objective(clm, kept_parameters(config, masks), keep_ratio, total, lam)
+            if fixed_masks is not None:
+                loss = clm  # the fixed mask's penalty is a constant: reported, not trained
             optimizer_step(loss, params, opt, cfg.max_grad_norm, "sftp-generator-lr")
             report.clm.append(clm.item())
             report.penalty.append(penalty.item())
@@ -108,7 +121,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
         set_masks(model, None)
         model.eval()
         generator.eval()
-    if embedding is not None:
+    if embedding is not None and fixed_masks is None:
         embedding_state.clear()
         embedding_state.update({k: v.detach().clone() for k, v in opt.state[embedding].items()})
     report.seconds = time.perf_counter() - start
@@ -178,9 +191,11 @@ class SFTPClient(FederatedClient):
         server_round = int(content.config_records["config"]["server-round"])
         model, tokenizer, generator = self.load(content)
         embedding, state = self.embedding(model_device(model))
+        recovery = server_round > self.cfg.num_server_rounds - self.cfg.section(SFTPConfig).sftp_recovery_rounds
+        fixed = self.own_masks(model, tokenizer, generator, embedding) if recovery else None
         report = local_training(model, tokenizer, generator, embedding, state, self.data.train, self.cfg,
-                                self.keep_ratio, self.seed(server_round), server_round)
-        if embedding is not None:
+                                self.keep_ratio, self.seed(server_round), server_round, fixed_masks=fixed)
+        if embedding is not None and not recovery:
             self.store_embedding(embedding, state)
         self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1
         masks = self.own_masks(model, tokenizer, generator, embedding)

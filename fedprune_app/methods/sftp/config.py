@@ -86,6 +86,13 @@ class SFTPConfig(ConfigSection):
     sftp_lora_lr: float = key(
         2e-5, "SFT-P LoRA learning rate (cosine-annealed over all rounds' local steps).", minimum=0.0
     )
+    sftp_recovery_rounds: int = key(
+        0,
+        "SFT-P: the last this many rounds train Phi only, on each client's deployed mask held fixed (Theta and e_k "
+        "frozen, no budget penalty): a recovery stage on the structure that is compiled, as LLM-Pruner and SliceGPT "
+        "get; not in the paper's Alg. 1 (0 = the paper). Needs sftp-adapters and fewer than num-server-rounds.",
+        minimum=0,
+    )
     sftp_aggregation: str = key(
         "equal",
         "SFT-P FedAvg weights of Theta and Phi (Eq. 15): equal per client (Table 4) or by the clients' num-examples.",
@@ -109,3 +116,10 @@ class SFTPConfig(ConfigSection):
                 "run-config key 'sftp-keep-ratios' must be comma-separated keep ratios in (0, 1] "
                 f"(one, or one per client), got {self.sftp_keep_ratios!r}"
             )
+        if self.sftp_recovery_rounds and not self.sftp_adapters:
+            raise ConfigError("run-config key 'sftp-recovery-rounds' trains Phi only: it needs sftp-adapters = true "
+                              f"(got sftp-recovery-rounds = {self.sftp_recovery_rounds}, sftp-adapters = false)")
+        if self.sftp_recovery_rounds >= cfg.num_server_rounds:
+            raise ConfigError(f"run-config key 'sftp-recovery-rounds' must be below num-server-rounds "
+                              f"({cfg.num_server_rounds}) so that the masks train first, "
+                              f"got {self.sftp_recovery_rounds}")
