@@ -76,16 +76,17 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     sftp_cfg = cfg.section(SFTPConfig)
     steps, total_steps = cfg.local_steps, cfg.num_server_rounds * cfg.local_steps
     lora = [p for p in model.parameters() if p.requires_grad]
-    groups: list[dict[str, Any]] = [] if fixed_masks is not None else [{"params": list(generator.parameters())}]
-    if embedding is not None and fixed_masks is None:
+    recovery = fixed_masks is not None
+    if recovery and not lora:
+        raise ValueError("a recovery round (fixed masks) trains Φ only: it needs adapters (sftp-adapters)")
+    groups: list[dict[str, Any]] = [] if recovery else [{"params": list(generator.parameters())}]
+    if embedding is not None and not recovery:
         groups.append({"params": [embedding], "lr": sftp_cfg.sftp_embed_lr_scale * sftp_cfg.sftp_generator_lr})
     if lora:
         groups.append({"params": lora, "lr": sftp_cfg.sftp_lora_lr, "weight_decay": cfg.weight_decay})
     opt = torch.optim.AdamW(groups, lr=sftp_cfg.sftp_generator_lr,
                             weight_decay=sftp_cfg.sftp_generator_weight_decay)
-    if not groups:
-        raise ValueError("a recovery round (fixed masks) trains Φ only: it needs adapters (sftp-adapters)")
-    if embedding is not None and embedding_state and fixed_masks is None:
+    if embedding is not None and embedding_state and not recovery:
         opt.state[embedding] = {k: v.clone() for k, v in embedding_state.items()}
     params = [p for g in groups for p in g["params"]]
     config, total = model.config, prunable_parameters(model.config)
@@ -104,14 +105,12 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
                                                    seed, targets=sftp_cfg.sftp_loss_on, packed=packed)):
             if lora:
                 groups[-1]["lr"] = cosine_lr(sftp_cfg.sftp_lora_lr, (server_round - 1) * steps + t, total_steps)
-            if fixed_masks is None:
-                masks = layer_masks(hold_open(reinmax_binary(generator(embedding), tau, bias, gate_rng), held))
-            else:
-                masks = fixed_masks
+            masks = fixed_masks if recovery else layer_masks(
+                hold_open(reinmax_binary(generator(embedding), tau, bias, gate_rng), held))
             set_masks(model, masks)
             clm = model(**to_device(batch, device)).loss
             loss, penalty = sftp_objective(clm, kept_parameters(config, masks), keep_ratio, total, lam)
-            if fixed_masks is not None:
+            if recovery:
                 loss = clm  # the fixed mask's penalty is a constant: reported, not trained
             optimizer_step(loss, params, opt, cfg.max_grad_norm, "sftp-generator-lr")
             report.clm.append(clm.item())
@@ -121,7 +120,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
         set_masks(model, None)
         model.eval()
         generator.eval()
-    if embedding is not None and fixed_masks is None:
+    if embedding is not None and not recovery:
         embedding_state.clear()
         embedding_state.update({k: v.detach().clone() for k, v in opt.state[embedding].items()})
     report.seconds = time.perf_counter() - start
@@ -198,7 +197,7 @@ class SFTPClient(FederatedClient):
         if embedding is not None and not recovery:
             self.store_embedding(embedding, state)
         self.private["rounds-trained"] = int(self.private.get("rounds-trained", 0)) + 1
-        masks = self.own_masks(model, tokenizer, generator, embedding)
+        masks = fixed or self.own_masks(model, tokenizer, generator, embedding)  # a recovery round left Θ, e_k as is
         with torch.no_grad():
             expected = expected_kept(model, tokenizer, generator, embedding, self.cfg)
             set_masks(model, masks)

@@ -13,22 +13,7 @@ from clients.sftp import EMBEDDING_RECORD
 from fedprune_app.core.config import ConfigError, RunConfig
 from fedprune_app.methods.sftp.generator import GENERATOR_PREFIX
 from strategies.sftp import SFTPStrategy
-from tests.methods.sftp.test_sftp import content, make_client, sftp_config
-
-
-def _masks_seen(monkeypatch: pytest.MonkeyPatch) -> list[list[dict[str, torch.Tensor]]]:
-    import clients.sftp as sftp_client
-
-    seen: list[list[dict[str, torch.Tensor]]] = []
-    real = sftp_client.set_masks
-
-    def recording(model: torch.nn.Module, masks: list | None) -> None:
-        if masks is not None:
-            seen.append([{k: v.detach().clone() for k, v in g.items()} for g in masks])
-        real(model, masks)
-
-    monkeypatch.setattr(sftp_client, "set_masks", recording)
-    return seen
+from tests.methods.sftp.test_sftp import content, make_client, record_set_masks, sftp_config
 
 
 def _arrays(reply: RecordDict, prefix: str | None) -> dict[str, np.ndarray]:
@@ -45,7 +30,7 @@ def test_a_recovery_round_trains_phi_on_the_deployed_mask(tiny_model_dir: Path, 
                       sftp_gate_tau=1.0, sftp_generator_lr=5e-2)
     strategy = SFTPStrategy(cfg)
     client = make_client(cfg)
-    seen = _masks_seen(monkeypatch)
+    seen = record_set_masks(monkeypatch)
     first = client.train(content(strategy.initial_arrays(), 1))
     sampled = seen[:3]
     assert any(not all(torch.equal(a[k], b[k]) for a, b in zip(sampled[0], s, strict=True) for k in a)

@@ -59,6 +59,22 @@ def private_tensors(client: SFTPClient) -> dict[str, np.ndarray]:
     return {k: v.numpy().copy() for k, v in client.context.state.array_records[EMBEDDING_RECORD].items()}
 
 
+def record_set_masks(monkeypatch: pytest.MonkeyPatch) -> list[list[dict[str, torch.Tensor]]]:
+    """A copy of every mask list the SFT-P client sets on its model (None, the dense model, is not recorded)."""
+    import clients.sftp as sftp_client
+
+    seen: list[list[dict[str, torch.Tensor]]] = []
+    real = sftp_client.set_masks
+
+    def recording(model: torch.nn.Module, masks: list | None) -> None:
+        if masks is not None:
+            seen.append([{k: v.detach().clone() for k, v in g.items()} for g in masks])
+        real(model, masks)
+
+    monkeypatch.setattr(sftp_client, "set_masks", recording)
+    return seen
+
+
 def assert_nothing_private(reply: RecordDict, private: dict[str, np.ndarray]) -> None:
     """No array of the reply equals e_k or its AdamW moments, nor holds one of them as a row; no config/metric
     value is a private tensor or names one."""
@@ -218,15 +234,8 @@ def test_the_reported_training_loss_is_eq_13(tiny_model_dir: Path, flower_ids: N
     that dropped λ, the penalty or the log ratio, or trained on another loss, reports another number."""
     import clients.sftp as sftp_client
 
-    seen: dict[str, list] = {"masks": [], "batches": record_training_batches(sftp_client, monkeypatch)}
-    real_set_masks = sftp_client.set_masks
-
-    def recording_set_masks(model: torch.nn.Module, masks: list | None) -> None:
-        if masks is not None:
-            seen["masks"].append([{k: v.detach().clone() for k, v in g.items()} for g in masks])
-        real_set_masks(model, masks)
-
-    monkeypatch.setattr(sftp_client, "set_masks", recording_set_masks)
+    seen: dict[str, list] = {"masks": record_set_masks(monkeypatch),
+                             "batches": record_training_batches(sftp_client, monkeypatch)}
     reported = {}
     for lam in (1.0, 16.0):
         cfg = sftp_config(tiny_model_dir, local_steps=1, lora_dropout=0.0, sftp_lambda=lam,
