@@ -36,6 +36,7 @@ from fedprune_app.methods.sftp.generator import (
     keep_ratio_of,
     layer_masks,
     model_kept_ratios,
+    ramped_keep_ratio,
     reinmax_binary,
     routed_model_with,
     sftp_objective,
@@ -60,8 +61,9 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
                    embedding_state: dict[str, Tensor], examples: list[Example], cfg: RunConfig, keep_ratio: float,
                    seed: int, server_round: int, fixed_masks: list[LayerMasks] | None = None) -> LocalReport:
     """Alg. 1's inner loop: per step, g = ReinMax gates of h_Θ(e_k) (Eq. 10–12), L = CLM + λ·R(T(g), p·T_total)
-    (Eq. 13–14, `sftp_objective`), one AdamW step on (Θ, e_k, Φ) with the gradient clipped jointly to
-    `max-grad-norm`. Gates held open by `sftp-hold-open` read 1 in every sampled mask (`hold_open`).
+    (Eq. 13–14, `sftp_objective`; p ramped from 1 over the first `sftp-budget-warmup-steps` global steps,
+    `ramped_keep_ratio`, not in the paper, default off), one AdamW step on (Θ, e_k, Φ) with the gradient clipped
+    jointly to `max-grad-norm`. Gates held open by `sftp-hold-open` read 1 in every sampled mask (`hold_open`).
 
     LoRA dropout is seeded by `seed` too, so a client's round is the same whatever ran before it in the process.
 
@@ -103,13 +105,15 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     try:
         for t, batch in enumerate(training_batches(examples, tokenizer, cfg.batch_size, steps, cfg.seq_len,
                                                    seed, targets=sftp_cfg.sftp_loss_on, packed=packed)):
+            step = (server_round - 1) * steps + t
             if lora:
-                groups[-1]["lr"] = cosine_lr(sftp_cfg.sftp_lora_lr, (server_round - 1) * steps + t, total_steps)
+                groups[-1]["lr"] = cosine_lr(sftp_cfg.sftp_lora_lr, step, total_steps)
             masks = fixed_masks if recovery else layer_masks(
                 hold_open(reinmax_binary(generator(embedding), tau, bias, gate_rng), held))
             set_masks(model, masks)
             clm = model(**to_device(batch, device)).loss
-            loss, penalty = sftp_objective(clm, kept_parameters(config, masks), keep_ratio, total, lam)
+            target = ramped_keep_ratio(keep_ratio, step, sftp_cfg.sftp_budget_warmup_steps)
+            loss, penalty = sftp_objective(clm, kept_parameters(config, masks), target, total, lam)
             if recovery:
                 loss = clm  # the fixed mask's penalty is a constant: reported, not trained
             optimizer_step(loss, params, opt, cfg.max_grad_norm, "sftp-generator-lr")

@@ -115,7 +115,7 @@ def main() -> None:
         parser.error("--clock thread counts one thread's CPU time: use it with --threads 1")
     torch.set_num_threads(args.threads)
     command = shlex.join(["python", "-m", "tools.bench_compiled", *sys.argv[1:]])
-    load_start = os.getloadavg()
+    load_start, start = os.getloadavg(), time.perf_counter()
     print(f"command: {command}   torch threads {args.threads}   clock {args.clock}   load average {load_start}")
 
     dense = load_base_model(args.model)
@@ -184,7 +184,7 @@ def main() -> None:
                              "(fedprune_app.methods.sftp.speed.workload_flops; attention 'full': every query against "
                              "every key, as the CPU kernels run it; '*-ceiling-causal': only the pairs the causal "
                              "mask keeps)",
-                  "models": table}
+                  "seconds": round(time.perf_counter() - start, 1), "models": table}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
         print(f"record: {args.json}")

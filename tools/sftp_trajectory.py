@@ -35,7 +35,7 @@ from clients.sftp import SFTPClient
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state
 from fedprune_app.core.runtime import quiet_libraries
-from fedprune_app.llm.evaluation import mean_loss
+from fedprune_app.llm.evaluation import answer_scores
 from fedprune_app.llm.models import model_device
 from fedprune_app.methods.sftp.generator import GENERATOR_PREFIX, model_kept_ratios
 from fedprune_app.methods.sftp.routing import set_masks
@@ -61,18 +61,22 @@ def adapter_shift(arrays: ArrayRecord, initial: dict[str, np.ndarray]) -> float:
     return float(math.sqrt(sum(float(((state[k] - initial[k]).astype(np.float64) ** 2).sum()) for k in keys)))
 
 
-def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, examples: int) -> dict[str, float]:
-    """Answer NLL and kept ratio of the client's deployed model (dense at round 0)."""
+def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, examples: int) -> dict[str, Any]:
+    """Answer NLL and kept ratio of the client's deployed model (dense at round 0), and each test example's summed
+    answer NLL and token count (`example-nll`, `example-tokens`): two records of one client and seed are scored on
+    the same questions, so `tools.sftp_trajectory_compare` can pair them."""
     model, tokenizer, generator = client.load(message(arrays, server_round))
     masks = None if server_round == 0 else client.own_masks(model, tokenizer, generator,
                                                                   client.embedding(model_device(model))[0])
     set_masks(model, masks)
     try:
         with torch.no_grad():
-            nll = mean_loss(model, tokenizer, client.data.test[:examples], client.cfg.seq_len)
+            scores = answer_scores(model, tokenizer, client.data.test[:examples], client.cfg.seq_len)
     finally:
         set_masks(model, None)
-    return {"answer-nll": nll, "kept": model_kept_ratios(model, masks)["kept-ratio-prunable"]}
+    return {"answer-nll": float(scores.nll.sum()) / scores.token_count,
+            "kept": model_kept_ratios(model, masks)["kept-ratio-prunable"],
+            "example-nll": [round(float(v), 5) for v in scores.nll], "example-tokens": scores.tokens.tolist()}
 
 
 def trajectory(cfg: RunConfig, partitions: int, alone: list[int], examples: int, log: Any = print,

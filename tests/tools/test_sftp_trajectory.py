@@ -46,3 +46,55 @@ def test_alone_only_gives_the_same_alone_rows_without_the_federated_run(tiny_mod
     for row in only:  # client 1 alone does not depend on whether the federated run ran beside it
         same = next(r for r in full if (r["mode"], r["client"], r["round"]) == (row["mode"], 1, row["round"]))
         assert row["answer-nll"] == pytest.approx(same["answer-nll"], rel=1e-5) and row["kept"] == same["kept"]
+
+
+def test_rows_carry_each_questions_scores_whose_weighted_mean_is_the_answer_nll(tiny_model_dir: Path) -> None:
+    cfg = small_config(tiny_model_dir, method="sftp", num_server_rounds=1, local_steps=1, sftp_keep_ratios="0.5",
+                       test_examples=4)
+    rows = trajectory(cfg, 1, [0], 3, log=lambda _: None, federate=False)
+    for row in rows:
+        assert len(row["example-nll"]) == len(row["example-tokens"]) == 3
+        assert sum(row["example-nll"]) / sum(row["example-tokens"]) == pytest.approx(row["answer-nll"], rel=1e-5)
+
+
+def _record(untouched: list[float], trained: list[float], tokens: list[int], kept: float = 0.5) -> dict:
+    rows = [{"mode": "untouched", "client": 0, "round": 0, "kept": 1.0, "example-nll": untouched,
+             "example-tokens": tokens}]
+    rows += [{"mode": "alone", "client": 0, "round": r, "kept": kept, "example-nll": trained if r == 2 else untouched,
+              "example-tokens": tokens} for r in (1, 2)]
+    return {"rows": rows}
+
+
+def test_compare_pairs_the_last_rounds_question_by_question() -> None:
+    """A shift of c nats on every token gives exactly c with a degenerate interval (every resample pairs the same
+    questions); the estimate is the token-weighted mean difference, by hand."""
+    import numpy as np
+
+    from tools.sftp_trajectory_compare import compare
+
+    rng = np.random.default_rng(0)
+    tokens = [int(t) for t in rng.integers(1, 9, size=40)]
+    base = [float(t * v) for t, v in zip(tokens, rng.uniform(3, 6, size=40), strict=True)]
+    a = _record(base, [v + 0.5 * t for v, t in zip(base, tokens, strict=True)], tokens)
+    noisy = [v + t * float(e) for v, t, e in zip(base, tokens, rng.normal(0.2, 1.0, size=40), strict=True)]
+    b = _record(base, noisy, tokens, kept=0.51)
+    shifted = compare(a, a, 0)
+    assert shifted["A - untouched"] == pytest.approx((0.5, 0.5, 0.5))
+    assert shifted["B - A"] == pytest.approx((0.0, 0.0, 0.0), abs=1e-12)
+    result = compare(a, b, 0)
+    by_hand = (sum(noisy) - sum(a["rows"][2]["example-nll"])) / sum(tokens)
+    d, lo, hi = result["B - A"]
+    assert d == pytest.approx(by_hand) and lo < d < hi and hi - lo > 0.1
+    assert result["round"] == (2, 2) and result["kept"] == {"A": 0.5, "B": 0.51}
+
+
+def test_compare_refuses_records_scored_on_other_questions() -> None:
+    from tools.sftp_trajectory_compare import compare
+
+    a = _record([4.0, 8.0], [3.0, 7.0], [1, 2])
+    b = _record([4.0, 8.0], [3.0, 7.0], [2, 2])
+    with pytest.raises(ValueError, match="same questions"):
+        compare(a, b, 0)
+    old = {"rows": [{k: v for k, v in r.items() if not k.startswith("example")} for r in a["rows"]]}
+    with pytest.raises(ValueError, match="per-question scores"):
+        compare(old, a, 0)

@@ -93,6 +93,14 @@ class SFTPConfig(ConfigSection):
         "get; not in the paper's Alg. 1 (0 = the paper). Needs sftp-adapters and fewer than num-server-rounds.",
         minimum=0,
     )
+    sftp_budget_warmup_steps: int = key(
+        0,
+        "SFT-P: the budget target of Eq. 13 falls linearly from 1 to p over this many local steps counted across "
+        "rounds ((round-1) x local-steps + t), then stays at p: a target warm-up as in Sheared-LLaMA's pruning stage, "
+        "so the gates close as fast as the LM loss can choose; not in the paper (0 = the paper's constant p). At "
+        "most (num-server-rounds - sftp-recovery-rounds) x local-steps.",
+        minimum=0,
+    )
     sftp_aggregation: str = key(
         "equal",
         "SFT-P FedAvg weights of Theta and Phi (Eq. 15): equal per client (Table 4) or by the clients' num-examples.",
@@ -123,3 +131,8 @@ class SFTPConfig(ConfigSection):
             raise ConfigError(f"run-config key 'sftp-recovery-rounds' must be below num-server-rounds "
                               f"({cfg.num_server_rounds}) so that the masks train first, "
                               f"got {self.sftp_recovery_rounds}")
+        trained = (cfg.num_server_rounds - self.sftp_recovery_rounds) * cfg.local_steps
+        if self.sftp_budget_warmup_steps > trained:
+            raise ConfigError(f"run-config key 'sftp-budget-warmup-steps' must be at most (num-server-rounds - "
+                              f"sftp-recovery-rounds) x local-steps = {trained} so that the masks train at the "
+                              f"budget p before the run ends, got {self.sftp_budget_warmup_steps}")

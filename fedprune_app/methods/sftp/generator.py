@@ -342,3 +342,14 @@ def keep_ratio_of(cfg: RunConfig, partition_id: int, num_partitions: int) -> flo
 def cosine_lr(base: float, step: int, total: int) -> float:
     """Cosine annealing from `base` to 0 over `total` steps (Table 4's LoRA schedule)."""
     return base * 0.5 * (1 + math.cos(math.pi * min(step, total) / max(1, total)))
+
+
+def ramped_keep_ratio(keep_ratio: float, step: int, warmup: int) -> float:
+    """The budget target p_t of Eq. 13 at global local step `step` (0-based, (round−1)·E + t): 1 − (1 − p)·(t+1)/W
+    over the first W = `warmup` steps (`sftp-budget-warmup-steps`), then p; W = 0 is the paper's constant p.
+    Not in the paper: the target's linear warm-up of Sheared-LLaMA's pruning stage (Xia et al., 2024), so that the
+    gates close as fast as the LM loss can choose which, instead of all at once in the first steps."""
+    if warmup <= 0:
+        return keep_ratio
+    return 1.0 - (1.0 - keep_ratio) * min(1.0, (step + 1) / warmup)
+

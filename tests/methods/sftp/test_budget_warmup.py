@@ -1,0 +1,79 @@
+"""`sftp-budget-warmup-steps`: Eq. 13's budget target falls linearly from 1 to p over the first W global steps
+(not in the paper; Sheared-LLaMA's target warm-up)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from torch import Tensor
+
+import clients.sftp
+from fedprune_app.core.config import ConfigError, RunConfig
+from fedprune_app.methods.sftp.generator import ramped_keep_ratio
+from strategies.sftp import SFTPStrategy
+from tests.methods.sftp.test_sftp import content, make_client, sftp_config
+
+
+@pytest.mark.parametrize("p", [0.5, 0.8])
+@pytest.mark.parametrize("warmup", [1, 4, 7])
+def test_the_target_falls_from_one_to_p_in_equal_steps_then_stays(p: float, warmup: int) -> None:
+    targets = [ramped_keep_ratio(p, step, warmup) for step in range(warmup + 5)]
+    assert targets[0] == pytest.approx(1 - (1 - p) / warmup)  # the first step already moves 1/W of the way
+    assert targets[warmup - 1] == p  # exactly p at step W−1, and after
+    assert all(t == p for t in targets[warmup:])
+    drops = [a - b for a, b in zip([1.0, *targets[:warmup - 1]], targets[:warmup], strict=True)]
+    assert drops == pytest.approx([(1 - p) / warmup] * warmup)  # linear: W equal drops of (1−p)/W
+
+
+@pytest.mark.parametrize("p", [0.5, 0.8, 1.0])
+def test_no_warmup_is_the_papers_constant_target(p: float) -> None:
+    assert [ramped_keep_ratio(p, step, 0) for step in range(6)] == [p] * 6
+
+
+def _record_targets(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The keep-ratio target each local step hands to Eq. 13 (`sftp_objective` as the client calls it)."""
+    seen: list[float] = []
+    objective = clients.sftp.sftp_objective
+
+    def recording(clm: Tensor, kept: Tensor, keep_ratio: float, total: int, lam: float) -> tuple[Tensor, Tensor]:
+        seen.append(keep_ratio)
+        return objective(clm, kept, keep_ratio, total, lam)
+
+    monkeypatch.setattr(clients.sftp, "sftp_objective", recording)
+    return seen
+
+
+@pytest.mark.parametrize("warmup", [0, 4])
+def test_local_steps_train_towards_the_ramped_target_across_rounds(tiny_model_dir: Path, flower_ids: None,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  warmup: int) -> None:
+    """Two rounds of 3 steps with W = 4: the steps of round 2 continue the ramp where round 1 stopped (global step
+    3 is the last below p, step 4 on is p); W = 0 keeps p at every step."""
+    cfg = sftp_config(tiny_model_dir, local_steps=3, batch_size=1, seq_len=16, sftp_gate_tau=1.0,
+                      sftp_budget_warmup_steps=warmup)
+    client = make_client(cfg)  # partition 1: p = 0.5
+    seen = _record_targets(monkeypatch)
+    sent = SFTPStrategy(cfg).initial_arrays()
+    reply = client.train(content(sent, 1))
+    client.train(content(reply.array_records["arrays"], 2))
+    p = client.keep_ratio
+    expected = [1 - (1 - p) * min(1, (step + 1) / 4) for step in range(6)] if warmup else [p] * 6
+    assert p == 0.5 and seen == pytest.approx(expected, abs=0)
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ({"num-server-rounds": 2, "local-steps": 5, "sftp-budget-warmup-steps": 11}, r"sftp-budget-warmup-steps.* = 10"),
+    ({"num-server-rounds": 3, "local-steps": 5, "sftp-recovery-rounds": 1, "sftp-budget-warmup-steps": 11},
+     r"sftp-budget-warmup-steps.* = 10"),
+    ({"sftp-budget-warmup-steps": -1}, r"sftp-budget-warmup-steps"),
+])
+def test_a_warmup_longer_than_the_mask_training_names_the_key(overrides: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        RunConfig.from_flower({"method": "sftp", **overrides})
+
+
+def test_a_warmup_of_every_mask_training_step_is_accepted() -> None:
+    cfg = RunConfig.from_flower({"method": "sftp", "num-server-rounds": 3, "local-steps": 5,
+                                 "sftp-recovery-rounds": 1, "sftp-budget-warmup-steps": 10})
+    assert cfg.to_dict()["sftp-budget-warmup-steps"] == 10

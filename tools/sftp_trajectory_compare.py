@@ -1,0 +1,105 @@
+"""Two `tools.sftp_trajectory` records of one client and seed, paired question by question.
+
+For the chosen client and round (default: the last) of each record: the deployed model's answer NLL (token-weighted
+mean over the test questions), the untouched model's (round 0), and the paired differences B − A, A − untouched and
+B − untouched in nats, each with its 95% bootstrap interval over questions (both models resampled on the same
+questions: `intervals.paired_perplexity_interval`, whose perplexity ratio is exp of the NLL difference). Records
+of one client and seed score the same questions; others are refused. Needs rows with `example-nll` (records
+written since 2026-11-28, 03:30 UTC).
+
+    python -m tools.sftp_trajectory_compare docs/runs/sftp-trajectory/keep05-client0-alone-s1.json \\
+        docs/runs/sftp-trajectory/keep05-client0-alone-warmup300-s1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from fedprune_app.llm.intervals import TokenScores, paired_perplexity_interval
+
+Record = dict[str, Any]
+
+
+def row_scores(row: dict[str, Any]) -> TokenScores:
+    if "example-nll" not in row:
+        raise ValueError(f"row {row['mode']} client {row['client']} round {row['round']} has no per-question scores "
+                         "(written by tools.sftp_trajectory before it stored them): re-run it")
+    return TokenScores.of(row["example-nll"], row["example-tokens"])
+
+
+def pick_row(record: Record, client: int, rnd: int | None) -> dict[str, Any]:
+    """The client's row at round `rnd` (None: its last round), federated if the record has it, else alone."""
+    rows = [r for r in record["rows"] if r["client"] == client and r["mode"] != "untouched"]
+    if not rows:
+        raise ValueError(f"no trained rows for client {client} in this record")
+    mode = "federated" if any(r["mode"] == "federated" for r in rows) else "alone"
+    rows = [r for r in rows if r["mode"] == mode]
+    wanted = max(r["round"] for r in rows) if rnd is None else rnd
+    found = [r for r in rows if r["round"] == wanted]
+    if not found:
+        raise ValueError(f"client {client} has no round {wanted}; rounds: {sorted(r['round'] for r in rows)}")
+    return found[0]
+
+
+def untouched_row(record: Record, client: int) -> dict[str, Any]:
+    return next(r for r in record["rows"] if r["client"] == client and r["mode"] == "untouched")
+
+
+def nll_difference(b: TokenScores, a: TokenScores, iters: int, seed: int) -> tuple[float, float, float]:
+    """Mean answer NLL of b minus a's on the same questions, with its paired 95% bootstrap interval (nats)."""
+    try:
+        ratio = paired_perplexity_interval(b, a, "ratio", iters, seed)
+    except ValueError as err:
+        raise ValueError(f"the two rows were not scored on the same questions ({err}): compare records of one "
+                         "client and one seed") from None
+    return math.log(ratio.estimate), math.log(ratio.lo), math.log(ratio.hi)
+
+
+def compare(a: Record, b: Record, client: int, rnd: int | None = None, iters: int = 2000, seed: int = 0
+            ) -> dict[str, Any]:
+    ra, rb, base = pick_row(a, client, rnd), pick_row(b, client, rnd), untouched_row(a, client)
+    sa, sb, s0 = row_scores(ra), row_scores(rb), row_scores(base)
+    return {"client": client, "round": (ra["round"], rb["round"]), "questions": len(sa.nll),
+            "answer-nll": {"untouched": math.log(s0.perplexity), "A": math.log(sa.perplexity),
+                           "B": math.log(sb.perplexity)},
+            "kept": {"A": ra["kept"], "B": rb["kept"]},
+            "B - A": nll_difference(sb, sa, iters, seed), "A - untouched": nll_difference(sa, s0, iters, seed),
+            "B - untouched": nll_difference(sb, s0, iters, seed)}
+
+
+def render(result: dict[str, Any], names: tuple[str, str]) -> str:
+    nll = result["answer-nll"]
+    lines = [f"client {result['client']}, round {result['round'][0]} / {result['round'][1]}, "
+             f"{result['questions']} questions; A = {names[0]}, B = {names[1]}",
+             f"answer NLL: untouched {nll['untouched']:.3f}, A {nll['A']:.3f} (kept {result['kept']['A']:.3f}), "
+             f"B {nll['B']:.3f} (kept {result['kept']['B']:.3f})"]
+    for key in ("B - A", "A - untouched", "B - untouched"):
+        d, lo, hi = result[key]
+        lines.append(f"{key}: {d:+.3f} [{lo:+.3f}, {hi:+.3f}] nats")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a", type=Path)
+    parser.add_argument("b", type=Path)
+    parser.add_argument("--client", type=int, help="default: the one client both records trained")
+    parser.add_argument("--round", type=int, help="default: each record's last round")
+    parser.add_argument("--iters", type=int, default=2000)
+    args = parser.parse_args(argv)
+    a, b = (json.loads(p.read_text()) for p in (args.a, args.b))
+    clients = sorted({r["client"] for r in a["rows"] if r["mode"] != "untouched"}
+                     & {r["client"] for r in b["rows"] if r["mode"] != "untouched"})
+    if args.client is None and len(clients) != 1:
+        parser.error(f"--client is needed: the records share clients {clients}")
+    client = clients[0] if args.client is None else args.client
+    print(render(compare(a, b, client, args.round, args.iters), (args.a.name, args.b.name)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
