@@ -74,7 +74,7 @@ def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, example
             scores = answer_scores(model, tokenizer, client.data.test[:examples], client.cfg.seq_len)
     finally:
         set_masks(model, None)
-    return {"answer-nll": float(scores.nll.sum()) / scores.token_count,
+    return {"answer-nll": scores.mean_nll,
             "kept": model_kept_ratios(model, masks)["kept-ratio-prunable"],
             "example-nll": [round(float(v), 5) for v in scores.nll], "example-tokens": scores.tokens.tolist()}
 

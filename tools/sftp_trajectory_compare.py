@@ -64,8 +64,7 @@ def compare(a: Record, b: Record, client: int, rnd: int | None = None, iters: in
     ra, rb, base = pick_row(a, client, rnd), pick_row(b, client, rnd), untouched_row(a, client)
     sa, sb, s0 = row_scores(ra), row_scores(rb), row_scores(base)
     return {"client": client, "round": (ra["round"], rb["round"]), "questions": len(sa.nll),
-            "answer-nll": {"untouched": math.log(s0.perplexity), "A": math.log(sa.perplexity),
-                           "B": math.log(sb.perplexity)},
+            "answer-nll": {"untouched": s0.mean_nll, "A": sa.mean_nll, "B": sb.mean_nll},
             "kept": {"A": ra["kept"], "B": rb["kept"]},
             "B - A": nll_difference(sb, sa, iters, seed), "A - untouched": nll_difference(sa, s0, iters, seed),
             "B - untouched": nll_difference(sb, s0, iters, seed)}

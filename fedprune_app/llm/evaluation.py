@@ -96,7 +96,7 @@ def mean_loss(model: nn.Module, tokenizer: Any, examples: Sequence[Example], seq
     if not examples:
         return math.nan
     scores = answer_scores(model, tokenizer, examples, seq_len, batch_size)
-    return float(scores.nll.sum()) / scores.token_count if scores.token_count else math.nan
+    return scores.mean_nll if scores.token_count else math.nan
 
 
 def perplexity_metrics(scores: TokenScores, iters: int, seed: int) -> dict[str, float]:

@@ -40,8 +40,13 @@ class TokenScores:
         return int(self.tokens.sum())
 
     @property
+    def mean_nll(self) -> float:
+        """Token-weighted mean NLL over the units (log of `perplexity`)."""
+        return float(self.nll.sum()) / self.token_count
+
+    @property
     def perplexity(self) -> float:
-        return math.exp(float(self.nll.sum()) / self.token_count)
+        return math.exp(self.mean_nll)
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import small_config
 from tools.sftp_trajectory import table, trajectory
+from tools.sftp_trajectory_compare import compare
 
 
 def test_rows_per_round_and_one_client_federated_equals_alone(tiny_model_dir: Path) -> None:
@@ -68,10 +70,6 @@ def _record(untouched: list[float], trained: list[float], tokens: list[int], kep
 def test_compare_pairs_the_last_rounds_question_by_question() -> None:
     """A shift of c nats on every token gives exactly c with a degenerate interval (every resample pairs the same
     questions); the estimate is the token-weighted mean difference, by hand."""
-    import numpy as np
-
-    from tools.sftp_trajectory_compare import compare
-
     rng = np.random.default_rng(0)
     tokens = [int(t) for t in rng.integers(1, 9, size=40)]
     base = [float(t * v) for t, v in zip(tokens, rng.uniform(3, 6, size=40), strict=True)]
@@ -89,8 +87,6 @@ def test_compare_pairs_the_last_rounds_question_by_question() -> None:
 
 
 def test_compare_refuses_records_scored_on_other_questions() -> None:
-    from tools.sftp_trajectory_compare import compare
-
     a = _record([4.0, 8.0], [3.0, 7.0], [1, 2])
     b = _record([4.0, 8.0], [3.0, 7.0], [2, 2])
     with pytest.raises(ValueError, match="same questions"):
