@@ -11,14 +11,41 @@ compares A with the untouched model that B (a fedflap run) scored.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from fedprune_app.llm.evaluation import bootstrap_ci
 from tools.grids import judge, mark
-from tools.grids.sftp.records import MODEL_OF_ROUND, answer_units, per_example
+from tools.grids.sftp.records import MODEL_OF_ROUND, answer_units, per_example, read_rescore
 from tools.grids.sftp.rescored import _paired_pairs
 
 ROUND_OF_MODEL = {v: k for k, v in MODEL_OF_ROUND.items()}
+# the run-config keys that draw a client's test split and unused tail (fedprune_app.llm.data.client_data)
+SPLIT_KEYS = ("seed", "client-data", "partitioner", "dirichlet-alpha", "test-examples", "val-examples",
+              "max-train-examples")
+
+
+def check_same_questions(a: Path, b: Path, clients: list[int]) -> None:
+    """Refuse to pair two runs whose clients were scored on different questions: by the digests rescore.json
+    carries (tools.rescore_accuracy since 2026-11-28), else by the run-config keys that draw the splits."""
+    runs = {"a": a, "b": b}
+    digests = []
+    for tag in runs:
+        scored = (read_rescore(runs, tag) or {}).get("clients")
+        digests.append({int(k): c.get("questions") for k, c in scored.items()} if isinstance(scored, dict) else {})
+    differ = [k for k in clients if digests[0].get(k) and digests[1].get(k) and digests[0][k] != digests[1][k]]
+    if differ:
+        raise SystemExit(f"error: client(s) {differ} were re-scored on different questions in A and B")
+    if all(digests[0].get(k) and digests[1].get(k) for k in clients):
+        return
+    configs = [json.loads((r / "config.json").read_text()) if (r / "config.json").is_file() else None for r in (a, b)]
+    if None not in configs:
+        keys = [key for key in SPLIT_KEYS if configs[0].get(key) != configs[1].get(key)]
+        if keys:
+            raise SystemExit(f"error: A and B draw their test splits differently ({', '.join(keys)} differ), so "
+                             "their clients were scored on different questions; re-score both with "
+                             "`python -m tools.rescore_accuracy <run> --dense` and compare each with its own "
+                             "`--b-model dense`")
 
 
 def compare(a: Path, b: Path, b_model: str = "final") -> list[str]:
@@ -30,6 +57,7 @@ def compare(a: Path, b: Path, b_model: str = "final") -> list[str]:
         raise SystemExit(f"error: {a if not units_a else b} has no re-scored answers for model '"
                          f"{'final' if not units_a else b_model}' (run tools.rescore_accuracy first)")
     clients = sorted(set(units_a) & set(units_b))
+    check_same_questions(a, b, clients)
     held, text = judge(_paired_pairs(units_a, units_b, clients))
     lines = [f"answer perplexity, A at or below B: {mark(held)} ({text})"]
     acc_a, acc_b = per_example(runs, "a"), per_example(runs, "b", ROUND_OF_MODEL[b_model])

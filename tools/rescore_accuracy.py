@@ -8,12 +8,15 @@ plus up to `--examples` examples of that task that no split of the run read (`da
 shuffle's tail after test | val | train; a small task may have none left, then only its test split counts), by
 the model it deploys:
   sftp     `compiled/client-<k>` (its deterministic mask, LoRA merged; equal to the in-run masked model within
-           float tolerance, see tests/test_routing.py);
+           float tolerance, see tests/test_routing.py); with `--dense` also the base model (`dense`), so that a
+           run whose seed drew test splits no fedflap run scored is compared with the untouched model on its own
+           questions (`python -m tools.compare_runs <run> <run> --b-model dense`);
   fedflap  `compiled/` for every client, and the run's two references: `post-hoc` (the base model compiled with
            the run's masks.npz, no LoRA: fedflap's round 1) and `dense` (the base model: round 0);
   llmpruner, slicegpt  `compiled/` (the pruned / sliced model, LoRA merged) for every client.
 Per-example correctness (acc and acc_norm) and the answer's NLL and token count (`nll`, `tokens`: answer
-perplexity, paired between models) go to `<run>/rescore.json`; the SFT-P grid renders it with paired,
+perplexity, paired between models) go to `<run>/rescore.json`, with a digest of each client's questions
+(`tools.compare_runs` pairs two runs only on the same questions); the SFT-P grid renders it with paired,
 per-client stratified bootstrap intervals. A run whose rescore.json has the same `--examples` is skipped.
 
     .venv/bin/python tools/rescore_accuracy.py outputs/grids/sftp/2026* --examples 100
@@ -21,6 +24,7 @@ per-client stratified bootstrap intervals. A run whose rescore.json has the same
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -60,10 +64,18 @@ def held_out(cfg: RunConfig, client: int, num_clients: int, n: int) -> tuple[str
     return data.eval_source, list(data.test) + unused_tail(cfg, data.eval_source, n), len(data.test)
 
 
-def models_of(run_dir: Path, cfg: RunConfig, clients: list[int]) -> dict[str, dict[int, Any]]:
+def question_digest(rows: list[Example]) -> str:
+    """A short digest of the examples a client was scored on, in order: two records pair only when it is equal."""
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def models_of(run_dir: Path, cfg: RunConfig, clients: list[int], dense: bool = False) -> dict[str, dict[int, Any]]:
     """{row: {client: the model it is scored with}} of one run (see the module docstring)."""
     if cfg.method == "sftp":
-        return {"final": {k: load_compiled(run_dir / "compiled" / f"client-{k}") for k in clients}}
+        models = {"final": {k: load_compiled(run_dir / "compiled" / f"client-{k}") for k in clients}}
+        if dense:
+            models["dense"] = dict.fromkeys(clients, load_base_model(cfg.model_name, cfg.model_dtype).eval())
+        return models
     if cfg.method == "llmpruner":
         from fedprune_app.methods.llmpruner.structure import load_pruned
 
@@ -86,8 +98,9 @@ def answer_nll(model: Any, tokenizer: Any, rows: list[Example], seq_len: int, ba
     return {"nll": [round(float(x), 6) for x in scores.nll], "tokens": [int(t) for t in scores.tokens]}
 
 
-def rescore(run_dir: Path, examples: int, batch_size: int) -> dict[str, Any]:
-    """Score one run's models on each client's held-out examples; the record written to rescore.json."""
+def rescore(run_dir: Path, examples: int, batch_size: int, dense: bool = False) -> dict[str, Any]:
+    """Score one run's models on each client's held-out examples; the record written to rescore.json. `dense`:
+    an SFT-P run's record also scores the base model (fedflap's always does)."""
     cfg = RunConfig.from_flower(json.loads((run_dir / "config.json").read_text()))
     clients = evaluated_clients(run_dir)
     tokenizer = load_tokenizer(cfg.model_name)
@@ -98,9 +111,10 @@ def rescore(run_dir: Path, examples: int, batch_size: int) -> dict[str, Any]:
         for k in clients:
             source, rows, n_test = held_out(cfg, k, len(clients), examples)
             rows_of[k] = rows
-            record["clients"][str(k)] = {"source": source, "examples": len(rows), "test-split": n_test}
+            record["clients"][str(k)] = {"source": source, "examples": len(rows), "test-split": n_test,
+                                         "questions": question_digest(rows)}
             tasks[k] = local_mc_task(f"fedprune_rescore_client_{k}", write_jsonl(Path(tmp) / f"client-{k}.jsonl", rows))
-        for name, per_client in models_of(run_dir, cfg, clients).items():
+        for name, per_client in models_of(run_dir, cfg, clients, dense).items():
             record["models"][name] = {str(k): lm_eval_per_example(model, tokenizer, tasks[k], batch_size)
                                       | answer_nll(model, tokenizer, rows_of[k], cfg.seq_len, batch_size)
                                       for k, model in per_client.items()}
@@ -127,7 +141,9 @@ def report(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    rescore_runs(__doc__.splitlines()[0], "unused examples per client's task, at most", skip_reason, rescore, report)
+    rescore_runs(__doc__.splitlines()[0], "unused examples per client's task, at most", skip_reason, rescore, report,
+                 flags={"dense": "SFT-P runs: also score the untouched base model (row `dense`)"},
+                 missing=lambda record, options: options["dense"] and "dense" not in record.get("models", {}))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ messaging, no Ray):
 
 After every round, each client's deployed model (its deterministic mask 1[σ(h_Θ(e_k) + c) > 0.5] on the global
 Φ, the structure the server compiles) is scored by the mean answer NLL over its first `--eval-examples` test
-examples; round 0 is the untouched dense model. Also per round: the kept share of the prunable projections, the
+examples, and `--unused-examples` more of its task that no split of the run reads (`data.unused_tail`, as
+`tools.rescore_accuracy` adds them: 30 test questions resolve ~0.3 nats at best); round 0 is the untouched dense
+model. Also per round: the kept share of the prunable projections, the
 mean CLM loss and penalty of the local steps, and ‖Φ − Φ_0‖ (how far the adapters moved).
 
     python -m tools.sftp_trajectory --run-config "sftp-keep-ratios='0.8' num-server-rounds=8 local-steps=25" \\
@@ -35,12 +37,14 @@ from clients.sftp import SFTPClient
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state
 from fedprune_app.core.runtime import quiet_libraries
+from fedprune_app.llm.data import Example, unused_tail
 from fedprune_app.llm.evaluation import answer_scores
 from fedprune_app.llm.models import model_device
 from fedprune_app.methods.sftp.generator import GENERATOR_PREFIX, model_kept_ratios
 from fedprune_app.methods.sftp.routing import set_masks
 from strategies.sftp import SFTPStrategy
 from tools.launch import APP_DIR, merged_config
+from tools.rescore_accuracy import question_digest
 
 
 def message(arrays: ArrayRecord, server_round: int) -> RecordDict:
@@ -61,27 +65,34 @@ def adapter_shift(arrays: ArrayRecord, initial: dict[str, np.ndarray]) -> float:
     return float(math.sqrt(sum(float(((state[k] - initial[k]).astype(np.float64) ** 2).sum()) for k in keys)))
 
 
-def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, examples: int) -> dict[str, Any]:
-    """Answer NLL and kept ratio of the client's deployed model (dense at round 0), and each test example's summed
-    answer NLL and token count (`example-nll`, `example-tokens`): two records of one client and seed are scored on
-    the same questions, so `tools.sftp_trajectory_compare` can pair them."""
+def scored_questions(client: SFTPClient, examples: int, unused: int) -> list[Example]:
+    """The client's first `examples` test questions, then up to `unused` of its task that no split reads."""
+    tail = unused_tail(client.cfg, client.data.eval_source, unused) if unused else []
+    return list(client.data.test[:examples]) + tail
+
+
+def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, rows: list[Example]) -> dict[str, Any]:
+    """Answer NLL and kept ratio of the client's deployed model (dense at round 0) on `rows`, each question's summed
+    answer NLL and token count (`example-nll`, `example-tokens`) and the questions' digest: two records scored on
+    the same questions (one client, seed and question counts) can be paired by `tools.sftp_trajectory_compare`."""
     model, tokenizer, generator = client.load(message(arrays, server_round))
     masks = None if server_round == 0 else client.own_masks(model, tokenizer, generator,
                                                                   client.embedding(model_device(model))[0])
     set_masks(model, masks)
     try:
         with torch.no_grad():
-            scores = answer_scores(model, tokenizer, client.data.test[:examples], client.cfg.seq_len)
+            scores = answer_scores(model, tokenizer, rows, client.cfg.seq_len)
     finally:
         set_masks(model, None)
-    return {"answer-nll": scores.mean_nll,
+    return {"answer-nll": scores.mean_nll, "questions": question_digest(rows),
             "kept": model_kept_ratios(model, masks)["kept-ratio-prunable"],
             "example-nll": [round(float(v), 5) for v in scores.nll], "example-tokens": scores.tokens.tolist()}
 
 
 def trajectory(cfg: RunConfig, partitions: int, alone: list[int], examples: int, log: Any = print,
-               on_round: Any = None, federate: bool = True) -> list[dict[str, Any]]:
-    """The rows: one per (mode, client, round); `on_round(rows)` after every round (to save what is done).
+               on_round: Any = None, federate: bool = True, unused: int = 0) -> list[dict[str, Any]]:
+    """The rows: one per (mode, client, round), each scored on `scored_questions(client, examples, unused)`;
+    `on_round(rows)` after every round (to save what is done).
     `federate=False` runs only the `alone` clients (and their untouched round 0): a client alone beside a federated
     trajectory already recorded, at a fraction of the time."""
     rows: list[dict[str, Any]] = []
@@ -92,11 +103,13 @@ def trajectory(cfg: RunConfig, partitions: int, alone: list[int], examples: int,
     by_itself = {k: make_client(cfg, k, partitions) for k in alone}
     own = {k: initial for k in alone}
     servers = {k: SFTPStrategy(cfg) for k in alone}
+    questions = {c.partition_id: scored_questions(c, examples, unused) for c in [*federated, *by_itself.values()]}
 
     def add(mode: str, client: SFTPClient, rnd: int, arrays: ArrayRecord, reply: RecordDict | None) -> None:
         row: dict[str, Any] = {"mode": mode, "client": client.partition_id, "round": rnd,
                                "data": client.data.eval_source, "keep-target": client.keep_ratio,
-                               **deployed(client, arrays, rnd, examples), "adapter-shift": adapter_shift(arrays, phi0)}
+                               **deployed(client, arrays, rnd, questions[client.partition_id]),
+                               "adapter-shift": adapter_shift(arrays, phi0)}
         if reply is not None:
             metrics = flat_metrics(reply)
             row |= {"clm-loss": metrics["clm-loss"], "penalty": metrics["penalty"],
@@ -152,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--federated", action=argparse.BooleanOptionalAction, default=True,
                         help="--no-federated: run only the --alone clients")
     parser.add_argument("--eval-examples", type=int, default=60, help="test examples scored per client")
+    parser.add_argument("--unused-examples", type=int, default=0,
+                        help="and up to this many unused examples of the client's task (rescore_accuracy's 100)")
     parser.add_argument("--out", type=Path, help="write the rows (and the settings) as JSON here")
     args = parser.parse_args(argv)
     cfg = RunConfig.from_flower(merged_config(APP_DIR, [args.preset, *([args.run_config] if args.run_config else [])]))
@@ -168,13 +183,14 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             record = {"command": "python -m tools.sftp_trajectory " + shlex.join(given), "config": cfg.to_dict(),
                       "partitions": args.partitions, "alone": alone, "federated": args.federated,
-                      "eval-examples": args.eval_examples,
+                      "eval-examples": args.eval_examples, "unused-examples": args.unused_examples,
                       "finished": done, "seconds": round(time.perf_counter() - start, 1), "rows": rows}
             args.out.write_text(json.dumps(record, indent=1))
 
     if not args.federated and not alone:
         parser.error("--no-federated needs at least one --alone client")
-    rows = trajectory(cfg, args.partitions, alone, args.eval_examples, on_round=save, federate=args.federated)
+    rows = trajectory(cfg, args.partitions, alone, args.eval_examples, on_round=save, federate=args.federated,
+                      unused=args.unused_examples)
     save(rows, done=True)
     print(table(rows))
     print(f"{time.perf_counter() - start:.0f} s")

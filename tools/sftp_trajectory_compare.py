@@ -62,6 +62,9 @@ def nll_difference(b: TokenScores, a: TokenScores, iters: int, seed: int) -> tup
 def compare(a: Record, b: Record, client: int, rnd: int | None = None, iters: int = 2000, seed: int = 0
             ) -> dict[str, Any]:
     ra, rb, base = pick_row(a, client, rnd), pick_row(b, client, rnd), untouched_row(a, client)
+    if ra.get("questions") and rb.get("questions") and ra["questions"] != rb["questions"]:
+        raise ValueError("the two rows were scored on different questions (their digests differ): compare records "
+                         "of one client, one seed and the same --eval-examples / --unused-examples")
     sa, sb, s0 = row_scores(ra), row_scores(rb), row_scores(base)
     return {"client": client, "round": (ra["round"], rb["round"]), "questions": len(sa.nll),
             "answer-nll": {"untouched": s0.mean_nll, "A": sa.mean_nll, "B": sb.mean_nll},

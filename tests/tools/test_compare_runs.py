@@ -55,3 +55,29 @@ def test_a_dense_reference_and_mismatched_examples(tmp_path: Path) -> None:
     short = write_run(tmp_path / "c", {0: client(0, 0.0, n=30)})
     with pytest.raises(SystemExit, match="different examples"):
         compare(a, short)
+
+
+def with_digests(run: Path, digests: dict[int, str]) -> Path:
+    """Give run's rescore.json the per-client question digests tools/rescore_accuracy.py writes."""
+    record = json.loads((run / "rescore.json").read_text())
+    record["clients"] = {str(k): {"questions": d} for k, d in digests.items()}
+    (run / "rescore.json").write_text(json.dumps(record))
+    return run
+
+
+def test_runs_scored_on_different_questions_are_refused(tmp_path: Path) -> None:
+    scores = {0: client(0, 0.0), 1: client(1, 0.0)}
+    a = with_digests(write_run(tmp_path / "a", scores), {0: "q0", 1: "q1"})
+    same = with_digests(write_run(tmp_path / "same", scores), {0: "q0", 1: "q1"})
+    assert "Δ +0.00 [0.00, 0.00]" in compare(a, same)[0]
+    other = with_digests(write_run(tmp_path / "other", scores), {0: "q0", 1: "another draw"})
+    with pytest.raises(SystemExit, match=r"client\(s\) \[1\] were re-scored on different questions"):
+        compare(a, other)
+    # records without digests (before 2026-11-28): the split keys of the two run configs decide
+    old_a, old_b = write_run(tmp_path / "old-a", scores), write_run(tmp_path / "old-b", scores)
+    for run, seed in ((old_a, 0), (old_b, 0)):
+        (run / "config.json").write_text(json.dumps({"seed": seed, "client-data": "x,y", "lora-rank": seed + 4}))
+    compare(old_a, old_b)  # same splits, another training key: paired
+    (old_b / "config.json").write_text(json.dumps({"seed": 1, "client-data": "x,y"}))
+    with pytest.raises(SystemExit, match="seed differ"):
+        compare(old_a, old_b)

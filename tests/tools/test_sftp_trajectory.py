@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedprune_app.llm.data import unused_tail
 from tests.conftest import small_config
-from tools.sftp_trajectory import table, trajectory
+from tools.rescore_accuracy import question_digest
+from tools.sftp_trajectory import make_client, table, trajectory
 from tools.sftp_trajectory_compare import compare
 
 
@@ -59,6 +61,23 @@ def test_rows_carry_each_questions_scores_whose_weighted_mean_is_the_answer_nll(
         assert sum(row["example-nll"]) / sum(row["example-tokens"]) == pytest.approx(row["answer-nll"], rel=1e-5)
 
 
+def test_unused_examples_extend_the_scored_questions_after_the_test_split(tiny_model_dir: Path) -> None:
+    cfg = small_config(tiny_model_dir, method="sftp", num_server_rounds=1, local_steps=1, sftp_keep_ratios="0.5",
+                       test_examples=4)
+    client = make_client(cfg, 0, 1)
+    tail = unused_tail(cfg, client.data.eval_source, 3)
+    assert len(tail) == 3 and not {r["question"] for r in tail} & {r["question"] for r in client.data.test}
+    short = trajectory(cfg, 1, [0], 2, log=lambda _: None, federate=False)
+    longer = trajectory(cfg, 1, [0], 2, log=lambda _: None, federate=False, unused=3)
+    for s_row, l_row in zip(short, longer, strict=True):  # the same test questions first, then the tail
+        assert len(l_row["example-nll"]) == 5
+        assert l_row["example-nll"][:2] == pytest.approx(s_row["example-nll"], rel=1e-5)
+        assert l_row["questions"] == question_digest([*client.data.test[:2], *tail])
+        assert s_row["questions"] == question_digest(client.data.test[:2])
+    with pytest.raises(ValueError, match="different questions"):  # same seed, other questions: not paired
+        compare({"rows": short}, {"rows": longer}, 0)
+
+
 def _record(untouched: list[float], trained: list[float], tokens: list[int], kept: float = 0.5) -> dict:
     rows = [{"mode": "untouched", "client": 0, "round": 0, "kept": 1.0, "example-nll": untouched,
              "example-tokens": tokens}]
@@ -90,6 +109,12 @@ def test_compare_refuses_records_scored_on_other_questions() -> None:
     a = _record([4.0, 8.0], [3.0, 7.0], [1, 2])
     b = _record([4.0, 8.0], [3.0, 7.0], [2, 2])
     with pytest.raises(ValueError, match="same questions"):
+        compare(a, b, 0)
+    for record, digest in ((a, "q-a"), (b, "q-b")):
+        for row in record["rows"]:
+            row["questions"] = digest
+    b["rows"] = [r | {"example-tokens": [1, 2]} for r in b["rows"]]  # same counts, other questions
+    with pytest.raises(ValueError, match="different questions"):
         compare(a, b, 0)
     old = {"rows": [{k: v for k, v in r.items() if not k.startswith("example")} for r in a["rows"]]}
     with pytest.raises(ValueError, match="per-question scores"):
