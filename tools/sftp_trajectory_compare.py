@@ -7,6 +7,13 @@ questions: `intervals.paired_perplexity_interval`, whose perplexity ratio is exp
 of one client and seed score the same questions; others are refused. Needs rows with `example-nll` (records
 written since 2026-11-28, 03:30 UTC).
 
+Either side may also be a re-scored Flower run (a run directory with `rescore.json` from `tools.rescore_accuracy`):
+its deployed models on the test split plus the task's unused examples, the questions of a trajectory record written
+with `--eval-examples 30 --unused-examples 100` of the same seed: a client alone set beside the federated run.
+
+    python -m tools.sftp_trajectory_compare docs/runs/sftp-50/20261128-033928-sftp-warmup300-seed0 \
+        docs/runs/sftp-trajectory/keep05-client1-alone-warmup300-s0.json
+
     python -m tools.sftp_trajectory_compare docs/runs/sftp-trajectory/keep05-client0-alone-s1.json \\
         docs/runs/sftp-trajectory/keep05-client0-alone-warmup300-s1.json
 """
@@ -20,8 +27,34 @@ from pathlib import Path
 from typing import Any
 
 from fedprune_app.llm.intervals import TokenScores, paired_perplexity_interval
+from tools.compare_runs import SPLIT_KEYS
 
 Record = dict[str, Any]
+
+
+def run_record(run_dir: Path) -> Record:
+    """A re-scored Flower run as a trajectory record: per client, its deployed model at the last round
+    (`federated`) and, when re-scored with `--dense`, the untouched model (round 0), with the run's config."""
+    rescored = json.loads((run_dir / "rescore.json").read_text())
+    config = json.loads((run_dir / "config.json").read_text())
+    last = int(config["num-server-rounds"])
+    kept = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        if row.get("phase") == "evaluate" and row.get("round") == last and isinstance(row.get("client"), int):
+            kept[row["client"]] = row.get("kept-ratio-prunable", math.nan)
+    rows = []
+    for model, mode, rnd in (("dense", "untouched", 0), ("final", "federated", last)):
+        for k, scores in rescored["models"].get(model, {}).items():
+            rows.append({"mode": mode, "client": int(k), "round": rnd, "kept": 1.0 if rnd == 0 else kept[int(k)],
+                         "example-nll": scores["nll"], "example-tokens": scores["tokens"],
+                         "questions": rescored["clients"][k].get("questions")})
+    return {"config": config, "rows": rows}
+
+
+def load(path: Path) -> Record:
+    """A trajectory record (JSON file) or a re-scored run directory (`run_record`)."""
+    return run_record(path) if path.is_dir() else json.loads(path.read_text())
 
 
 def row_scores(row: dict[str, Any]) -> TokenScores:
@@ -61,7 +94,13 @@ def nll_difference(b: TokenScores, a: TokenScores, iters: int, seed: int) -> tup
 
 def compare(a: Record, b: Record, client: int, rnd: int | None = None, iters: int = 2000, seed: int = 0
             ) -> dict[str, Any]:
-    ra, rb, base = pick_row(a, client, rnd), pick_row(b, client, rnd), untouched_row(a, client)
+    configs = (a.get("config"), b.get("config"))
+    differ = [key for key in SPLIT_KEYS if None not in configs and configs[0].get(key) != configs[1].get(key)]
+    if differ:
+        raise ValueError(f"the two records draw their data splits differently ({', '.join(differ)} differ), so they "
+                         "were not scored on the same questions")
+    base_record = a if any(r["client"] == client and r["mode"] == "untouched" for r in a["rows"]) else b
+    ra, rb, base = pick_row(a, client, rnd), pick_row(b, client, rnd), untouched_row(base_record, client)
     if ra.get("questions") and rb.get("questions") and ra["questions"] != rb["questions"]:
         raise ValueError("the two rows were scored on different questions (their digests differ): compare records "
                          "of one client, one seed and the same --eval-examples / --unused-examples")
@@ -93,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round", type=int, help="default: each record's last round")
     parser.add_argument("--iters", type=int, default=2000)
     args = parser.parse_args(argv)
-    a, b = (json.loads(p.read_text()) for p in (args.a, args.b))
+    a, b = load(args.a), load(args.b)
     clients = sorted({r["client"] for r in a["rows"] if r["mode"] != "untouched"}
                      & {r["client"] for r in b["rows"] if r["mode"] != "untouched"})
     if args.client is None and len(clients) != 1:

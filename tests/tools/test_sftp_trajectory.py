@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from fedprune_app.llm.data import unused_tail
 from tests.conftest import small_config
 from tools.rescore_accuracy import question_digest
 from tools.sftp_trajectory import make_client, table, trajectory
-from tools.sftp_trajectory_compare import compare
+from tools.sftp_trajectory_compare import compare, load
 
 
 def test_rows_per_round_and_one_client_federated_equals_alone(tiny_model_dir: Path) -> None:
@@ -119,3 +120,29 @@ def test_compare_refuses_records_scored_on_other_questions() -> None:
     old = {"rows": [{k: v for k, v in r.items() if not k.startswith("example")} for r in a["rows"]]}
     with pytest.raises(ValueError, match="per-question scores"):
         compare(old, a, 0)
+
+
+def test_a_rescored_run_pairs_with_a_trajectory_record_of_its_seed(tmp_path: Path) -> None:
+    """A run directory reads as its deployed models at the last round (and the untouched model when re-scored with
+    --dense); paired with an alone record on the same questions, the difference is the token-weighted one by hand."""
+    tokens = [1, 2, 3, 2]
+    alone = _record([4.0, 8.0, 9.0, 6.0], [3.0, 6.0, 9.0, 4.0], tokens)
+    alone["config"] = {"seed": 0, "client-data": "x", "lora-rank": 8}
+    for row in alone["rows"]:
+        row["questions"] = "q"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"seed": 0, "client-data": "x", "num-server-rounds": 3}))
+    fed_nll = [2.0, 7.0, 9.0, 6.0]
+    (run / "rescore.json").write_text(json.dumps({
+        "clients": {"0": {"questions": "q"}},
+        "models": {"final": {"0": {"acc": [1, 0, 1, 0], "nll": fed_nll, "tokens": tokens}}}}))
+    (run / "metrics.jsonl").write_text(json.dumps({"phase": "evaluate", "round": 3, "client": 0,
+                                                   "kept-ratio-prunable": 0.5}) + "\n")
+    result = compare(load(run), alone, 0)  # A = the run, B = the client alone; untouched from B
+    assert result["round"] == (3, 2) and result["kept"] == {"A": 0.5, "B": 0.5}
+    assert result["B - A"][0] == pytest.approx((sum(alone["rows"][2]["example-nll"]) - sum(fed_nll)) / sum(tokens))
+    assert result["answer-nll"]["untouched"] == pytest.approx(27.0 / 8)
+    (run / "config.json").write_text(json.dumps({"seed": 1, "client-data": "x", "num-server-rounds": 3}))
+    with pytest.raises(ValueError, match="seed differ"):
+        compare(load(run), alone, 0)
