@@ -12,7 +12,7 @@ RESCORE_FILE = "rescore.json"  # written by tools/rescore_rouge.py and tools/res
 
 
 def rescore_runs(description: str, examples_help: str, skip_reason: Callable[[Path], str | None],
-                 rescore: Callable[[Path, int, int], dict[str, Any]],
+                 rescore: Callable[..., dict[str, Any]],
                  report: Callable[[Path, dict[str, Any]], None],
                  flags: dict[str, str] | None = None,
                  missing: Callable[[dict[str, Any], dict[str, bool]], bool] | None = None) -> None:

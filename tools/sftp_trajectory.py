@@ -7,11 +7,11 @@ messaging, no Ray):
 - alone: each chosen client trains by itself with the same settings and seed (its (Θ, Φ) carried round to round,
   nothing averaged): what that client would reach without the federation.
 
-After every round, each client's deployed model (its deterministic mask 1[σ(h_Θ(e_k) + c) > 0.5] on the global
-Φ, the structure the server compiles) is scored by the mean answer NLL over its first `--eval-examples` test
-examples, and `--unused-examples` more of its task that no split of the run reads (`data.unused_tail`, as
-`tools.rescore_accuracy` adds them: 30 test questions resolve ~0.3 nats at best); round 0 is the untouched dense
-model. Also per round: the kept share of the prunable projections, the
+After every round, each client's deployed model (`SFTPClient.own_masks`: by default the top-π gates of h_Θ(e_k)
+that fit its budget, on the global Φ: the structure the server compiles) is scored by the mean answer NLL over its
+first `--eval-examples` test examples, and `--unused-examples` more of its task that no split of the run reads
+(`data.unused_tail`, as `tools.rescore_accuracy` adds them: 30 test questions resolve ~0.3 nats at best); round 0
+is the untouched dense model. Also per round: the kept share of the prunable projections, the
 mean CLM loss and penalty of the local steps, and ‖Φ − Φ_0‖ (how far the adapters moved).
 
     python -m tools.sftp_trajectory --run-config "sftp-keep-ratios='0.8' num-server-rounds=8 local-steps=25" \\
