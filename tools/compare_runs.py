@@ -11,11 +11,11 @@ compares A with the untouched model that B (a fedflap run) scored.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+from typing import Any
 
 from fedprune_app.llm.evaluation import bootstrap_ci
-from tools.grids import judge, mark
+from tools.grids import judge, mark, read_config
 from tools.grids.sftp.records import MODEL_OF_ROUND, answer_units, per_example, read_rescore
 from tools.grids.sftp.rescored import _paired_pairs
 
@@ -23,6 +23,11 @@ ROUND_OF_MODEL = {v: k for k, v in MODEL_OF_ROUND.items()}
 # the run-config keys that draw a client's test split and unused tail (fedprune_app.llm.data.client_data)
 SPLIT_KEYS = ("seed", "client-data", "partitioner", "dirichlet-alpha", "test-examples", "val-examples",
               "max-train-examples")
+
+
+def split_keys_differ(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+    """The SPLIT_KEYS on which two run configs differ ([] when either config is unknown)."""
+    return [] if a is None or b is None else [key for key in SPLIT_KEYS if a.get(key) != b.get(key)]
 
 
 def check_same_questions(a: Path, b: Path, clients: list[int]) -> None:
@@ -38,14 +43,12 @@ def check_same_questions(a: Path, b: Path, clients: list[int]) -> None:
         raise SystemExit(f"error: client(s) {differ} were re-scored on different questions in A and B")
     if all(digests[0].get(k) and digests[1].get(k) for k in clients):
         return
-    configs = [json.loads((r / "config.json").read_text()) if (r / "config.json").is_file() else None for r in (a, b)]
-    if None not in configs:
-        keys = [key for key in SPLIT_KEYS if configs[0].get(key) != configs[1].get(key)]
-        if keys:
-            raise SystemExit(f"error: A and B draw their test splits differently ({', '.join(keys)} differ), so "
-                             "their clients were scored on different questions; re-score both with "
-                             "`python -m tools.rescore_accuracy <run> --dense` and compare each with its own "
-                             "`--b-model dense`")
+    configs = [read_config(r) if (r / "config.json").is_file() else None for r in (a, b)]
+    if keys := split_keys_differ(*configs):
+        raise SystemExit(f"error: A and B draw their test splits differently ({', '.join(keys)} differ), so "
+                         "their clients were scored on different questions; re-score both with "
+                         "`python -m tools.rescore_accuracy <run> --dense` and compare each with its own "
+                         "`--b-model dense`")
 
 
 def compare(a: Path, b: Path, b_model: str = "final") -> list[str]:

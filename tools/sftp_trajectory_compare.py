@@ -11,7 +11,7 @@ Either side may also be a re-scored Flower run (a run directory with `rescore.js
 its deployed models on the test split plus the task's unused examples, the questions of a trajectory record written
 with `--eval-examples 30 --unused-examples 100` of the same seed: a client alone set beside the federated run.
 
-    python -m tools.sftp_trajectory_compare docs/runs/sftp-50/20261128-033928-sftp-warmup300-seed0 \
+    python -m tools.sftp_trajectory_compare docs/runs/sftp-50/20261128-033928-sftp-warmup300-seed0 \\
         docs/runs/sftp-trajectory/keep05-client1-alone-warmup300-s0.json
 
     python -m tools.sftp_trajectory_compare docs/runs/sftp-trajectory/keep05-client0-alone-s1.json \\
@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from fedprune_app.llm.intervals import TokenScores, paired_perplexity_interval
-from tools.compare_runs import SPLIT_KEYS
+from tools.compare_runs import split_keys_differ
+from tools.grids import read_config, read_metrics
 
 Record = dict[str, Any]
 
@@ -36,13 +37,10 @@ def run_record(run_dir: Path) -> Record:
     """A re-scored Flower run as a trajectory record: per client, its deployed model at the last round
     (`federated`) and, when re-scored with `--dense`, the untouched model (round 0), with the run's config."""
     rescored = json.loads((run_dir / "rescore.json").read_text())
-    config = json.loads((run_dir / "config.json").read_text())
+    config = read_config(run_dir)
     last = int(config["num-server-rounds"])
-    kept = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line) if line.strip() else {}
-        if row.get("phase") == "evaluate" and row.get("round") == last and isinstance(row.get("client"), int):
-            kept[row["client"]] = row.get("kept-ratio-prunable", math.nan)
+    kept = {row["client"]: row.get("kept-ratio-prunable", math.nan) for row in read_metrics(run_dir)
+            if row.get("phase") == "evaluate" and row.get("round") == last and isinstance(row.get("client"), int)}
     rows = []
     for model, mode, rnd in (("dense", "untouched", 0), ("final", "federated", last)):
         for k, scores in rescored["models"].get(model, {}).items():
@@ -94,9 +92,7 @@ def nll_difference(b: TokenScores, a: TokenScores, iters: int, seed: int) -> tup
 
 def compare(a: Record, b: Record, client: int, rnd: int | None = None, iters: int = 2000, seed: int = 0
             ) -> dict[str, Any]:
-    configs = (a.get("config"), b.get("config"))
-    differ = [key for key in SPLIT_KEYS if None not in configs and configs[0].get(key) != configs[1].get(key)]
-    if differ:
+    if differ := split_keys_differ(a.get("config"), b.get("config")):
         raise ValueError(f"the two records draw their data splits differently ({', '.join(differ)} differ), so they "
                          "were not scored on the same questions")
     base_record = a if any(r["client"] == client and r["mode"] == "untouched" for r in a["rows"]) else b
