@@ -52,18 +52,21 @@ def agreeing_masks(clients: int = 4, layers: int = 3, d: int = 8) -> dict[int, d
 
 
 def fake_run(out: Path, cell, acc: float | dict[int, float], model_dir: Path, kept: dict[int, float] | None = None,
-             final_eval: bool = True, masks: bool = False, examples: int = EXAMPLES) -> Path:
+             final_eval: bool = True, masks: bool = False, examples: int = EXAMPLES,
+             settings: dict | None = None) -> Path:
     """A run directory as an SFT-P or baseline run leaves it (only the files the grid reads). Round 0 = dense (40%
     + 1 point per client); SFT-P's train rows move each client's kept ratio linearly from 1 to its target by the
     last round; a baseline's round 1 = statistics (fedflap's also post hoc, 30%), rounds 2..5 recovery. Every
-    evaluate row stands for `examples` examples."""
+    evaluate row stands for `examples` examples; `settings` adds run-config keys to config.json."""
     method = cell.settings["method"]
     rounds = 4 if method == "sftp" else 5
     run = out / f"20260101-000000-{method}-{cell.tag}"
     run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({
-        "method": method, "num-server-rounds": rounds, "sftp-keep-ratios": keep_ratios(cell),
-        "test-examples": TEST_EXAMPLES, "model-name": str(model_dir)}))
+    config = {"method": method, "num-server-rounds": rounds, "sftp-keep-ratios": keep_ratios(cell),
+              "test-examples": TEST_EXAMPLES, "model-name": str(model_dir)}
+    if method == "sftp":  # the preset's local steps: the mixed run trains the 50% schedule (schedules.confounds)
+        config["local-steps"] = sftp_schedule(cell.settings["budget"])[1]
+    (run / "config.json").write_text(json.dumps(config | (settings or {})))
     (run / "summary.json").write_text(json.dumps({"status": "completed"}))
     target = dict(enumerate(per_client(keep_ratios(cell), 4, float, "k")))
     accs = acc if isinstance(acc, dict) else {c: acc + 0.01 * c for c in range(4)}
@@ -421,7 +424,7 @@ def test_rescored_answer_perplexity_is_compared_paired_per_client(tmp_path: Path
     mixed_80, mixed_50 = (next(line for line in lines if line.startswith("- mixed") and f"(keep {p})" in line)
                           for p in ("0.8", "0.5"))
     assert "clients 0, 1" in mixed_80 and "**held**" in mixed_80
-    assert "Confounded: the mixed run trains 12 × 50" in mixed_80
+    assert "Confounded: `mixed-c-a` and `p80-c-a` also differ in `local-steps` (50 vs 25)." in mixed_80
     assert "clients 2, 3" in mixed_50 and "**not held**" in mixed_50 and "Confounded" not in mixed_50
     a = TokenScores.of(5 * (math.log(50) + difficulty[2]), [5] * 40)
     b = TokenScores.of(5 * (math.log(80) + difficulty[2]), [5] * 40)
@@ -520,3 +523,31 @@ def test_size_and_speed_table_reads_the_compiled_rows(tmp_path: Path, tiny_model
     assert "| SFT-P NOC/NOA | *not run* |" in block
     assert "fedflap |" not in block and "| SFT-P +C/NOA |" not in block  # ran, but timed nothing
     assert "### 20% pruned" not in text  # every 20% cell ran, none timed: no empty block
+
+
+def test_schedules_show_each_recipe_and_flag_cells_that_differ_besides_their_variant(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The 50% block re-run in part with the budget warm-up: the section gives that budget two recipe rows and names
+    the key; `confounds` puts it on a pair across the two recipes, not on a pair within one; a key the run predates
+    reads as what the run did (padded rows before `pack-sequences`, the default for any other key)."""
+    from tools.grids.sftp.schedules import confounds, differing_keys, schedules
+
+    warm = {"sftp-budget-warmup-steps": 300, "pack-sequences": False}
+    runs = runs_for(tmp_path, tiny_model_dir, p50_c_a={"settings": warm}, p50_noc_a={"settings": warm})
+    text = GRID.render(GRID.cells(args()), runs)
+    section = text.split("## SFT-P schedules")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| 50% pruned")]
+    assert len(rows) == 2
+    assert rows[0].startswith("| 50% pruned (keep 0.5) | `p50-noc-noa`, `p50-c-noa` | 4 × 50 |") and "| 0 |" in rows[0]
+    assert rows[1].startswith("| 50% pruned (keep 0.5) | `p50-noc-a`, `p50-c-a` | 4 × 50 |") and "| 300 |" in rows[1]
+    assert "**Confounded, 50% pruned (keep 0.5)**: its SFT-P cells differ in `sftp-budget-warmup-steps`" in section
+    assert "Confounded, 20%" not in section and "Confounded, mixed" not in section
+    assert confounds(runs, "p50-c-a", "p50-noc-a") == ""
+    assert confounds(runs, "p50-c-a", "p50-c-noa") == \
+        " Confounded: `p50-c-a` and `p50-c-noa` also differ in `sftp-budget-warmup-steps` (300 vs 0)."
+    assert confounds(runs, "p50-c-a", "p50-missing") == ""
+    assert differing_keys([{}, {"pack-sequences": False}]) == []  # predates the key: padded rows
+    assert differing_keys([{}, {"pack-sequences": True}]) == ["pack-sequences"]
+    assert differing_keys([{}, {"sftp-lambda": 16.0}]) == []  # the default
+    assert differing_keys([{"sftp-keep-ratios": "0.5", "run-tag": "a"}, {"sftp-keep-ratios": "0.8"}]) == []
+    assert schedules(GRID.cells(args()), {}) == []

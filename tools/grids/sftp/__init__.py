@@ -13,7 +13,8 @@ Every number is read from the runs' own files: accuracy and kept ratio from the 
 budgets from config.json's `sftp-keep-ratios`; the kept ratio per round (Fig. 4b) and the bytes from the
 accepted `train` rows; the masks from masks.json / masks.npz (figures).
 
-cells.py: the cells; records.py: what is read from the runs' files; size.py: the deployed models' size and speed.
+cells.py: the cells; records.py: what is read from the runs' files; size.py: the deployed models' size and speed;
+schedules.py: each SFT-P cell's recorded recipe and the comparisons it confounds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tools.grids.sftp.cells import cells
 from tools.grids.sftp.figures import figures
 from tools.grids.sftp.records import answer_perplexity
 from tools.grids.sftp.rescored import section
+from tools.grids.sftp.schedules import schedules
 from tools.grids.sftp.size import size_and_speed
 from tools.grids.sftp.tables import claims, communication, table1, table2
 
@@ -42,6 +44,7 @@ def render(all_cells: list[Cell], runs: dict[str, Path]) -> str:
              "4 clients (one task each, non-IID), every run's numbers read from its metrics.jsonl and config.json. "
              "Budgets as in the paper: '20%' = keep ratio 0.8 of the prunable projections, '50%' = 0.5. Run "
              "directories at the end.", ""]
+    lines += [*schedule, ""] if (schedule := schedules(grid_cells, runs)) else []
     if "table1" in groups:
         lines += table1(grid_cells, runs)
         lines += table1(grid_cells, runs, answer_perplexity, " (answer perplexity)", PPL_NOTE)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.grids import Cell, Interval, Pair, judge, mark, replicate_tags
-from tools.grids.sftp.cells import BASELINES, BUDGETS, CLIENTS, VARIANTS, budget_label, sftp_schedule, tag_of
+from tools.grids.sftp.cells import BASELINES, BUDGETS, CLIENTS, VARIANTS, budget_label, tag_of
 from tools.grids.sftp.records import (
     answer_units,
     per_example,
@@ -22,6 +22,7 @@ from tools.grids.sftp.records import (
     rescored_accuracy,
     rescored_perplexity,
 )
+from tools.grids.sftp.schedules import confounds
 from tools.grids.sftp.tables import claims, mixed_groups, table1, table2
 
 
@@ -129,8 +130,9 @@ def ablation_line(runs: dict[str, Path], budget: float, ours: str, other: str) -
     held, text = judge(_pooled_pairs(replicates, range(CLIENTS)))
     pooled = "" if len(replicates) == 1 else \
         f", pooled over {len(replicates)} seeds (means of the seeds; the interval holds their spread)"
+    caveat = confounds(runs, tag_of("sftp", budget, ours), tag_of("sftp", budget, other))
     return (f"- {budget_label(budget)}: SFT-P {VARIANTS[ours][0]} at or below {VARIANTS[other][0]}{pooled}: "
-            f"{mark(held)} ({text}).")
+            f"{mark(held)} ({text}).{caveat}")
 
 
 ABLATIONS = (("c-a", "noc-a"), ("c-noa", "noc-noa"), ("c-a", "c-noa"), ("noc-a", "noc-noa"))  # +C vs NOC, +A vs NOA
@@ -160,13 +162,9 @@ def perplexity_comparisons(runs: dict[str, Path]) -> list[str]:
     lines += [line for b in BUDGETS for ours, other in ABLATIONS if (line := ablation_line(runs, b, ours, other))]
     mixed = answer_units(runs, tag_of("sftp", "mixed", "c-a"))
     if mixed:
-        mixed_schedule = sftp_schedule("mixed")
         for p, clients in mixed_groups(runs).items():
             held, text = judge(_paired_pairs(mixed, answer_units(runs, tag_of("sftp", p, "c-a")), clients))
-            uniform_schedule = sftp_schedule(p)
-            caveat = "" if uniform_schedule[:2] == mixed_schedule[:2] else (
-                f" Confounded: the mixed run trains {mixed_schedule[0]} × {mixed_schedule[1]} steps, the uniform "
-                f"run {uniform_schedule[0]} × {uniform_schedule[1]}.")
+            caveat = confounds(runs, tag_of("sftp", "mixed", "c-a"), tag_of("sftp", p, "c-a"))
             lines.append(f"- mixed budgets, clients {', '.join(map(str, clients))} (keep {p:g}): the mixed run at or "
                          f"below the uniform run of their budget: {mark(held)} ({text}).{caveat}")
     return lines
