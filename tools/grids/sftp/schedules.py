@@ -35,7 +35,7 @@ def resolved(config: Mapping[str, Any]) -> dict[str, Any]:
 def differing_keys(configs: Sequence[Mapping[str, Any]]) -> list[str]:
     """The keys, besides VARIANT_KEYS, on which the resolved configs do not all agree (sorted)."""
     full = [resolved(c) for c in configs]
-    keys = set().union(*full) - VARIANT_KEYS if full else set()
+    keys = set().union(*full) - VARIANT_KEYS
     return sorted(k for k in keys if len({repr(c.get(k)) for c in full}) > 1)
 
 
@@ -44,10 +44,9 @@ def confounds(runs: Mapping[str, Path], tag: str, other: str) -> str:
     while either has no config.json to tell)."""
     if not all(t in runs and (runs[t] / "config.json").is_file() for t in (tag, other)):
         return ""
-    differ = differing_keys([read_config(runs[tag]), read_config(runs[other])])
-    if not differ:
-        return ""
     full = [resolved(read_config(runs[t])) for t in (tag, other)]
+    if not (differ := differing_keys(full)):
+        return ""
     return (f" Confounded: `{tag}` and `{other}` also differ in "
             + ", ".join(f"`{k}` ({full[0].get(k)} vs {full[1].get(k)})" for k in differ) + ".")
 
