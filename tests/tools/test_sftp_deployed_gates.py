@@ -1,0 +1,64 @@
+"""tools/sftp_deployed_gates.py: the gate statistics by brute force, and, on the tiny model, a run written to disk
+(checkpoint + a client's saved private state) read back to the very model the client deployed."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedprune_app.core.checkpoint import client_state_dir
+from fedprune_app.core.protocol import flat_metrics, numpy_state
+from strategies.sftp import SFTPStrategy
+from tests.conftest import small_config
+from tools.sftp_deployed_gates import gate_stats, main
+from tools.sftp_trajectory import make_client, message
+
+
+def test_gate_stats_by_brute_force() -> None:
+    pi = np.array([[0.999, 0.95, 0.6], [0.4, 0.995, 0.01]])
+    deployed = np.array([[True, False, True], [False, True, False]])
+    stats = gate_stats(pi, deployed)
+    assert stats["mean-pi"] == pytest.approx(pi.mean())
+    assert (stats["above-0.5"], stats["above-0.9"], stats["above-0.99"]) == pytest.approx((4 / 6, 3 / 6, 2 / 6))
+    assert stats["kept-share"] == pytest.approx(0.5)
+    assert stats["lowest-kept-pi"] == pytest.approx(0.6) and stats["highest-dropped-pi"] == pytest.approx(0.95)
+
+
+def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = small_config(tiny_model_dir, method="sftp", num_server_rounds=1, local_steps=2, sftp_keep_ratios="0.5",
+                       test_examples=4)
+    server, client = SFTPStrategy(cfg), make_client(cfg, 0, 1)
+    arrays = server.aggregate(1, [client.train(message(server.initial_arrays(), 1))])
+    evaluated = flat_metrics(client.evaluate(message(arrays, 1)))  # what the run recorded for this client
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    (run / "summary.json").write_text(json.dumps({"clients": [{"client": 0}]}))
+    with open(run / "checkpoint" / "state.pkl", "wb") as f:
+        pickle.dump({"round": 1, "run-key": "k", "arrays": numpy_state(arrays), "strategy": {}}, f)
+    saved = client_state_dir(str(tmp_path / "state"), "k", 0)
+    saved.mkdir(parents=True)
+    with open(saved / "round-1.pkl", "wb") as f:
+        pickle.dump(client.context.state, f)
+    out = tmp_path / "gates.json"
+    main([str(run), "--state-dir", str(tmp_path / "state"), "--score", "0", "--examples", "4", "--out", str(out)])
+    record = json.loads(out.read_text())["clients"]["0"]
+    assert record["keep-target"] == 0.5
+    assert record["kept-share"] == pytest.approx(float(evaluated["kept-ratio-prunable"]), abs=0.15)  # coordinates vs
+    # parameters: close, not equal; the scored deployed model is the evaluated one, to float precision:
+    deployed = record["scored"]["deployed (its mask, global Φ)"]
+    assert math.exp(deployed["answer-nll"]) == pytest.approx(float(evaluated["ppl"]), rel=1e-4)
+    assert deployed["minus-deployed"] == [0.0, 0.0, 0.0]
+    off = record["scored"]["its mask, adapters off"]
+    assert off["answer-nll"] != pytest.approx(deployed["answer-nll"], rel=1e-6)  # Φ trained: switching it off moves it
+
+
+def test_a_run_without_its_checkpoint_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"method": "sftp"}))
+    with pytest.raises(SystemExit, match="checkpoint"):
+        main([str(tmp_path)])

@@ -1,0 +1,146 @@
+"""Why an SFT-P client deploys the mask it does: its gate probabilities under the run's final global Θ.
+
+For each client of a finished run: π = σ(h_Θ(e_k) + c) (Eq. 12) from the checkpoint's global Θ and the client's
+private e_k as its device saved it (`<state-dir>/<run key>/partition-<k>/round-<last>.pkl`, written by every
+Flower client of a run with `checkpoint-every` > 0), and how the budget rule (`deployed_gates`) cut it: the share
+of gates with π > 0.5 / 0.9 / 0.99, the lowest π kept and the highest π dropped. When the highest dropped π is
+near 1 the budget cut falls inside gates the generator holds fully open, so which of them are dropped is not
+something the training chose. `--score K` adds client K's answer NLL on its test questions (`--examples`) for the
+deployed model, the same mask with the adapters off, and the global Φ under each `--masks-from` run's mask for
+that client, each paired with the deployed model (nats, 95% bootstrap interval over questions).
+
+    python -m tools.sftp_deployed_gates outputs/grids/sftp-w300/20261128-140022-sftp-mixed-c-a \\
+        --score 3 --masks-from docs/runs/sftp/20261128-082656-sftp-p50-c-a --out <record.json>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord
+
+from fedprune_app.core.checkpoint import STATE_FILE, client_state_dir
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.runtime import quiet_libraries
+from fedprune_app.llm.evaluation import answer_scores
+from fedprune_app.llm.intervals import TokenScores
+from fedprune_app.methods.sftp.config import SFTPConfig
+from fedprune_app.methods.sftp.generator import MASK_NAMES, layer_masks, stacked_masks
+from fedprune_app.methods.sftp.routing import set_masks
+from tools.sftp_trajectory import make_client, message
+from tools.sftp_trajectory_compare import nll_difference
+
+
+def gate_stats(pi: np.ndarray, deployed: np.ndarray) -> dict[str, float]:
+    """Distribution of the gate probabilities `pi` and where the deployed 0/1 gates (same shape) cut it."""
+    kept, dropped = pi[deployed], pi[~deployed]
+    return {"mean-pi": float(pi.mean()), "above-0.5": float((pi > 0.5).mean()), "above-0.9": float((pi > 0.9).mean()),
+            "above-0.99": float((pi > 0.99).mean()), "kept-share": float(deployed.mean()),
+            "lowest-kept-pi": float(kept.min()) if kept.size else float("nan"),
+            "highest-dropped-pi": float(dropped.max()) if dropped.size else float("nan")}
+
+
+def load_run(run: Path) -> tuple[RunConfig, ArrayRecord, int, str]:
+    """The run's config and its last round's global arrays (Θ, Φ), round and run key from its checkpoint."""
+    cfg = RunConfig.from_flower(json.loads((run / "config.json").read_text()))
+    path = run / "checkpoint" / STATE_FILE
+    if not path.is_file():
+        raise SystemExit(f"{run} has no checkpoint/{STATE_FILE}: the run must have been written with "
+                         "checkpoint-every > 0 (its outputs/ directory, not the archived records)")
+    with open(path, "rb") as f:
+        state = pickle.load(f)  # noqa: S301 - the user's own run wrote it
+    if int(state["round"]) != cfg.num_server_rounds:
+        raise SystemExit(f"{run}'s checkpoint is of round {state['round']}, not the last ({cfg.num_server_rounds})")
+    arrays = ArrayRecord({k: Array(np.asarray(v)) for k, v in state["arrays"].items()})
+    return cfg, arrays, int(state["round"]), str(state["run-key"])
+
+
+def client_at_end(cfg: RunConfig, arrays: ArrayRecord, last: int, run_key: str, state_dir: str | None, k: int,
+                  partitions: int) -> tuple[Any, Any, Any, Any, torch.Tensor]:
+    """(client, model, tokenizer, generator, e_k) of client k with its saved private state after the last round."""
+    client = make_client(cfg, k, partitions)
+    saved = client_state_dir(state_dir, run_key, k) / f"round-{last}.pkl"
+    if not saved.is_file():
+        raise SystemExit(f"client {k}'s private state {saved} is missing (pass --state-dir where its device kept it)")
+    with open(saved, "rb") as f:
+        client.context.state = pickle.load(f)  # noqa: S301 - this client wrote it on this device
+    model, tokenizer, generator = client.load(message(arrays, last))
+    embedding = client.embedding()[0]
+    return client, model, tokenizer, generator, embedding
+
+
+def scores_of(model: Any, tokenizer: Any, rows: list[Any], masks: Any, seq_len: int) -> TokenScores:
+    """Per-question answer NLL of the routed model under `masks`."""
+    set_masks(model, masks)
+    try:
+        with torch.no_grad():
+            return answer_scores(model, tokenizer, rows, seq_len)
+    finally:
+        set_masks(model, None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a finished SFT-P run directory with checkpoint/ and masks.npz")
+    parser.add_argument("--state-dir", help="the clients' state-dir (default: the fedprune cache's client-state)")
+    parser.add_argument("--score", type=int, help="also score this client's deployed model and its variants")
+    parser.add_argument("--masks-from", type=Path, nargs="*", default=[], help="runs whose masks.npz to swap in")
+    parser.add_argument("--examples", type=int, default=30, help="test questions scored (default 30)")
+    parser.add_argument("--out", type=Path, help="write the record (JSON) here")
+    args = parser.parse_args(argv)
+    quiet_libraries()
+    start = time.perf_counter()
+    cfg, arrays, last, run_key = load_run(args.run)
+    torch.set_num_threads(max(1, cfg.torch_threads))
+    partitions = len(json.loads((args.run / "summary.json").read_text())["clients"])
+    bias = cfg.section(SFTPConfig).sftp_gate_bias
+    record: dict[str, Any] = {"command": "python -m tools.sftp_deployed_gates " + " ".join(sys.argv[1:] if argv is None
+                                                                                          else argv),
+                              "run": args.run.name, "round": last, "clients": {}}
+    for k in range(partitions):
+        client, model, tokenizer, generator, e = client_at_end(cfg, arrays, last, run_key, args.state_dir, k,
+                                                                     partitions)
+        with torch.no_grad():
+            pi = torch.sigmoid(generator(e).float() + bias).cpu().numpy()  # (layers, 4, d)
+            masks = client.own_masks(model, tokenizer, generator, e)
+        deployed = np.stack([stacked_masks(masks)[n].bool().cpu().numpy() for n in MASK_NAMES], 1)
+        stats = {"keep-target": client.keep_ratio, **gate_stats(pi, deployed)}
+        record["clients"][str(k)] = stats
+        print(f"client {k} (p {client.keep_ratio:g}): " + ", ".join(f"{key} {v:.3f}" for key, v in stats.items()
+                                                                     if key != "keep-target"), flush=True)
+        if args.score != k:
+            continue
+        rows = list(client.data.test[:args.examples])
+        base = scores_of(model, tokenizer, rows, masks, cfg.seq_len)
+        variants = {"deployed (its mask, global Φ)": base}
+        with model.disable_adapter():
+            variants["its mask, adapters off"] = scores_of(model, tokenizer, rows, masks, cfg.seq_len)
+        for other in args.masks_from:
+            npz = np.load(other / "masks.npz")
+            gates = torch.stack([torch.as_tensor(npz[f"client-{k}/{n}"]).float() for n in MASK_NAMES], 1)
+            variants[f"{other.name}'s mask, global Φ"] = scores_of(model, tokenizer, rows, layer_masks(gates),
+                                                                   cfg.seq_len)
+        scored = {}
+        for name, s in variants.items():
+            diff = nll_difference(s, base, 2000, 0)
+            scored[name] = {"answer-nll": s.mean_nll, "minus-deployed": list(diff), "questions": len(s.nll)}
+            print(f"  {name}: answer NLL {s.mean_nll:.3f}, − deployed {diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]",
+                  flush=True)
+        record["clients"][str(k)]["scored"] = scored
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
