@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
-    alone = {"all": list(range(args.partitions)), "none": []}.get(args.alone) \
-        or [int(v) for v in args.alone.split(",")]
+    alone = list(range(args.partitions)) if args.alone == "all" else [] if args.alone == "none" \
+        else [int(v) for v in args.alone.split(",")]
     start = time.perf_counter()
     given = sys.argv[1:] if argv is None else argv
 

@@ -146,3 +146,11 @@ def test_a_rescored_run_pairs_with_a_trajectory_record_of_its_seed(tmp_path: Pat
     (run / "config.json").write_text(json.dumps({"seed": 1, "client-data": "x", "num-server-rounds": 3}))
     with pytest.raises(ValueError, match="seed differ"):
         compare(load(run), alone, 0)
+
+
+def test_alone_none_parses_and_needs_the_federated_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.sftp_trajectory import main
+
+    with pytest.raises(SystemExit):  # 'none' is a choice, not a client list; alone with no clients is refused
+        main(["--alone", "none", "--no-federated"])
+    assert "--no-federated needs at least one --alone client" in capsys.readouterr().err
