@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -30,12 +31,11 @@ from flwr.app import Array, ArrayRecord
 from fedprune_app.core.checkpoint import STATE_FILE, client_state_dir
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.runtime import quiet_libraries
-from fedprune_app.llm.evaluation import answer_scores
-from fedprune_app.llm.intervals import TokenScores
 from fedprune_app.methods.sftp.config import SFTPConfig
-from fedprune_app.methods.sftp.generator import MASK_NAMES, layer_masks, stacked_masks
-from fedprune_app.methods.sftp.routing import set_masks
-from tools.sftp_trajectory import make_client, message
+from fedprune_app.methods.sftp.generator import MASK_NAMES, stacked_masks
+from fedprune_app.methods.sftp.routing import per_layer_masks
+from tools.grids.sftp.records import read_masks
+from tools.sftp_trajectory import make_client, masked_answer_scores, message
 from tools.sftp_trajectory_compare import nll_difference
 
 
@@ -77,16 +77,6 @@ def client_at_end(cfg: RunConfig, arrays: ArrayRecord, last: int, run_key: str, 
     return client, model, tokenizer, generator, embedding
 
 
-def scores_of(model: Any, tokenizer: Any, rows: list[Any], masks: Any, seq_len: int) -> TokenScores:
-    """Per-question answer NLL of the routed model under `masks`."""
-    set_masks(model, masks)
-    try:
-        with torch.no_grad():
-            return answer_scores(model, tokenizer, rows, seq_len)
-    finally:
-        set_masks(model, None)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a finished SFT-P run directory with checkpoint/ and masks.npz")
@@ -102,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, cfg.torch_threads))
     partitions = len(json.loads((args.run / "summary.json").read_text())["clients"])
     bias = cfg.section(SFTPConfig).sftp_gate_bias
-    record: dict[str, Any] = {"command": "python -m tools.sftp_deployed_gates " + " ".join(sys.argv[1:] if argv is None
-                                                                                          else argv),
+    given = sys.argv[1:] if argv is None else argv
+    record: dict[str, Any] = {"command": "python -m tools.sftp_deployed_gates " + shlex.join(given),
                               "run": args.run.name, "round": last, "clients": {}}
     for k in range(partitions):
         client, model, tokenizer, generator, e = client_at_end(cfg, arrays, last, run_key, args.state_dir, k,
@@ -119,15 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.score != k:
             continue
         rows = list(client.data.test[:args.examples])
-        base = scores_of(model, tokenizer, rows, masks, cfg.seq_len)
+        base = masked_answer_scores(model, tokenizer, rows, masks, cfg.seq_len)
         variants = {"deployed (its mask, global Φ)": base}
         with model.disable_adapter():
-            variants["its mask, adapters off"] = scores_of(model, tokenizer, rows, masks, cfg.seq_len)
+            variants["its mask, adapters off"] = masked_answer_scores(model, tokenizer, rows, masks, cfg.seq_len)
         for other in args.masks_from:
-            npz = np.load(other / "masks.npz")
-            gates = torch.stack([torch.as_tensor(npz[f"client-{k}/{n}"]).float() for n in MASK_NAMES], 1)
-            variants[f"{other.name}'s mask, global Φ"] = scores_of(model, tokenizer, rows, layer_masks(gates),
-                                                                   cfg.seq_len)
+            theirs = per_layer_masks({n: m.astype(np.float32) for n, m in read_masks(other)[k].items()})
+            variants[f"{other.name}'s mask, global Φ"] = masked_answer_scores(model, tokenizer, rows, theirs,
+                                                                              cfg.seq_len)
         scored = {}
         for name, s in variants.items():
             diff = nll_difference(s, base, 2000, 0)

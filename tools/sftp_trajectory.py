@@ -39,6 +39,7 @@ from fedprune_app.core.protocol import flat_metrics, numpy_state
 from fedprune_app.core.runtime import quiet_libraries
 from fedprune_app.llm.data import Example, unused_tail
 from fedprune_app.llm.evaluation import answer_scores
+from fedprune_app.llm.intervals import TokenScores
 from fedprune_app.llm.models import model_device
 from fedprune_app.methods.sftp.generator import GENERATOR_PREFIX, model_kept_ratios
 from fedprune_app.methods.sftp.routing import set_masks
@@ -71,6 +72,17 @@ def scored_questions(client: SFTPClient, examples: int, unused: int) -> list[Exa
     return list(client.data.test[:examples]) + tail
 
 
+def masked_answer_scores(model: Any, tokenizer: Any, rows: list[Example], masks: Any, seq_len: int) -> TokenScores:
+    """Per-question answer NLL and token counts of the routed model under `masks` (None = dense), masks cleared
+    after."""
+    set_masks(model, masks)
+    try:
+        with torch.no_grad():
+            return answer_scores(model, tokenizer, rows, seq_len)
+    finally:
+        set_masks(model, None)
+
+
 def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, rows: list[Example]) -> dict[str, Any]:
     """Answer NLL and kept ratio of the client's deployed model (dense at round 0) on `rows`, each question's summed
     answer NLL and token count (`example-nll`, `example-tokens`) and the questions' digest: two records scored on
@@ -78,12 +90,7 @@ def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, rows: l
     model, tokenizer, generator = client.load(message(arrays, server_round))
     masks = None if server_round == 0 else client.own_masks(model, tokenizer, generator,
                                                                   client.embedding(model_device(model))[0])
-    set_masks(model, masks)
-    try:
-        with torch.no_grad():
-            scores = answer_scores(model, tokenizer, rows, client.cfg.seq_len)
-    finally:
-        set_masks(model, None)
+    scores = masked_answer_scores(model, tokenizer, rows, masks, client.cfg.seq_len)
     return {"answer-nll": scores.mean_nll, "questions": question_digest(rows),
             "kept": model_kept_ratios(model, masks)["kept-ratio-prunable"],
             "example-nll": [round(float(v), 5) for v in scores.nll], "example-tokens": scores.tokens.tolist()}

@@ -45,8 +45,11 @@ def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path
     saved.mkdir(parents=True)
     with open(saved / "round-1.pkl", "wb") as f:
         pickle.dump(client.context.state, f)
+    final = client.evaluate(message(arrays, 1))["masks"]  # the mask the run saved for this client: swapped back in,
+    np.savez(run / "masks.npz", **{f"client-0/{n}": np.asarray(a.numpy()) for n, a in final.items()})  # it is the same
     out = tmp_path / "gates.json"
-    main([str(run), "--state-dir", str(tmp_path / "state"), "--score", "0", "--examples", "4", "--out", str(out)])
+    main([str(run), "--state-dir", str(tmp_path / "state"), "--score", "0", "--examples", "4", "--masks-from",
+          str(run), "--out", str(out)])
     record = json.loads(out.read_text())["clients"]["0"]
     assert record["keep-target"] == 0.5
     assert record["kept-share"] == pytest.approx(float(evaluated["kept-ratio-prunable"]), abs=0.15)  # coordinates vs
@@ -54,6 +57,7 @@ def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path
     deployed = record["scored"]["deployed (its mask, global Φ)"]
     assert math.exp(deployed["answer-nll"]) == pytest.approx(float(evaluated["ppl"]), rel=1e-4)
     assert deployed["minus-deployed"] == [0.0, 0.0, 0.0]
+    assert record["scored"]["run's mask, global Φ"]["minus-deployed"] == pytest.approx([0.0, 0.0, 0.0], abs=1e-9)
     off = record["scored"]["its mask, adapters off"]
     assert off["answer-nll"] != pytest.approx(deployed["answer-nll"], rel=1e-6)  # Φ trained: switching it off moves it
 
