@@ -71,7 +71,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     AdamW steps Φ alone on L_CLM; Θ and e_k do not move (the penalty of the fixed mask is reported, not trained).
 
     AdamW lr `sftp-generator-lr`, wd `sftp-generator-weight-decay` for Θ and e_k (constant; e_k's lr times
-    `sftp-embed-lr-scale`, 1 = the paper's one rate); LoRA lr
+    `sftp-embed-lr-scale`, 1 = the paper's one rate, and its wd `sftp-embed-weight-decay`); LoRA lr
     `sftp-lora-lr` cosine-annealed over all rounds' steps (step (round−1)·E + t of R·E), wd `weight-decay`.
     `embedding_state` holds e_k's AdamW moments/step ({} at first) and is updated in place.
     """
@@ -83,7 +83,8 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
         raise ValueError("a recovery round (fixed masks) trains Φ only: it needs adapters (sftp-adapters)")
     groups: list[dict[str, Any]] = [] if recovery else [{"params": list(generator.parameters())}]
     if embedding is not None and not recovery:
-        groups.append({"params": [embedding], "lr": sftp_cfg.sftp_embed_lr_scale * sftp_cfg.sftp_generator_lr})
+        groups.append({"params": [embedding], "lr": sftp_cfg.sftp_embed_lr_scale * sftp_cfg.sftp_generator_lr,
+                       "weight_decay": sftp_cfg.sftp_embed_weight_decay})
     if lora:
         groups.append({"params": lora, "lr": sftp_cfg.sftp_lora_lr, "weight_decay": cfg.weight_decay})
     opt = torch.optim.AdamW(groups, lr=sftp_cfg.sftp_generator_lr,

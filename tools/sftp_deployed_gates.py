@@ -1,13 +1,15 @@
 """Why an SFT-P client deploys the mask it does: its gate probabilities under the run's final global Θ.
 
-For each client of a finished run: π = σ(h_Θ(e_k) + c) (Eq. 12) from the checkpoint's global Θ and the client's
-private e_k as its device saved it (`<state-dir>/<run key>/partition-<k>/round-<last>.pkl`, written by every
-Flower client of a run with `checkpoint-every` > 0), and how the budget rule (`deployed_gates`) cut it: the share
-of gates with π > 0.5 / 0.9 / 0.99, the lowest π kept and the highest π dropped. When the highest dropped π is
-near 1 the budget cut falls inside gates the generator holds fully open, so which of them are dropped is not
-something the training chose. `--score K` adds client K's answer NLL on its test questions (`--examples`) for the
-deployed model, the same mask with the adapters off, and the global Φ under each `--masks-from` run's mask for
-that client, each paired with the deployed model (nats, 95% bootstrap interval over questions).
+For each client of a finished run (`--partial`: of the round a stopped or running run's checkpoint holds):
+π = σ(h_Θ(e_k) + c) (Eq. 12) from the checkpoint's global Θ and the client's private e_k as its device saved it
+(`<state-dir>/<run key>/partition-<k>/round-<last>.pkl`, written by every Flower client of a run with
+`checkpoint-every` > 0), and how the budget rule (`deployed_gates`) cut it: the share of gates with π > 0.5 / 0.9 /
+0.99, the lowest π kept and the highest π dropped. When the highest dropped π is near 1 the budget cut falls inside
+gates the generator holds fully open, so which of them are dropped is not something the training chose. Also |e_k|
+and the clients' pairwise distances |e_i − e_j| (none under NOC). `--score K` adds client K's answer NLL on its
+test questions (`--examples`) for the deployed model, the same mask with the adapters off, and the global Φ under
+each `--masks-from` run's mask for that client, each paired with the deployed model (nats, 95% bootstrap interval
+over questions).
 
     python -m tools.sftp_deployed_gates outputs/grids/sftp-w300/20261128-140022-sftp-mixed-c-a \\
         --score 3 --masks-from docs/runs/sftp/20261128-082656-sftp-p50-c-a --out <record.json>
@@ -48,8 +50,9 @@ def gate_stats(pi: np.ndarray, deployed: np.ndarray) -> dict[str, float]:
             "highest-dropped-pi": float(dropped.max()) if dropped.size else float("nan")}
 
 
-def load_run(run: Path) -> tuple[RunConfig, ArrayRecord, int, str]:
-    """The run's config and its last round's global arrays (Θ, Φ), round and run key from its checkpoint."""
+def load_run(run: Path, partial: bool = False) -> tuple[RunConfig, ArrayRecord, int, str]:
+    """The run's config and its last round's global arrays (Θ, Φ), round and run key from its checkpoint; with
+    `partial`, the round the checkpoint holds (a run still going or stopped early)."""
     cfg = RunConfig.from_flower(json.loads((run / "config.json").read_text()))
     path = run / "checkpoint" / STATE_FILE
     if not path.is_file():
@@ -57,10 +60,18 @@ def load_run(run: Path) -> tuple[RunConfig, ArrayRecord, int, str]:
                          "checkpoint-every > 0 (its outputs/ directory, not the archived records)")
     with open(path, "rb") as f:
         state = pickle.load(f)  # noqa: S301 - the user's own run wrote it
-    if int(state["round"]) != cfg.num_server_rounds:
+    if int(state["round"]) != cfg.num_server_rounds and not partial:
         raise SystemExit(f"{run}'s checkpoint is of round {state['round']}, not the last ({cfg.num_server_rounds})")
     arrays = ArrayRecord({k: Array(np.asarray(v)) for k, v in state["arrays"].items()})
     return cfg, arrays, int(state["round"]), str(state["run-key"])
+
+
+def count_partitions(run: Path, run_key: str, state_dir: str | None) -> int:
+    """The run's clients: from its summary.json when finished, else the partitions whose private state was saved."""
+    summary = run / "summary.json"
+    if summary.is_file():
+        return len(json.loads(summary.read_text())["clients"])
+    return len(list(client_state_dir(state_dir, run_key, 0).parent.glob("partition-*")))
 
 
 def client_at_end(cfg: RunConfig, arrays: ArrayRecord, last: int, run_key: str, state_dir: str | None, k: int,
@@ -80,6 +91,8 @@ def client_at_end(cfg: RunConfig, arrays: ArrayRecord, last: int, run_key: str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a finished SFT-P run directory with checkpoint/ and masks.npz")
+    parser.add_argument("--partial", action="store_true",
+                        help="read the round the checkpoint holds (a run still going or stopped early)")
     parser.add_argument("--state-dir", help="the clients' state-dir (default: the fedprune cache's client-state)")
     parser.add_argument("--score", type=int, help="also score this client's deployed model and its variants")
     parser.add_argument("--masks-from", type=Path, nargs="*", default=[], help="runs whose masks.npz to swap in")
@@ -88,13 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_libraries()
     start = time.perf_counter()
-    cfg, arrays, last, run_key = load_run(args.run)
+    cfg, arrays, last, run_key = load_run(args.run, args.partial)
     torch.set_num_threads(max(1, cfg.torch_threads))
-    partitions = len(json.loads((args.run / "summary.json").read_text())["clients"])
+    partitions = count_partitions(args.run, run_key, args.state_dir)
     bias = cfg.section(SFTPConfig).sftp_gate_bias
     given = sys.argv[1:] if argv is None else argv
     record: dict[str, Any] = {"command": "python -m tools.sftp_deployed_gates " + shlex.join(given),
                               "run": args.run.name, "round": last, "clients": {}}
+    embeddings: list[torch.Tensor] = []
     for k in range(partitions):
         client, model, tokenizer, generator, e = client_at_end(cfg, arrays, last, run_key, args.state_dir, k,
                                                                      partitions)
@@ -102,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
             pi = torch.sigmoid(generator(e).float() + bias).cpu().numpy()  # (layers, 4, d)
             masks = client.own_masks(model, tokenizer, generator, e)
         deployed = np.stack([stacked_masks(masks)[n].bool().cpu().numpy() for n in MASK_NAMES], 1)
-        stats = {"keep-target": client.keep_ratio, **gate_stats(pi, deployed)}
+        if e is not None:  # NOC has no e_k
+            embeddings.append(e.detach().float().cpu())
+        stats = {"keep-target": client.keep_ratio,
+                 "embedding-norm": float(e.norm()) if e is not None else float("nan"), **gate_stats(pi, deployed)}
         record["clients"][str(k)] = stats
         print(f"client {k} (p {client.keep_ratio:g}): " + ", ".join(f"{key} {v:.3f}" for key, v in stats.items()
                                                                      if key != "keep-target"), flush=True)
@@ -124,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name}: answer NLL {s.mean_nll:.3f}, − deployed {diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]",
                   flush=True)
         record["clients"][str(k)]["scored"] = scored
+    if embeddings:
+        stacked = torch.stack(embeddings)
+        record["embedding-distances"] = torch.cdist(stacked, stacked).round(decimals=3).tolist()
+        print("|e_i − e_j|: " + "; ".join(" ".join(f"{d:.2f}" for d in row) for row in record["embedding-distances"]))
     record["seconds"] = round(time.perf_counter() - start, 1)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ import json
 import math
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,22 +30,31 @@ def test_gate_stats_by_brute_force() -> None:
     assert stats["lowest-kept-pi"] == pytest.approx(0.6) and stats["highest-dropped-pi"] == pytest.approx(0.95)
 
 
-def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path: Path) -> None:
-    cfg = small_config(tiny_model_dir, method="sftp", num_server_rounds=1, local_steps=2, sftp_keep_ratios="0.5",
-                       test_examples=4)
+def _one_round_run(tiny_model_dir: Path, tmp_path: Path, rounds: int) -> tuple[Path, Any, Any, Any]:
+    """(run directory, client, global arrays, cfg) of a 1-client SFT-P run stopped after round 1 of `rounds`, as
+    the app leaves it on disk: config.json, checkpoint/state.pkl, the client's saved private state (and
+    summary.json only when round 1 is the last)."""
+    cfg = small_config(tiny_model_dir, method="sftp", num_server_rounds=rounds, local_steps=2,
+                       sftp_keep_ratios="0.5", test_examples=4)
     server, client = SFTPStrategy(cfg), make_client(cfg, 0, 1)
     arrays = server.aggregate(1, [client.train(message(server.initial_arrays(), 1))])
-    evaluated = flat_metrics(client.evaluate(message(arrays, 1)))  # what the run recorded for this client
     run = tmp_path / "run"
     (run / "checkpoint").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(cfg.to_dict()))
-    (run / "summary.json").write_text(json.dumps({"clients": [{"client": 0}]}))
+    if rounds == 1:
+        (run / "summary.json").write_text(json.dumps({"clients": [{"client": 0}]}))
     with open(run / "checkpoint" / "state.pkl", "wb") as f:
         pickle.dump({"round": 1, "run-key": "k", "arrays": numpy_state(arrays), "strategy": {}}, f)
     saved = client_state_dir(str(tmp_path / "state"), "k", 0)
     saved.mkdir(parents=True)
     with open(saved / "round-1.pkl", "wb") as f:
         pickle.dump(client.context.state, f)
+    return run, client, arrays, cfg
+
+
+def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    run, client, arrays, _ = _one_round_run(tiny_model_dir, tmp_path, rounds=1)
+    evaluated = flat_metrics(client.evaluate(message(arrays, 1)))  # what the run recorded for this client
     final = client.evaluate(message(arrays, 1))["masks"]  # the mask the run saved for this client: swapped back in,
     np.savez(run / "masks.npz", **{f"client-0/{n}": np.asarray(a.numpy()) for n, a in final.items()})  # it is the same
     out = tmp_path / "gates.json"
@@ -52,6 +62,7 @@ def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path
           str(run), "--out", str(out)])
     record = json.loads(out.read_text())["clients"]["0"]
     assert record["keep-target"] == 0.5
+    assert record["embedding-norm"] == pytest.approx(float(client.embedding()[0].norm()), rel=1e-6)  # the saved e_k
     assert record["kept-share"] == pytest.approx(float(evaluated["kept-ratio-prunable"]), abs=0.15)  # coordinates vs
     # parameters: close, not equal; the scored deployed model is the evaluated one, to float precision:
     deployed = record["scored"]["deployed (its mask, global Φ)"]
@@ -60,6 +71,20 @@ def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path
     assert record["scored"]["run's mask, global Φ"]["minus-deployed"] == pytest.approx([0.0, 0.0, 0.0], abs=1e-9)
     off = record["scored"]["its mask, adapters off"]
     assert off["answer-nll"] != pytest.approx(deployed["answer-nll"], rel=1e-6)  # Φ trained: switching it off moves it
+
+
+def test_partial_reads_a_stopped_run_at_its_checkpoint_round(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A run stopped after round 1 of 2 (no summary.json) is refused by default; `--partial` reads round 1, counts
+    the clients from their saved state, and records e_k's norm and the pairwise distances (one client: [[0]])."""
+    run, client, _, _ = _one_round_run(tiny_model_dir, tmp_path, rounds=2)
+    with pytest.raises(SystemExit, match="not the last"):
+        main([str(run), "--state-dir", str(tmp_path / "state")])
+    out = tmp_path / "gates.json"
+    main([str(run), "--state-dir", str(tmp_path / "state"), "--partial", "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert record["round"] == 1 and list(record["clients"]) == ["0"]
+    assert record["clients"]["0"]["embedding-norm"] == pytest.approx(float(client.embedding()[0].norm()), rel=1e-6)
+    assert record["embedding-distances"] == [[0.0]]
 
 
 def test_a_run_without_its_checkpoint_is_refused_by_name(tmp_path: Path) -> None:

@@ -82,7 +82,14 @@ class SFTPConfig(ConfigSection):
     sftp_generator_lr: float = key(
         1e-3, "SFT-P AdamW learning rate of the generator and e_k (no schedule).", minimum=0.0
     )
-    sftp_generator_weight_decay: float = key(0.05, "SFT-P AdamW weight decay of the generator and e_k.", minimum=0.0)
+    sftp_generator_weight_decay: float = key(0.05, "SFT-P AdamW weight decay of the generator Θ.", minimum=0.0)
+    sftp_embed_weight_decay: float = key(
+        0.05,
+        "SFT-P AdamW weight decay of the private embedding e_k. Table 4 lists 'Weight decay 0.05 (mask generator)' "
+        "and the learning rate 'for (Θ, e_k)': whether e_k decays is open; 0.05 (e_k decays with Θ) is how every "
+        "recorded run trained; 0 keeps e_k's spread (docs/methods/sftp.md, \"Mixed budgets\").",
+        minimum=0.0,
+    )
     sftp_lora_lr: float = key(
         2e-5, "SFT-P LoRA learning rate (cosine-annealed over all rounds' local steps).", minimum=0.0
     )

@@ -199,6 +199,29 @@ def test_embed_lr_scale_moves_e_k_at_its_own_rate(tiny_model_dir: Path) -> None:
         assert same.float().mean() > 0.99, same.float().mean()
 
 
+def test_embed_weight_decay_decays_e_k_alone(tiny_model_dir: Path) -> None:
+    """`sftp-embed-weight-decay` is e_k's decoupled AdamW decay: one step from the same start (same batch, gates and
+    gradient) moves e_k by the same Adam update plus −lr·wd·e_k^(0), so the two runs differ by exactly that
+    (a reference computation, not the optimiser's), and Θ's step is the same with either value."""
+    lr, runs = 1e-2, {}
+    for wd in (0.0, 0.5):
+        cfg = sftp_config(tiny_model_dir, sftp_generator_lr=lr, local_steps=1, batch_size=1, seq_len=16,
+                          sftp_embed_weight_decay=wd)
+        client = make_client(cfg)
+        model, tokenizer = routed_model_for(cfg)
+        generator = generator_for(cfg, model.config, seed=0)
+        embedding, state = client.embedding()
+        start = embedding.detach().clone()
+        local_training(model, tokenizer, generator, embedding, state, client.data.train, cfg, 0.5, 0, 1)
+        theta = torch.cat([p.detach().flatten() for p in generator.parameters()])
+        runs[wd] = (start, embedding.detach().clone(), theta)
+    (start, no_decay, theta0), (start_b, decayed, theta1) = runs[0.0], runs[0.5]
+    torch.testing.assert_close(start, start_b)
+    assert start.abs().max() > 0.1  # e_k^(0) ~ N(0, 1): the decay term is visible
+    torch.testing.assert_close(decayed - no_decay, -lr * 0.5 * start, rtol=1e-3, atol=1e-6)
+    assert torch.isclose(theta0, theta1, rtol=1e-4, atol=1e-7).float().mean() > 0.99
+
+
 def _eq13_by_hand(model: torch.nn.Module, masks: list[dict[str, torch.Tensor]], batch: dict[str, torch.Tensor],
                   keep_ratio: float) -> tuple[float, float]:
     """(CLM, R) of one step computed here, not by the code under test: CLM = mean next-token cross-entropy of the
