@@ -1,7 +1,8 @@
 """The SFT-P grid's cells: presets × budgets × variants, each run once whatever groups read it.
 
 Each budget runs on its own SFT-P schedule (`SFTP_PRESETS`: keep 0.8 = `conf/sftp.toml`, 6 × 25 steps; keep 0.5
-and the mixed budgets = `conf/sftp-50.toml`, 12 × 50 steps), and every baseline (fedflap, LLM-Pruner (FL),
+= `conf/sftp-50.toml` and the mixed budgets = `conf/sftp-mixed.toml`, 12 × 50 steps, the latter without the budget
+warm-up), and every baseline (fedflap, LLM-Pruner (FL),
 SliceGPT (FL)) gets the same recovery: one statistics round, then as many rounds × local steps of LoRA as SFT-P
 trains, at SFT-P's LoRA learning rate (`baseline_schedule`). So every row of Table 1 has seen the same data and
 steps.
@@ -17,7 +18,7 @@ from typing import Any
 from tools.grids import Cell, plan, replicate, seeds_of, selected_groups
 
 PRESETS = {"fedflap": "conf/fedflap.toml", "llmpruner": "conf/llmpruner.toml", "slicegpt": "conf/slicegpt.toml"}
-SFTP_PRESETS = {0.8: "conf/sftp.toml", 0.5: "conf/sftp-50.toml", "mixed": "conf/sftp-50.toml"}
+SFTP_PRESETS = {0.8: "conf/sftp.toml", 0.5: "conf/sftp-50.toml", "mixed": "conf/sftp-mixed.toml"}
 BASELINES = {"fedflap": "fedflap", "llmpruner": "LLM-Pruner (FL)", "slicegpt": "SliceGPT (FL)"}  # method: label
 KEEP_KEYS = {"fedflap": "sftp-keep-ratios", "llmpruner": "llmpruner-keep-ratio", "slicegpt": "slicegpt-keep-ratio"}
 VARIANTS = {"noc-noa": ("NOC/NOA", False, False), "noc-a": ("NOC/+A", False, True),
