@@ -87,7 +87,8 @@ class SFTPConfig(ConfigSection):
         0.05,
         "SFT-P AdamW weight decay of the private embedding e_k. Table 4 lists 'Weight decay 0.05 (mask generator)' "
         "and the learning rate 'for (Θ, e_k)': whether e_k decays is open; 0.05 (e_k decays with Θ) is how every "
-        "recorded run trained; 0 keeps e_k's spread (docs/methods/sftp.md, \"Mixed budgets\").",
+        "recorded run trained; 0 did not change the mixed-budget failure (docs/methods/sftp.md, \"Giving e_k more "
+        "room\").",
         minimum=0.0,
     )
     sftp_lora_lr: float = key(
