@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         if e is not None:  # NOC has no e_k
             embeddings.append(e.detach().float().cpu())
         stats = {"keep-target": client.keep_ratio,
-                 "embedding-norm": float(e.norm()) if e is not None else float("nan"), **gate_stats(pi, deployed)}
+                 "embedding-norm": float(embeddings[-1].norm()) if e is not None else float("nan"),
+                 **gate_stats(pi, deployed)}
         record["clients"][str(k)] = stats
         print(f"client {k} (p {client.keep_ratio:g}): " + ", ".join(f"{key} {v:.3f}" for key, v in stats.items()
                                                                      if key != "keep-target"), flush=True)

@@ -30,8 +30,8 @@ def test_gate_stats_by_brute_force() -> None:
     assert stats["lowest-kept-pi"] == pytest.approx(0.6) and stats["highest-dropped-pi"] == pytest.approx(0.95)
 
 
-def _one_round_run(tiny_model_dir: Path, tmp_path: Path, rounds: int) -> tuple[Path, Any, Any, Any]:
-    """(run directory, client, global arrays, cfg) of a 1-client SFT-P run stopped after round 1 of `rounds`, as
+def _one_round_run(tiny_model_dir: Path, tmp_path: Path, rounds: int) -> tuple[Path, Any, Any]:
+    """(run directory, client, global arrays) of a 1-client SFT-P run stopped after round 1 of `rounds`, as
     the app leaves it on disk: config.json, checkpoint/state.pkl, the client's saved private state (and
     summary.json only when round 1 is the last)."""
     cfg = small_config(tiny_model_dir, method="sftp", num_server_rounds=rounds, local_steps=2,
@@ -49,11 +49,11 @@ def _one_round_run(tiny_model_dir: Path, tmp_path: Path, rounds: int) -> tuple[P
     saved.mkdir(parents=True)
     with open(saved / "round-1.pkl", "wb") as f:
         pickle.dump(client.context.state, f)
-    return run, client, arrays, cfg
+    return run, client, arrays
 
 
 def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path: Path) -> None:
-    run, client, arrays, _ = _one_round_run(tiny_model_dir, tmp_path, rounds=1)
+    run, client, arrays = _one_round_run(tiny_model_dir, tmp_path, rounds=1)
     evaluated = flat_metrics(client.evaluate(message(arrays, 1)))  # what the run recorded for this client
     final = client.evaluate(message(arrays, 1))["masks"]  # the mask the run saved for this client: swapped back in,
     np.savez(run / "masks.npz", **{f"client-0/{n}": np.asarray(a.numpy()) for n, a in final.items()})  # it is the same
@@ -76,7 +76,7 @@ def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path
 def test_partial_reads_a_stopped_run_at_its_checkpoint_round(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A run stopped after round 1 of 2 (no summary.json) is refused by default; `--partial` reads round 1, counts
     the clients from their saved state, and records e_k's norm and the pairwise distances (one client: [[0]])."""
-    run, client, _, _ = _one_round_run(tiny_model_dir, tmp_path, rounds=2)
+    run, client, _ = _one_round_run(tiny_model_dir, tmp_path, rounds=2)
     with pytest.raises(SystemExit, match="not the last"):
         main([str(run), "--state-dir", str(tmp_path / "state")])
     out = tmp_path / "gates.json"

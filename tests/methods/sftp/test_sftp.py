@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -173,23 +174,29 @@ def test_local_training_moves_the_kept_ratio_to_the_budget(tiny_model_dir: Path)
     assert all(layer.routing_masks is None for layer in model.base_model.model.model.layers)  # left dense
 
 
+def _one_local_step(tiny_model_dir: Path, **overrides: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(e_k before, e_k after, Θ's move) of one local step from the seeded start (same batch, gates and gradient
+    whatever `overrides` change), at generator lr 1e-2."""
+    cfg = sftp_config(tiny_model_dir, sftp_generator_lr=1e-2, local_steps=1, batch_size=1, seq_len=16, **overrides)
+    client = make_client(cfg)
+    model, tokenizer = routed_model_for(cfg)
+    generator = generator_for(cfg, model.config, seed=0)
+    theta = torch.cat([p.detach().clone().flatten() for p in generator.parameters()])
+    embedding, state = client.embedding()
+    start = embedding.detach().clone()
+    local_training(model, tokenizer, generator, embedding, state, client.data.train, cfg, 0.5, 0, 1)
+    moved = torch.cat([p.detach().flatten() for p in generator.parameters()]) - theta
+    return start, embedding.detach().clone(), moved
+
+
 def test_embed_lr_scale_moves_e_k_at_its_own_rate(tiny_model_dir: Path) -> None:
     """`sftp-embed-lr-scale` = e_k's AdamW lr / Θ's. One step from the same start (same batch, gates, gradient): AdamW's
     first step is lr·(g/(|g|+eps) + wd·p), so e_k's step scales with the factor while Θ's step does not; at 0 e_k
     stays put."""
     steps: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
     for scale in (1.0, 0.25, 0.0):
-        cfg = sftp_config(tiny_model_dir, sftp_generator_lr=1e-2, local_steps=1, batch_size=1, seq_len=16,
-                          sftp_embed_lr_scale=scale)
-        client = make_client(cfg)
-        model, tokenizer = routed_model_for(cfg)
-        generator = generator_for(cfg, model.config, seed=0)
-        theta = torch.cat([p.detach().clone().flatten() for p in generator.parameters()])
-        embedding, state = client.embedding()
-        start = embedding.detach().clone()
-        local_training(model, tokenizer, generator, embedding, state, client.data.train, cfg, 0.5, 0, 1)
-        moved = torch.cat([p.detach().flatten() for p in generator.parameters()]) - theta
-        steps[scale] = (embedding.detach() - start, moved)
+        start, end, moved = _one_local_step(tiny_model_dir, sftp_embed_lr_scale=scale)
+        steps[scale] = (end - start, moved)
     full, quarter, frozen = steps[1.0], steps[0.25], steps[0.0]
     assert full[0].abs().max() > 1e-3
     torch.testing.assert_close(quarter[0], 0.25 * full[0], rtol=1e-4, atol=1e-7)
@@ -203,22 +210,11 @@ def test_embed_weight_decay_decays_e_k_alone(tiny_model_dir: Path) -> None:
     """`sftp-embed-weight-decay` is e_k's decoupled AdamW decay: one step from the same start (same batch, gates and
     gradient) moves e_k by the same Adam update plus −lr·wd·e_k^(0), so the two runs differ by exactly that
     (a reference computation, not the optimiser's), and Θ's step is the same with either value."""
-    lr, runs = 1e-2, {}
-    for wd in (0.0, 0.5):
-        cfg = sftp_config(tiny_model_dir, sftp_generator_lr=lr, local_steps=1, batch_size=1, seq_len=16,
-                          sftp_embed_weight_decay=wd)
-        client = make_client(cfg)
-        model, tokenizer = routed_model_for(cfg)
-        generator = generator_for(cfg, model.config, seed=0)
-        embedding, state = client.embedding()
-        start = embedding.detach().clone()
-        local_training(model, tokenizer, generator, embedding, state, client.data.train, cfg, 0.5, 0, 1)
-        theta = torch.cat([p.detach().flatten() for p in generator.parameters()])
-        runs[wd] = (start, embedding.detach().clone(), theta)
-    (start, no_decay, theta0), (start_b, decayed, theta1) = runs[0.0], runs[0.5]
+    start, no_decay, theta0 = _one_local_step(tiny_model_dir, sftp_embed_weight_decay=0.0)
+    start_b, decayed, theta1 = _one_local_step(tiny_model_dir, sftp_embed_weight_decay=0.5)
     torch.testing.assert_close(start, start_b)
     assert start.abs().max() > 0.1  # e_k^(0) ~ N(0, 1): the decay term is visible
-    torch.testing.assert_close(decayed - no_decay, -lr * 0.5 * start, rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(decayed - no_decay, -1e-2 * 0.5 * start, rtol=1e-3, atol=1e-6)
     assert torch.isclose(theta0, theta1, rtol=1e-4, atol=1e-7).float().mean() > 0.99
 
 
