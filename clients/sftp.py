@@ -31,6 +31,7 @@ from fedprune_app.methods.sftp.generator import (
     deployed_gates,
     get_generator_state,
     held_open,
+    highest_keep_ratio,
     hold_open,
     initial_embedding,
     keep_ratio_of,
@@ -61,9 +62,10 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
                    embedding_state: dict[str, Tensor], examples: list[Example], cfg: RunConfig, keep_ratio: float,
                    seed: int, server_round: int, fixed_masks: list[LayerMasks] | None = None) -> LocalReport:
     """Alg. 1's inner loop: per step, g = ReinMax gates of h_Θ(e_k) (Eq. 10–12), L = CLM + λ·R(T(g), p·T_total)
-    (Eq. 13–14, `sftp_objective`; p ramped from 1 over the first `sftp-budget-warmup-steps` global steps,
-    `ramped_keep_ratio`, not in the paper, default off), one AdamW step on (Θ, e_k, Φ) with the gradient clipped
-    jointly to `max-grad-norm`. Gates held open by `sftp-hold-open` read 1 in every sampled mask (`hold_open`).
+    (Eq. 13–14, `sftp_objective`; p ramped over the first `sftp-budget-warmup-steps` global steps from 1 or, with
+    `sftp-budget-warmup-start` 'gap', from 1 − (p_max − p), `ramped_keep_ratio`, not in the paper, default off),
+    one AdamW step on (Θ, e_k, Φ) with the gradient clipped jointly to `max-grad-norm`. Gates held open by
+    `sftp-hold-open` read 1 in every sampled mask (`hold_open`).
 
     LoRA dropout is seeded by `seed` too, so a client's round is the same whatever ran before it in the process.
 
@@ -97,6 +99,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
     gate_rng = torch.Generator().manual_seed(seed)  # CPU: the same gates for a seed on any device
     device = model_device(model)
     held = held_open(cfg, model, tokenizer)
+    highest = highest_keep_ratio(cfg)
     set_masks(model, None)  # the packing probe runs the dense model
     packed = packed_training(model, tokenizer, cfg)
     report, start = LocalReport(), time.perf_counter()
@@ -113,7 +116,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
                 hold_open(reinmax_binary(generator(embedding), tau, bias, gate_rng), held))
             set_masks(model, masks)
             clm = model(**to_device(batch, device)).loss
-            target = ramped_keep_ratio(keep_ratio, step, sftp_cfg.sftp_budget_warmup_steps)
+            target = ramped_keep_ratio(keep_ratio, step, sftp_cfg.sftp_budget_warmup_steps, highest)
             loss, penalty = sftp_objective(clm, kept_parameters(config, masks), target, total, lam)
             if recovery:
                 loss = clm  # the fixed mask's penalty is a constant: reported, not trained

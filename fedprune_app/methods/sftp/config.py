@@ -109,6 +109,14 @@ class SFTPConfig(ConfigSection):
         "most (num-server-rounds - sftp-recovery-rounds) x local-steps.",
         minimum=0,
     )
+    sftp_budget_warmup_start: str = key(
+        "one",
+        "SFT-P, with sftp-budget-warmup-steps > 0: where each client's ramped target starts. 'one': at 1, so "
+        "clients of different budgets p_k start level and part only as the ramp goes; 'gap': at "
+        "1 - (max_j p_j - p_k), i.e. every target is shifted by the same (1 - max p)(1 - r_t), so the clients keep "
+        "their budgets' gaps from the first step. Equal budgets: the two are the same ramp.",
+        choices=("one", "gap"),
+    )
     sftp_aggregation: str = key(
         "equal",
         "SFT-P FedAvg weights of Theta and Phi (Eq. 15): equal per client (Table 4) or by the clients' num-examples.",

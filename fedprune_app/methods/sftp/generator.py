@@ -332,6 +332,17 @@ def model_kept_ratios(model: nn.Module, masks: Sequence[LayerMasks] | None) -> d
     return kept_ratios(kept, total, backbone_parameters(model))
 
 
+def highest_keep_ratio(cfg: RunConfig) -> float | None:
+    """p_max of `sftp-keep-ratios` when the warm-up keeps the budgets' gaps (`sftp-budget-warmup-start` 'gap'),
+    else None (each client's ramp starts at 1)."""
+    from fedprune_app.core.config import split_list
+
+    sftp_cfg = cfg.section(SFTPConfig)
+    if sftp_cfg.sftp_budget_warmup_start != "gap":
+        return None
+    return max(float(v) for v in split_list(sftp_cfg.sftp_keep_ratios))
+
+
 def keep_ratio_of(cfg: RunConfig, partition_id: int, num_partitions: int) -> float:
     """p of client `partition_id` from `sftp-keep-ratios` (one value for all clients or one per client)."""
     from fedprune_app.core.config import per_client
@@ -344,12 +355,19 @@ def cosine_lr(base: float, step: int, total: int) -> float:
     return base * 0.5 * (1 + math.cos(math.pi * min(step, total) / max(1, total)))
 
 
-def ramped_keep_ratio(keep_ratio: float, step: int, warmup: int) -> float:
-    """The budget target p_t of Eq. 13 at global local step `step` (0-based, (round−1)·E + t): 1 − (1 − p)·(t+1)/W
-    over the first W = `warmup` steps (`sftp-budget-warmup-steps`), then p; W = 0 is the paper's constant p.
+def ramped_keep_ratio(keep_ratio: float, step: int, warmup: int, highest: float | None = None) -> float:
+    """The budget target p_t of Eq. 13 at global local step `step` (0-based, (round−1)·E + t): with r_t =
+    min(1, (t+1)/W), p + (1 − p_max)·(1 − r_t) over the first W = `warmup` steps (`sftp-budget-warmup-steps`), then
+    p; W = 0 is the paper's constant p. p_max = `highest` (the largest client budget, `sftp-budget-warmup-start`
+    'gap') shifts every client's target by the same amount, so mixed budgets keep their gaps from the first step;
+    p_max = p (the default, 'one') is the ramp 1 − (1 − p)·r_t from 1.
     Not in the paper: the target's linear warm-up of Sheared-LLaMA's pruning stage (Xia et al., 2024), so that the
     gates close as fast as the LM loss can choose which, instead of all at once in the first steps."""
     if warmup <= 0:
         return keep_ratio
-    return 1.0 - (1.0 - keep_ratio) * min(1.0, (step + 1) / warmup)
+    top = keep_ratio if highest is None else highest
+    if top < keep_ratio:
+        raise ValueError(f"the highest budget ({top}) is below this client's ({keep_ratio})")
+    ramp = min(1.0, (step + 1) / warmup)
+    return 1.0 - (1.0 - keep_ratio) * ramp - (top - keep_ratio) * (1.0 - ramp)  # = p + (1 − p_max)(1 − r_t)
 
