@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedprune_app.core.config import RunConfig
+from fedprune_app.core.config import RunConfig, split_list
 from fedprune_app.llm.models import model_device, set_adapter_state
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.routing import (
@@ -335,8 +335,6 @@ def model_kept_ratios(model: nn.Module, masks: Sequence[LayerMasks] | None) -> d
 def highest_keep_ratio(cfg: RunConfig) -> float | None:
     """p_max of `sftp-keep-ratios` when the warm-up keeps the budgets' gaps (`sftp-budget-warmup-start` 'gap'),
     else None (each client's ramp starts at 1)."""
-    from fedprune_app.core.config import split_list
-
     sftp_cfg = cfg.section(SFTPConfig)
     if sftp_cfg.sftp_budget_warmup_start != "gap":
         return None
