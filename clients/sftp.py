@@ -2,7 +2,9 @@
 conditioned on the client's private embedding e_k, then Θ (and LoRA Φ with adapters) back to the server.
 
 Private state (`context.state`, never sent): ArrayRecord `sftp-embedding` = e_k and its AdamW moments, and
-the ConfigRecord `sftp` (AdamW step of e_k, rounds trained). Θ's and Φ's optimiser state is fresh each round.
+the ConfigRecord `sftp` (AdamW step of e_k, rounds trained); under `sftp-deploy-state = "local"` also ArrayRecord
+`sftp-local-state` = the (Θ_k, Φ_k) of its last local training (a copy of what it uploaded). Θ's and Φ's optimiser
+state is fresh each round.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from fedprune_app.methods.sftp.generator import (
 from fedprune_app.methods.sftp.routing import LayerMasks, kept_parameters, prunable_parameters, set_masks
 
 EMBEDDING_RECORD = "sftp-embedding"
+LOCAL_STATE_RECORD = "sftp-local-state"
 
 
 @dataclass
@@ -162,6 +165,15 @@ class SFTPClient(FederatedClient):
         """The routed model with the message's Φ loaded, and h_Θ with its Θ."""
         return routed_model_with(self.cfg, content.array_records["arrays"].to_torch_state_dict())
 
+    def load_deployed(self, content: RecordDict) -> tuple[nn.Module, Any, MaskGenerator]:
+        """The (Θ, Φ) this client deploys (`sftp-deploy-state`): the message's (the global ones), or under 'local'
+        the (Θ_k, Φ_k) its last local training left, once it has trained."""
+        if self.cfg.section(SFTPConfig).sftp_deploy_state == "local" and \
+                LOCAL_STATE_RECORD in self.context.state.array_records:
+            local = self.context.state.array_records[LOCAL_STATE_RECORD]
+            return routed_model_with(self.cfg, local.to_torch_state_dict())
+        return self.load(content)
+
     def embedding(self, device: torch.device | str = "cpu") -> tuple[nn.Parameter | None, dict[str, Tensor]]:
         """(e_k, its AdamW state) from `context.state`, on `device` (the model's); e_k^(0) from
         `initial_embedding`, seeded by (seed, partition), at first use. None under NOC (no private conditioning)."""
@@ -217,6 +229,8 @@ class SFTPClient(FederatedClient):
         arrays = get_generator_state(generator)
         if self.cfg.section(SFTPConfig).sftp_adapters:
             arrays |= get_adapter_state(model)
+        if self.cfg.section(SFTPConfig).sftp_deploy_state == "local":
+            self.context.state[LOCAL_STATE_RECORD] = ArrayRecord(arrays)
         metrics = MetricRecord({
             "num-examples": len(self.data.train), "partition-id": self.partition_id, "keep-target": self.keep_ratio,
             "train-loss": _mean(report.objective), "clm-loss": _mean(report.clm), "penalty": _mean(report.penalty),
@@ -227,13 +241,14 @@ class SFTPClient(FederatedClient):
         return RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics, "info": self.info()})
 
     def evaluate(self, content: RecordDict) -> RecordDict:
-        """Round 0: the dense model. Later: the client's deployed mask (`own_masks`) on the routed model. At the
+        """Round 0: the dense model. Later: the client's deployed mask (`own_masks`) on the routed model, both of the
+        (Θ, Φ) it deploys (`load_deployed`: the global pair, or under 'local' its own last-trained one). At the
         last round the reply also carries that mask as bool arrays `masks` {name: (layers, d)}:
         the structure the server compiles and deploys for this client. It is all the server learns about the
         client beyond Θ/Φ and the metrics (e_k itself never leaves)."""
         start = time.perf_counter()
         server_round = int(content.config_records["config"]["server-round"])
-        model, tokenizer, generator = self.load(content)
+        model, tokenizer, generator = self.load(content) if server_round == 0 else self.load_deployed(content)
         masks = None
         if server_round > 0:
             masks = self.own_masks(model, tokenizer, generator, self.embedding(model_device(model))[0])

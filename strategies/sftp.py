@@ -4,7 +4,8 @@ LoRA adapters Φ (Eq. 15); the client embeddings e_k stay on the clients.
 Weights of Eq. 15: equal per client (`sftp-aggregation = "equal"`, Table 4) or the clients' `num-examples`.
 At the last round each client's evaluate reply carries its hard masks; `save_final` writes under the run:
 - `generator/` Θ (`generator.safetensors`) + `config.json`; `adapter/` Φ (peft `save_pretrained`, with +A);
-- `compiled/client-<k>/` the deployable model of client k (LoRA merged, sliced by its masks):
+- `compiled/client-<k>/` the deployable model of client k (LoRA merged, sliced by its masks; the global Φ, or under
+  `sftp-deploy-state = "local"` the Φ_k of the client's last train reply, the one its final evaluation used):
   `fedprune_app.methods.sftp.routing.load_compiled("<run>/compiled/client-0")`;
 - `masks.npz` (`client-<k>/<mask>`: bool, layers × d), `masks.json` (per-layer density per client and cross-client
   agreement per layer: Fig. 3/5), `kept_ratio.json` + `plots/kept-ratio.png` (kept ratio per client per round:
@@ -35,7 +36,7 @@ from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partitio
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import to_record, weighted_average
 from fedprune_app.core.strategy import FederatedStrategy, Recorder, log
-from fedprune_app.llm.models import initial_adapter_state, save_adapter
+from fedprune_app.llm.models import initial_adapter_state, save_adapter, set_adapter_state
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     GENERATOR_PREFIX,
@@ -68,6 +69,7 @@ class SFTPStrategy(FederatedStrategy):
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
         super().__init__(cfg, recorder)
         self.final_masks: dict[int, dict[str, np.ndarray]] = {}
+        self.local_adapters: dict[int, dict[str, np.ndarray]] = {}  # Φ_k of each client's last accepted reply
         self.kept_history: list[dict[str, Any]] = []
         self.global_model_notes: dict[str, Any] = {}  # what `global_model` last built, for the server's rows
 
@@ -82,11 +84,13 @@ class SFTPStrategy(FederatedStrategy):
     def state_dict(self) -> dict[str, Any]:
         """The kept-ratio history per round (Fig. 5) and the final masks received so far."""
         return super().state_dict() | {"kept-history": list(self.kept_history),
-                                       "final-masks": dict(self.final_masks)}
+                                       "final-masks": dict(self.final_masks),
+                                       "local-adapters": dict(self.local_adapters)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.kept_history, self.final_masks = list(state["kept-history"]), dict(state["final-masks"])
+        self.local_adapters = dict(state.get("local-adapters", {}))
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         """Eq. 15 over every tensor of Θ and Φ."""
@@ -98,6 +102,14 @@ class SFTPStrategy(FederatedStrategy):
         for m in metrics:
             self.kept_history.append({"round": server_round, "client": m.get("partition-id"),
                                       **{k: m.get(k) for k in kept_keys}})
+        if sftp_cfg.sftp_deploy_state == "local" and sftp_cfg.sftp_adapters:
+            for state, m in zip(states, metrics, strict=True):
+                try:
+                    client = parse_partition_id(m.get("partition-id"))
+                except ValueError as err:
+                    log.warning("a train reply's Φ_k is not kept for deployment: %s", err)
+                    continue
+                self.local_adapters[client] = {k: v for k, v in state.items() if not k.startswith(GENERATOR_PREFIX)}
         return to_record(weighted_average(states, weights))
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -168,6 +180,7 @@ class SFTPStrategy(FederatedStrategy):
         compiled: dict[str, torch.nn.Module] = {}
         kept: dict[str, float] = {"dense": 1.0}
         for client, masks in sorted(self.final_masks.items()):
+            self.set_deployed_adapter(model, arrays, client)
             compiled[f"client {client}"] = compile_model(model, per_layer_masks(masks))
             kept[f"client {client}"] = float(kept_parameters(model.config, per_layer_masks(masks))) / \
                 prunable_parameters(model.config)
@@ -183,6 +196,21 @@ class SFTPStrategy(FederatedStrategy):
         (out_dir / "kept_ratio.json").write_text(json.dumps(self.kept_history, indent=1) + "\n")
         self.plot_kept_ratio(out_dir / "plots" / "kept-ratio.png")
         return artefacts
+
+    def set_deployed_adapter(self, model: torch.nn.Module, arrays: ArrayRecord, client: int) -> None:
+        """Load into `model` the Φ that client `client` deploys: the global `arrays`' Φ, or under
+        `sftp-deploy-state = "local"` the Φ_k of its last accepted train reply (what its own final evaluation
+        scored). No-op under NOA."""
+        sftp_cfg = self.cfg.section(SFTPConfig)
+        if not sftp_cfg.sftp_adapters:
+            return
+        phi = {k: v for k, v in arrays.to_torch_state_dict().items() if not k.startswith(GENERATOR_PREFIX)}
+        if sftp_cfg.sftp_deploy_state == "local":
+            if client in self.local_adapters:
+                phi = {k: torch.from_numpy(np.array(v)) for k, v in self.local_adapters[client].items()}
+            else:
+                log.warning("client %d: no train reply of its own; its compiled model gets the global Φ", client)
+        set_adapter_state(model, phi)
 
     def record_compiled(self, compiled: Mapping[str, torch.nn.Module], tokenizer: Any = None,
                         kept: Mapping[str, float] | None = None) -> None:

@@ -57,6 +57,15 @@ class SFTPConfig(ConfigSection):
         "'threshold' = 1[pi > 0.5], whose kept ratio can miss p by the gates not yet saturated.",
         choices=("budget", "threshold"),
     )
+    sftp_deploy_state: str = key(
+        "global",
+        "SFT-P: whose (Theta, Phi) each client deploys (its evaluation and compiled model), always with its own e_k. "
+        "'global' = the last round's FedAvg (Eq. 15); 'local' = the client's own (Theta_k, Phi_k) after its last "
+        "local steps (the pair it uploads then, the one its e_k was last trained with; an earlier round's if it "
+        "was not sampled in the last). Alg. 1 ends with "
+        "the server's aggregate and does not say which a client deploys.",
+        choices=("global", "local"),
+    )
     sftp_gate_tau: float = key(
         0.4,
         "SFT-P ReinMax temperature tau (Eq. 12; the reference implementation wants >= 1, the paper uses 0.4).",
