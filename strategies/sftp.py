@@ -200,16 +200,15 @@ class SFTPStrategy(FederatedStrategy):
     def set_deployed_adapter(self, model: torch.nn.Module, arrays: ArrayRecord, client: int) -> None:
         """Load into `model` the Φ that client `client` deploys: the global `arrays`' Φ, or under
         `sftp-deploy-state = "local"` the Φ_k of its last accepted train reply (what its own final evaluation
-        scored). No-op under NOA."""
+        scored). No-op under NOA and under 'global' (`model` was loaded from `arrays`)."""
         sftp_cfg = self.cfg.section(SFTPConfig)
-        if not sftp_cfg.sftp_adapters:
+        if not sftp_cfg.sftp_adapters or sftp_cfg.sftp_deploy_state != "local":
             return
-        phi = {k: v for k, v in arrays.to_torch_state_dict().items() if not k.startswith(GENERATOR_PREFIX)}
-        if sftp_cfg.sftp_deploy_state == "local":
-            if client in self.local_adapters:
-                phi = {k: torch.from_numpy(np.array(v)) for k, v in self.local_adapters[client].items()}
-            else:
-                log.warning("client %d: no train reply of its own; its compiled model gets the global Φ", client)
+        if client in self.local_adapters:
+            phi = {k: torch.from_numpy(np.array(v)) for k, v in self.local_adapters[client].items()}
+        else:  # another client's Φ_k may be loaded: back to the global one
+            log.warning("client %d: no train reply of its own; its compiled model gets the global Φ", client)
+            phi = {k: v for k, v in arrays.to_torch_state_dict().items() if not k.startswith(GENERATOR_PREFIX)}
         set_adapter_state(model, phi)
 
     def record_compiled(self, compiled: Mapping[str, torch.nn.Module], tokenizer: Any = None,
