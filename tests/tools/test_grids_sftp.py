@@ -14,7 +14,7 @@ import pytest
 from fedprune_app.core.config import RunConfig, per_client
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.routing import MASK_NAMES, mask_statistics
-from tools.grids.__main__ import main
+from tools.grids.__main__ import main, select
 from tools.grids.sftp import GRID
 from tools.grids.sftp.cells import BASELINES, KEEP_KEYS, MIXED, preset_of, sftp_schedule, tag_of
 from tools.grids.sftp.figures import FIG3, FIG4B, FIG5
@@ -144,12 +144,16 @@ def test_cells_use_valid_presets_once_each() -> None:
             assert (cfg.section(SFTPConfig).sftp_conditioning, cfg.section(SFTPConfig).sftp_adapters) == (
                 s["variant"].startswith("c-"), s["variant"].endswith("-a"))
             assert (cfg.num_server_rounds, cfg.local_steps) == (rounds, steps)
+            assert cfg.section(SFTPConfig).sftp_deploy_state == "global"  # NOC = one shared mask, as archived
         else:  # the same LoRA steps and rate as SFT-P at this budget, after one statistics round
             assert str(cfg[KEEP_KEYS[s["method"]]]) in (keep_ratios(cell), f"{s['budget']}")
             assert (cfg.num_server_rounds, cfg.local_steps, cfg.learning_rate) == (rounds + 1, steps, lora_lr)
     assert sftp_schedule(0.8)[:2] == (6, 25) and sftp_schedule(0.5)[:2] == (12, 50)
     assert str(RunConfig.from_flower(merged_config(ROOT, list(cell_of("mixed-c-a").run_config)))["sftp-keep-ratios"]) \
         == "0.8,0.8,0.5,0.5"
+    (local,) = select(GRID.cells(args()), "mixed-c-a", "sftp-deploy-state='local'")  # a --run-config extra wins
+    assert RunConfig.from_flower(merged_config(ROOT, list(local.run_config))).section(SFTPConfig).sftp_deploy_state \
+        == "local"
 
 
 def test_only_selects_groups_with_the_cells_they_read() -> None:

@@ -61,13 +61,18 @@ def baseline_schedule(budget: Budget) -> str:
 def overrides(method: str, budget: Budget, variant: str) -> str:
     """The cell's run-config overrides. Every cell trains on padded rows (`pack-sequences=false`): the grid's
     first cells ran before packed training existed, and a grid compares its cells on one code path (packed rows
-    give the same loss and gradients to float rounding, tests/llm/test_training.py, but not bit for bit)."""
+    give the same loss and gradients to float rounding, tests/llm/test_training.py, but not bit for bit).
+
+    Every SFT-P cell deploys the averaged (Θ, Φ) (`sftp-deploy-state="global"`) whatever its preset says: under
+    "local" each client deploys the Θ_k of its own last local steps, so NOC clients would get personal masks too and
+    +C vs NOC would no longer compare one shared mask against e_k-conditioned ones (the paper's ablation); it is
+    also the rule every archived cell ran with. A `--run-config` extra still overrides it (later wins)."""
     ratios = MIXED if budget == "mixed" else f"{float(budget):g}"
     parts = [f"min-nodes={CLIENTS}", "pack-sequences=false"]
     if method == "sftp":
         _, conditioning, adapters = VARIANTS[variant]
         parts += [f'sftp-keep-ratios="{ratios}"', f"sftp-conditioning={str(conditioning).lower()}",
-                  f"sftp-adapters={str(adapters).lower()}"]
+                  f"sftp-adapters={str(adapters).lower()}", 'sftp-deploy-state="global"']
     else:
         value = f'"{ratios}"' if method == "fedflap" else ratios
         parts += [f"{KEEP_KEYS[method]}={value}", baseline_schedule(budget)]
