@@ -165,14 +165,17 @@ class SFTPClient(FederatedClient):
         """The routed model with the message's Φ loaded, and h_Θ with its Θ."""
         return routed_model_with(self.cfg, content.array_records["arrays"].to_torch_state_dict())
 
-    def load_deployed(self, content: RecordDict) -> tuple[nn.Module, Any, MaskGenerator]:
+    def deployed_state(self, content: RecordDict) -> ArrayRecord:
         """The (Θ, Φ) this client deploys (`sftp-deploy-state`): the message's (the global ones), or under 'local'
         the (Θ_k, Φ_k) its last local training left, once it has trained."""
         if self.cfg.section(SFTPConfig).sftp_deploy_state == "local" and \
                 LOCAL_STATE_RECORD in self.context.state.array_records:
-            local = self.context.state.array_records[LOCAL_STATE_RECORD]
-            return routed_model_with(self.cfg, local.to_torch_state_dict())
-        return self.load(content)
+            return self.context.state.array_records[LOCAL_STATE_RECORD]
+        return content.array_records["arrays"]
+
+    def load_deployed(self, content: RecordDict) -> tuple[nn.Module, Any, MaskGenerator]:
+        """The routed model and h_Θ of `deployed_state`."""
+        return routed_model_with(self.cfg, self.deployed_state(content).to_torch_state_dict())
 
     def embedding(self, device: torch.device | str = "cpu") -> tuple[nn.Parameter | None, dict[str, Tensor]]:
         """(e_k, its AdamW state) from `context.state`, on `device` (the model's); e_k^(0) from

@@ -8,11 +8,12 @@ messaging, no Ray):
   nothing averaged): what that client would reach without the federation.
 
 After every round, each client's deployed model (`SFTPClient.own_masks`: by default the top-π gates of h_Θ(e_k)
-that fit its budget, on the global Φ: the structure the server compiles) is scored by the mean answer NLL over its
-first `--eval-examples` test examples, and `--unused-examples` more of its task that no split of the run reads
-(`data.unused_tail`, as `tools.rescore_accuracy` adds them: 30 test questions resolve ~0.3 nats at best); round 0
-is the untouched dense model. Also per round: the kept share of the prunable projections, the
-mean CLM loss and penalty of the local steps, and ‖Φ − Φ_0‖ (how far the adapters moved).
+that fit its budget, on the (Θ, Φ) it deploys: the global pair, or under `sftp-deploy-state = "local"` its own
+pair of its last local steps (`SFTPClient.deployed_state`); the structure the server compiles) is scored by the
+mean answer NLL over its first `--eval-examples` test examples, and `--unused-examples` more of its task that
+no split of the run reads (`data.unused_tail`, as `tools.rescore_accuracy` adds them: 30 test questions resolve
+~0.3 nats at best); round 0 is the untouched dense model. Also per round: the kept share of the prunable
+projections, the mean CLM loss and penalty of the local steps, and ‖Φ − Φ_0‖ (how far the adapters moved).
 
     python -m tools.sftp_trajectory --run-config "sftp-keep-ratios='0.8' num-server-rounds=8 local-steps=25" \\
         --out docs/runs/sftp-trajectory/keep08.json
@@ -133,8 +134,8 @@ def trajectory(cfg: RunConfig, partitions: int, alone: list[int], examples: int,
         if federated:
             replies = [client.train(message(arrays, rnd)) for client in federated]
             arrays = server.aggregate(rnd, replies)
-            for client, reply in zip(federated, replies, strict=True):
-                add("federated", client, rnd, arrays, reply)
+            for client, reply in zip(federated, replies, strict=True):  # the pair it deploys: global or its own
+                add("federated", client, rnd, client.deployed_state(message(arrays, rnd)), reply)
         for k, client in by_itself.items():
             reply = client.train(message(own[k], rnd))
             own[k] = servers[k].aggregate(rnd, [reply])

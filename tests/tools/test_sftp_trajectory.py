@@ -41,6 +41,22 @@ def test_two_clients_are_averaged(tiny_model_dir: Path) -> None:
     assert alone["adapter-shift"] != fed[1]["adapter-shift"]  # client 1 alone moved Φ on its own
 
 
+def test_federated_rows_score_the_pair_each_client_deploys(tiny_model_dir: Path) -> None:
+    """Under sftp-deploy-state 'local' a federated client's row scores its own (Θ_k, Φ_k), so after round 1 it is
+    the client alone's row (both trained once from the same start); under 'global' it scores the average."""
+    rows = {}
+    for state in ("global", "local"):
+        cfg = small_config(tiny_model_dir, method="sftp", num_server_rounds=1, local_steps=2, sftp_keep_ratios="0.5",
+                           test_examples=4, sftp_deploy_state=state)
+        rows[state] = {(r["mode"], r["client"]): r for r in trajectory(cfg, 2, [1], 2, log=lambda _: None)}
+    local, avg = rows["local"], rows["global"]
+    assert local["federated", 0]["adapter-shift"] != local["federated", 1]["adapter-shift"]  # each its own Φ_k
+    assert local["federated", 1]["adapter-shift"] == pytest.approx(local["alone", 1]["adapter-shift"], rel=1e-5)
+    assert local["federated", 1]["answer-nll"] == pytest.approx(local["alone", 1]["answer-nll"], rel=1e-5)
+    assert avg["federated", 0]["adapter-shift"] == avg["federated", 1]["adapter-shift"]  # one averaged Φ
+    assert avg["federated", 1]["answer-nll"] != pytest.approx(local["federated", 1]["answer-nll"], rel=1e-5)
+
+
 def test_alone_only_gives_the_same_alone_rows_without_the_federated_run(tiny_model_dir: Path) -> None:
     cfg = small_config(tiny_model_dir, method="sftp", num_server_rounds=2, local_steps=1, sftp_keep_ratios="0.5",
                        test_examples=4)
