@@ -1,13 +1,15 @@
-"""Why an SFT-P client deploys the mask it does: its gate probabilities under the run's final global Θ.
+"""Why an SFT-P client deploys the mask it does: its gate probabilities under the Θ it deploys.
 
 For each client of a finished run (`--partial`: of the round a stopped or running run's checkpoint holds):
-π = σ(h_Θ(e_k) + c) (Eq. 12) from the checkpoint's global Θ and the client's private e_k as its device saved it
+π = σ(h_Θ(e_k) + c) (Eq. 12) from the Θ the client deploys and its private e_k as its device saved it
 (`<state-dir>/<run key>/partition-<k>/round-<last>.pkl`, written by every Flower client of a run with
-`checkpoint-every` > 0), and how the budget rule (`deployed_gates`) cut it: the share of gates with π > 0.5 / 0.9 /
-0.99, the lowest π kept and the highest π dropped. When the highest dropped π is near 1 the budget cut falls inside
-gates the generator holds fully open, so which of them are dropped is not something the training chose. Also |e_k|
-and the clients' pairwise distances |e_i − e_j| (none under NOC). `--score K` adds client K's answer NLL on its
-test questions (`--examples`) for the deployed model, the same mask with the adapters off, and the global Φ under
+`checkpoint-every` > 0). The deployed (Θ, Φ) is the checkpoint's global pair, or under `sftp-deploy-state =
+"local"` the client's own pair of its last local steps, also in its saved state (`SFTPClient.deployed_state`).
+Then how the budget rule (`deployed_gates`) cut it: the share of gates with π > 0.5 / 0.9 / 0.99, the lowest π
+kept and the highest π dropped. When the highest dropped π is near 1 the budget cut falls inside gates the
+generator holds fully open, so which of them are dropped is not something the training chose. Also |e_k| and the
+clients' pairwise distances |e_i − e_j| (none under NOC). `--score K` adds client K's answer NLL on its test
+questions (`--examples`) for the deployed model, the same mask with the adapters off, and the deployed Φ under
 each `--masks-from` run's mask for that client, each paired with the deployed model (nats, 95% bootstrap interval
 over questions).
 
@@ -76,14 +78,15 @@ def count_partitions(run: Path, run_key: str, state_dir: str | None) -> int:
 
 def client_at_end(cfg: RunConfig, arrays: ArrayRecord, last: int, run_key: str, state_dir: str | None, k: int,
                   partitions: int) -> tuple[Any, Any, Any, Any, torch.Tensor]:
-    """(client, model, tokenizer, generator, e_k) of client k with its saved private state after the last round."""
+    """(client, model, tokenizer, generator, e_k) of client k with its saved private state after the last round; the
+    model and generator of the (Θ, Φ) it deploys (the global pair or, under 'local', its own)."""
     client = make_client(cfg, k, partitions)
     saved = client_state_dir(state_dir, run_key, k) / f"round-{last}.pkl"
     if not saved.is_file():
         raise SystemExit(f"client {k}'s private state {saved} is missing (pass --state-dir where its device kept it)")
     with open(saved, "rb") as f:
         client.context.state = pickle.load(f)  # noqa: S301 - this client wrote it on this device
-    model, tokenizer, generator = client.load(message(arrays, last))
+    model, tokenizer, generator = client.load_deployed(message(arrays, last))
     embedding = client.embedding()[0]
     return client, model, tokenizer, generator, embedding
 
@@ -127,13 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.score != k:
             continue
         rows = list(client.data.test[:args.examples])
+        phi = "own Φ" if cfg.section(SFTPConfig).sftp_deploy_state == "local" else "global Φ"
         base = masked_answer_scores(model, tokenizer, rows, masks, cfg.seq_len)
-        variants = {"deployed (its mask, global Φ)": base}
+        variants = {f"deployed (its mask, {phi})": base}
         with model.disable_adapter():
             variants["its mask, adapters off"] = masked_answer_scores(model, tokenizer, rows, masks, cfg.seq_len)
         for other in args.masks_from:
             theirs = per_layer_masks({n: m.astype(np.float32) for n, m in read_masks(other)[k].items()})
-            variants[f"{other.name}'s mask, global Φ"] = masked_answer_scores(model, tokenizer, rows, theirs,
+            variants[f"{other.name}'s mask, {phi}"] = masked_answer_scores(model, tokenizer, rows, theirs,
                                                                               cfg.seq_len)
         scored = {}
         for name, s in variants.items():

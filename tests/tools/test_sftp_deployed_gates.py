@@ -30,30 +30,33 @@ def test_gate_stats_by_brute_force() -> None:
     assert stats["lowest-kept-pi"] == pytest.approx(0.6) and stats["highest-dropped-pi"] == pytest.approx(0.95)
 
 
-def _one_round_run(tiny_model_dir: Path, tmp_path: Path, rounds: int) -> tuple[Path, Any, Any]:
-    """(run directory, client, global arrays) of a 1-client SFT-P run stopped after round 1 of `rounds`, as
-    the app leaves it on disk: config.json, checkpoint/state.pkl, the client's saved private state (and
-    summary.json only when round 1 is the last)."""
+def _round_one_run(tiny_model_dir: Path, tmp_path: Path, rounds: int, clients: int = 1,
+                   **overrides: Any) -> tuple[Path, list[Any], Any]:
+    """(run directory, clients, global arrays) of an SFT-P run stopped after round 1 of `rounds`, as the app
+    leaves it on disk: config.json, checkpoint/state.pkl, each client's saved private state (and summary.json
+    only when round 1 is the last)."""
     cfg = small_config(tiny_model_dir, method="sftp", num_server_rounds=rounds, local_steps=2,
-                       sftp_keep_ratios="0.5", test_examples=4)
-    server, client = SFTPStrategy(cfg), make_client(cfg, 0, 1)
-    arrays = server.aggregate(1, [client.train(message(server.initial_arrays(), 1))])
+                       sftp_keep_ratios="0.5", test_examples=4, **overrides)
+    server = SFTPStrategy(cfg)
+    trained = [make_client(cfg, k, clients) for k in range(clients)]
+    arrays = server.aggregate(1, [c.train(message(server.initial_arrays(), 1)) for c in trained])
     run = tmp_path / "run"
     (run / "checkpoint").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(cfg.to_dict()))
     if rounds == 1:
-        (run / "summary.json").write_text(json.dumps({"clients": [{"client": 0}]}))
+        (run / "summary.json").write_text(json.dumps({"clients": [{"client": k} for k in range(clients)]}))
     with open(run / "checkpoint" / "state.pkl", "wb") as f:
         pickle.dump({"round": 1, "run-key": "k", "arrays": numpy_state(arrays), "strategy": {}}, f)
-    saved = client_state_dir(str(tmp_path / "state"), "k", 0)
-    saved.mkdir(parents=True)
-    with open(saved / "round-1.pkl", "wb") as f:
-        pickle.dump(client.context.state, f)
-    return run, client, arrays
+    for client in trained:
+        saved = client_state_dir(str(tmp_path / "state"), "k", client.partition_id)
+        saved.mkdir(parents=True)
+        with open(saved / "round-1.pkl", "wb") as f:
+            pickle.dump(client.context.state, f)
+    return run, trained, arrays
 
 
 def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path: Path) -> None:
-    run, client, arrays = _one_round_run(tiny_model_dir, tmp_path, rounds=1)
+    run, (client,), arrays = _round_one_run(tiny_model_dir, tmp_path, rounds=1)
     evaluated = flat_metrics(client.evaluate(message(arrays, 1)))  # what the run recorded for this client
     final = client.evaluate(message(arrays, 1))["masks"]  # the mask the run saved for this client: swapped back in,
     np.savez(run / "masks.npz", **{f"client-0/{n}": np.asarray(a.numpy()) for n, a in final.items()})  # it is the same
@@ -73,10 +76,26 @@ def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path
     assert off["answer-nll"] != pytest.approx(deployed["answer-nll"], rel=1e-6)  # Φ trained: switching it off moves it
 
 
+def test_under_local_deploy_it_reads_the_clients_own_pair(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two clients, `sftp-deploy-state = "local"`: each deploys its own (Θ_k, Φ_k), not the average. The scored
+    deployed model is the one the client evaluated (its own pair), and differs from the averaged pair's."""
+    run, clients, arrays = _round_one_run(tiny_model_dir, tmp_path, rounds=1, clients=2,
+                                          sftp_deploy_state="local")
+    client = clients[1]
+    evaluated = float(flat_metrics(client.evaluate(message(arrays, 1)))["ppl"])  # its own pair, as in the run
+    client.cfg = client.cfg.replace(sftp_deploy_state="global")
+    averaged = float(flat_metrics(client.evaluate(message(arrays, 1)))["ppl"])
+    assert averaged != pytest.approx(evaluated, rel=1e-4)  # the two pairs differ, so the check below can fail
+    out = tmp_path / "gates.json"
+    main([str(run), "--state-dir", str(tmp_path / "state"), "--score", "1", "--examples", "4", "--out", str(out)])
+    deployed = json.loads(out.read_text())["clients"]["1"]["scored"]["deployed (its mask, own Φ)"]
+    assert math.exp(deployed["answer-nll"]) == pytest.approx(evaluated, rel=1e-4)
+
+
 def test_partial_reads_a_stopped_run_at_its_checkpoint_round(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A run stopped after round 1 of 2 (no summary.json) is refused by default; `--partial` reads round 1, counts
     the clients from their saved state, and records e_k's norm and the pairwise distances (one client: [[0]])."""
-    run, client, _ = _one_round_run(tiny_model_dir, tmp_path, rounds=2)
+    run, (client,), _ = _round_one_run(tiny_model_dir, tmp_path, rounds=2)
     with pytest.raises(SystemExit, match="not the last"):
         main([str(run), "--state-dir", str(tmp_path / "state")])
     out = tmp_path / "gates.json"
