@@ -11,7 +11,10 @@ generator holds fully open, so which of them are dropped is not something the tr
 clients' pairwise distances |e_i − e_j| (none under NOC). `--score K` adds client K's answer NLL on its test
 questions (`--examples`) for the deployed model, the same mask with the adapters off, and the deployed Φ under
 each `--masks-from` run's mask for that client, each paired with the deployed model (nats, 95% bootstrap interval
-over questions).
+over questions). `--fit` adds, for that client, what training reports against what the deployed model does: the
+whole-sequence CLM (the loss Eq. 13 trains) and the answer NLL (what the client is scored on), on its first
+`--examples` training and validation rows, under the deployed mask, under masks sampled from π as in training
+(Eq. 12, one draw per batch of 4), and for the untouched model (adapters off, no mask).
 
     python -m tools.sftp_deployed_gates outputs/grids/sftp-w300/20261128-140022-sftp-mixed-c-a \\
         --score 3 --masks-from docs/runs/sftp/20261128-082656-sftp-p50-c-a --out <record.json>
@@ -35,9 +38,17 @@ from flwr.app import Array, ArrayRecord
 from fedprune_app.core.checkpoint import STATE_FILE, client_state_dir
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.runtime import quiet_libraries
+from fedprune_app.llm.data import collate, encode
 from fedprune_app.methods.sftp.config import SFTPConfig
-from fedprune_app.methods.sftp.generator import MASK_NAMES, stacked_masks
-from fedprune_app.methods.sftp.routing import per_layer_masks
+from fedprune_app.methods.sftp.generator import (
+    MASK_NAMES,
+    held_open,
+    hold_open,
+    layer_masks,
+    reinmax_binary,
+    stacked_masks,
+)
+from fedprune_app.methods.sftp.routing import per_layer_masks, set_masks
 from tools.grids.sftp.records import read_masks
 from tools.sftp_trajectory import make_client, masked_answer_scores, message
 from tools.sftp_trajectory_compare import nll_difference
@@ -91,6 +102,52 @@ def client_at_end(cfg: RunConfig, arrays: ArrayRecord, last: int, run_key: str, 
     return client, model, tokenizer, generator, embedding
 
 
+def sequence_nll(model: Any, tokenizer: Any, rows: list[Any], seq_len: int, masks: Any,
+                 batch_size: int = 4) -> float:
+    """Token-weighted whole-sequence CLM (every token a target, `encode(..., "sequence")`) of the routed model over
+    `rows` in padded batches; `masks`: one mask for all batches, a callable drawing one per batch, or None."""
+    total, count = 0.0, 0
+    for i in range(0, len(rows), batch_size):
+        batch = collate([encode(tokenizer, r, seq_len, "sequence") for r in rows[i:i + batch_size]],
+                        tokenizer.pad_token_id)
+        n = int((batch["labels"][:, 1:] != -100).sum())
+        if masks is not None:  # None: the model as it is (a plain HF model too)
+            set_masks(model, masks() if callable(masks) else masks)
+        try:
+            with torch.no_grad():
+                total += float(model(**batch).loss) * n
+        finally:
+            if masks is not None:
+                set_masks(model, None)
+        count += n
+    return total / count
+
+
+def fit(client: Any, model: Any, tokenizer: Any, generator: Any, e: Any, masks: Any, n: int) -> dict[str, Any]:
+    """{split: {model: {"sequence-clm", "answer-nll"}}} on the client's first `n` train / val rows, for the
+    deployed mask, masks sampled from π as in training (seeded), and the untouched model (`--fit`)."""
+    cfg, sftp_cfg = client.cfg, client.cfg.section(SFTPConfig)
+    held, rng = held_open(cfg, model, tokenizer), torch.Generator().manual_seed(0)
+
+    def sampled() -> Any:
+        with torch.no_grad():
+            return layer_masks(hold_open(reinmax_binary(generator(e), sftp_cfg.sftp_gate_tau, sftp_cfg.sftp_gate_bias,
+                                                        rng), held))
+
+    def scores(rows: list[Any], chosen: Any) -> dict[str, float]:  # answers: one draw of a sampled mask for all
+        answer = masked_answer_scores(model, tokenizer, rows, chosen() if callable(chosen) else chosen, cfg.seq_len)
+        return {"sequence-clm": sequence_nll(model, tokenizer, rows, cfg.seq_len, chosen),
+                "answer-nll": answer.mean_nll}
+
+    out: dict[str, Any] = {}
+    for split, rows in (("train", list(client.data.train[:n])), ("val", list(client.data.val[:n]))):
+        out[split] = {"deployed mask": scores(rows, masks), "sampled masks": scores(rows, sampled),
+                      "rows": len(rows)}
+        with model.disable_adapter():
+            out[split]["untouched"] = scores(rows, None)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a finished SFT-P run directory with checkpoint/ and masks.npz")
@@ -100,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--score", type=int, help="also score this client's deployed model and its variants")
     parser.add_argument("--masks-from", type=Path, nargs="*", default=[], help="runs whose masks.npz to swap in")
     parser.add_argument("--examples", type=int, default=30, help="test questions scored (default 30)")
+    parser.add_argument("--fit", action="store_true",
+                        help="with --score K: training vs deployed losses of client K on its train and val rows")
     parser.add_argument("--out", type=Path, help="write the record (JSON) here")
     args = parser.parse_args(argv)
     quiet_libraries()
@@ -146,6 +205,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name}: answer NLL {s.mean_nll:.3f}, − deployed {diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]",
                   flush=True)
         record["clients"][str(k)]["scored"] = scored
+        if args.fit:
+            record["clients"][str(k)]["fit"] = fitted = fit(client, model, tokenizer, generator, e, masks,
+                                                            args.examples)
+            for split in ("train", "val"):
+                print(f"  {split} ({fitted[split]['rows']} rows): " + "; ".join(
+                    f"{name} CLM {v['sequence-clm']:.3f} answer {v['answer-nll']:.3f}"
+                    for name, v in fitted[split].items() if name != "rows"), flush=True)
     if embeddings:
         stacked = torch.stack(embeddings)
         record["embedding-distances"] = torch.cdist(stacked, stacked).round(decimals=3).tolist()
