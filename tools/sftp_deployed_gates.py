@@ -156,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", help="the clients' state-dir (default: the fedprune cache's client-state)")
     parser.add_argument("--score", type=int, help="also score this client's deployed model and its variants")
     parser.add_argument("--masks-from", type=Path, nargs="*", default=[], help="runs whose masks.npz to swap in")
-    parser.add_argument("--examples", type=int, default=30, help="test questions scored (default 30)")
+    parser.add_argument("--examples", type=int, default=30,
+                        help="test questions scored, and with --fit train / val rows (default 30)")
     parser.add_argument("--fit", action="store_true",
                         help="with --score K: training vs deployed losses of client K on its train and val rows")
     parser.add_argument("--out", type=Path, help="write the record (JSON) here")
     args = parser.parse_args(argv)
+    if args.fit and args.score is None:
+        parser.error("--fit needs --score K (the client whose fit to measure)")
     quiet_libraries()
     start = time.perf_counter()
     cfg, arrays, last, run_key = load_run(args.run, args.partial)
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         for other in args.masks_from:
             theirs = per_layer_masks({n: m.astype(np.float32) for n, m in read_masks(other)[k].items()})
             variants[f"{other.name}'s mask, {phi}"] = masked_answer_scores(model, tokenizer, rows, theirs,
-                                                                              cfg.seq_len)
+                                                                           cfg.seq_len)
         scored = {}
         for name, s in variants.items():
             diff = nll_difference(s, base, 2000, 0)

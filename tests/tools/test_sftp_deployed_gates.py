@@ -134,3 +134,10 @@ def test_a_run_without_its_checkpoint_is_refused_by_name(tmp_path: Path) -> None
     (tmp_path / "config.json").write_text(json.dumps({"method": "sftp"}))
     with pytest.raises(SystemExit, match="checkpoint"):
         main([str(tmp_path)])
+
+
+def test_fit_without_a_scored_client_is_refused_before_any_work(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--fit"])  # no run there: refused on the arguments first
+    assert "--fit needs --score" in capsys.readouterr().err
