@@ -40,8 +40,8 @@ from fedprune_app.methods.sftp.generator import (
     layer_masks,
     model_kept_ratios,
     ramped_keep_ratio,
-    reinmax_binary,
     routed_model_with,
+    sampled_masks,
     sftp_objective,
     stacked_masks,
 )
@@ -115,8 +115,7 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
             step = (server_round - 1) * steps + t
             if lora:
                 groups[-1]["lr"] = cosine_lr(sftp_cfg.sftp_lora_lr, step, total_steps)
-            masks = fixed_masks if recovery else layer_masks(
-                hold_open(reinmax_binary(generator(embedding), tau, bias, gate_rng), held))
+            masks = fixed_masks if recovery else sampled_masks(generator(embedding), tau, bias, held, gate_rng)
             set_masks(model, masks)
             clm = model(**to_device(batch, device)).loss
             target = ramped_keep_ratio(keep_ratio, step, sftp_cfg.sftp_budget_warmup_steps, highest)

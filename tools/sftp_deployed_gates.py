@@ -43,9 +43,7 @@ from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     MASK_NAMES,
     held_open,
-    hold_open,
-    layer_masks,
-    reinmax_binary,
+    sampled_masks,
     stacked_masks,
 )
 from fedprune_app.methods.sftp.routing import per_layer_masks, set_masks
@@ -131,8 +129,7 @@ def fit(client: Any, model: Any, tokenizer: Any, generator: Any, e: Any, masks: 
 
     def sampled() -> Any:
         with torch.no_grad():
-            return layer_masks(hold_open(reinmax_binary(generator(e), sftp_cfg.sftp_gate_tau, sftp_cfg.sftp_gate_bias,
-                                                        rng), held))
+            return sampled_masks(generator(e), sftp_cfg.sftp_gate_tau, sftp_cfg.sftp_gate_bias, held, rng)
 
     def scores(rows: list[Any], chosen: Any) -> dict[str, float]:  # answers: one draw of a sampled mask for all
         answer = masked_answer_scores(model, tokenizer, rows, chosen() if callable(chosen) else chosen, cfg.seq_len)

@@ -276,6 +276,13 @@ def layer_masks(gates: Tensor) -> list[LayerMasks]:
     return [{name: gates[layer, i] for i, name in enumerate(MASK_NAMES)} for layer in range(gates.shape[0])]
 
 
+def sampled_masks(s: Tensor, tau: float, c: float, held: Tensor | None,
+                  generator: torch.Generator | None = None) -> list[LayerMasks]:
+    """The masks of one training step: ReinMax gates of the scores s (Eq. 12), the held gates at 1
+    (`hold_open`), one LayerMasks per decoder layer."""
+    return layer_masks(hold_open(reinmax_binary(s, tau, c, generator), held))
+
+
 def stacked_masks(masks: list[LayerMasks]) -> dict[str, Tensor]:
     """The inverse view for storage: {mask name: (layers, d)}."""
     return {name: torch.stack([m[name] for m in masks]) for name in MASK_NAMES}
