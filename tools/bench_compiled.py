@@ -7,6 +7,9 @@ change in machine load hits all of them alike:
               logits only (what `generate` does); `full-logits` — the same forward with logits for every token;
   generate  — greedy decoding of `--new-tokens` tokens with the KV cache after a 32-token prompt (tokens/s);
   medians of `--repeats` runs after one warm-up; parameters (whole model, prunable projections) and weight MB.
+Each speed-up is the median of the paired per-repeat ratios dense time / model time, with its distribution-free 95%
+interval (`speed.median_interval`; the default 15 repeats give the 4th to 12th of the sorted ratios), and so is
+measured / ceiling: a goal such as ≥ 0.95 of the ceiling is met only when the whole interval clears it.
 Beside each speed-up: its ceiling, FLOPs(dense) / FLOPs(compiled) for the same workload (every matmul: the
 pruned projections, attention scores and values, the unpruned LM head; `speed.workload_flops`), and
 measured / ceiling, the share of the ceiling reached. The record goes to `--json` (the command included);
@@ -94,19 +97,64 @@ def before_fix(model: nn.Module) -> nn.Module:
     return model
 
 
+BREAKDOWN = ("projections", "attention", "gather/scatter", "LM head", "other")
+
+
+def _category(op: str, shapes: list[list[int]], vocab: int) -> str:
+    """Where one profiled aten op of a prefill belongs (`BREAKDOWN`)."""
+    if op in ("aten::mm", "aten::addmm"):
+        return "LM head" if shapes and shapes[-1] and shapes[-1][-1] == vocab else "projections"
+    if "scaled_dot_product" in op or op in ("aten::bmm", "aten::baddbmm", "aten::_softmax"):
+        return "attention"
+    if op in ("aten::index_select", "aten::index_add_", "aten::index_add", "aten::scatter_add_"):
+        return "gather/scatter"
+    return "other"
+
+
+def time_breakdown(models: dict[str, nn.Module], prompt: torch.Tensor, repeats: int) -> dict[str, dict[str, float]]:
+    """Per model, where one prefill's time goes: the ops' self time (ms, torch profiler, mean of `repeats` profiled
+    runs after an unprofiled one, the models interleaved) in the `BREAKDOWN` categories, and `projections GF/s`,
+    the pruned projections' matmul FLOPs (2·m·k·n of each product, from the recorded shapes) per second of their
+    time: how fast the narrower products run against the dense ones. The profiler adds a little time per op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    vocab = int(next(iter(models.values())).config.vocab_size)
+    out = {name: dict.fromkeys([*BREAKDOWN, "projections GFLOP"], 0.0) for name in models}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for name, model in models.items():
+                model(prompt, use_cache=True, logits_to_keep=1)
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                    model(prompt, use_cache=True, logits_to_keep=1)
+                for event in prof.key_averages(group_by_input_shape=True):
+                    shapes = [list(s) for s in event.input_shapes if s]
+                    category = _category(event.key, shapes, vocab)
+                    out[name][category] += event.self_cpu_time_total / 1e3 / repeats
+                    if category == "projections":
+                        (m, k), (_, n) = shapes[-2], shapes[-1]
+                        out[name]["projections GFLOP"] += 2 * m * k * n * event.count / 1e9 / repeats
+    for row in out.values():
+        row["total"] = sum(row[c] for c in BREAKDOWN)
+        row["projections GF/s"] = row.pop("projections GFLOP") / (row["projections"] / 1e3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--keeps", default="1,0.8,0.5", help="keep ratios per mask, comma-separated")
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15,
+                        help="round-robin repeats; from 6 on each speed-up has a 95%% interval (15: x_(4)..x_(12))")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
                         help="wall: elapsed time; thread: CPU time of the calling thread (needs --threads 1)")
     parser.add_argument("--before-after", action="store_true",
                         help="also time each compiled model with its weights (out, in) row-major (the old layout)")
+    parser.add_argument("--breakdown", type=int, default=0, metavar="N",
+                        help="also profile N prefills per model: where the time goes (`time_breakdown`)")
     parser.add_argument("--note", default="", help="free text stored in the record (e.g. what else ran)")
     parser.add_argument("--json", default="docs/bench/compiled-speed.json",
                         help="write the record (command, machine, table) here; '' = do not")
@@ -147,6 +195,8 @@ def main() -> None:
     table = speed_table(models, int(config.vocab_size), config.eos_token_id, prefill=args.prefill,
                         new_tokens=args.new_tokens, repeats=args.repeats, full_logits=True, seed=args.seed,
                         clock=args.clock)
+    breakdown = time_breakdown({n: m for n, m in models.items() if not n.endswith(" before")}, prompt,
+                               args.breakdown) if args.breakdown else {}
     prunable = prunable_parameters(config)
     print(f"\n{'model':<15} {'params':>11} {'ratio':>6} {'prunable':>11} {'ratio':>6} {'MB':>7}")
     for name, row in table.items():
@@ -159,12 +209,20 @@ def main() -> None:
                                                          prompt=short.shape[1])
         print(f"{name:<15} {int(row['params']):>11,} {row['params-ratio']:>6.3f} {kept:>11,} "
               f"{kept / prunable:>6.3f} {row['MB']:>7.1f}")
-    print(f"\n{'model':<15} {'task':<11} {'ms':>8} {'speed-up':>9} {'ceiling':>8} {'measured/ceiling':>17}")
+    print(f"\n{'model':<15} {'task':<11} {'ms':>8} {'speed-up':>9} {'ceiling':>8} {'measured/ceiling':>17} "
+          f"{'95% interval':>15}")
     for name, row in table.items():
         for task, label in TASKS:
             ms = row[f"{task}-ms"] if task != "generate" else 1000 * args.new_tokens / row["generate-tok-s"]
+            interval = (f"[{row[f'{task}-of-ceiling-lo']:.3f}, {row[f'{task}-of-ceiling-hi']:.3f}]"
+                        if f"{task}-of-ceiling-lo" in row else "(< 6 repeats)")
             print(f"{name:<15} {label:<11} {ms:>8.0f} {row[f'{task}-speedup']:>8.2f}x {row[f'{task}-ceiling']:>7.2f}x "
-                  f"{row[f'{task}-of-ceiling']:>17.3f}")
+                  f"{row[f'{task}-of-ceiling']:>17.3f} {interval:>15}")
+    if breakdown:
+        print(f"\nwhere one prefill's time goes (ms, torch profiler, mean of {args.breakdown}):")
+        print(f"{'model':<15} " + " ".join(f"{c:>14}" for c in (*BREAKDOWN, "total", "projections GF/s")))
+        for name, row in breakdown.items():
+            print(f"{name:<15} " + " ".join(f"{row[c]:>14.1f}" for c in (*BREAKDOWN, "total", "projections GF/s")))
     load_end = os.getloadavg()
     tok_s = ", ".join(f"{n} {r['generate-tok-s']:.1f}" for n, r in table.items())
     print(f"\nprefill = {args.prefill} tokens, batch 1; generate = {args.new_tokens} new tokens after 32 ({tok_s} "
@@ -176,6 +234,8 @@ def main() -> None:
                   "clock": args.clock, "prefill": args.prefill, "new-tokens": args.new_tokens,
                   "prompt-for-generate": min(32, args.prefill), "repeats": args.repeats, "seed": args.seed,
                   "masks": "random, exactly round(keep * d) kept coordinates per mask", "model": args.model,
+                  "speed-up": "median over the repeats of the paired ratio dense time / model time; '*-lo', '*-hi': "
+                              "its distribution-free 95% interval (order statistics, speed.median_interval)",
                   "before": "'<keep> before': the same compiled model as the compiled forward ran until 2026-11-25 "
                             "(weights (out, in) row-major, one fused gate/up product at every length)",
                   "load-average": {"start": load_start, "end": load_end}, "machine": platform.processor()
@@ -185,6 +245,8 @@ def main() -> None:
                              "every key, as the CPU kernels run it; '*-ceiling-causal': only the pairs the causal "
                              "mask keeps)",
                   "seconds": round(time.perf_counter() - start, 1), "models": table}
+        if breakdown:
+            record["breakdown"] = {"profiled-prefills": args.breakdown, "models": breakdown}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
         print(f"record: {args.json}")

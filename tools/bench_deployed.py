@@ -24,7 +24,7 @@ import torch
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.runtime import quiet_libraries
 from fedprune_app.llm.models import load_base_model
-from fedprune_app.methods.sftp.speed import flop_ceiling, lane_widths, speed_table, workload_flops
+from fedprune_app.methods.sftp.speed import flop_ceiling, lane_widths, set_ceiling, speed_table, workload_flops
 from tools.grids import read_config
 from tools.render_bench import finish_record, start_record
 from tools.rescore_accuracy import models_of
@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, row in table.items():
         out = {"model": label, **row, "params-ratio": row["params"] / table["dense"]["params"]}
         for task, value in limits.get(label, {}).items():
-            out[f"{task}-ceiling"] = value
-            out[f"{task}-of-ceiling"] = row[f"{task}-speedup"] / value
+            set_ceiling(out, task, value)
         rows.append(out)
         print(f"{label}: {row['params'] / 1e6:.1f} M, prefill {row['prefill-speedup']:.2f}x"
               f" (ceiling {out.get('prefill-ceiling', 1.0):.2f}x), generate "

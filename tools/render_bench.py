@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tools.grids import decide
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "docs" / "bench"
 MARKER = re.compile(r"^(?P<indent> *)<!-- bench:(?P<kind>[\w-]+)(?P<records>(?: [\w.-]+\.json)+) -->$", re.M)
@@ -202,16 +204,36 @@ def mask_rounding(records: Sequence[Record]) -> str:
     return "\n".join([*lines, "", "; ".join(notes) + "."])
 
 
+SPEED_GOAL = 0.95  # issue 20's goal for measured / ceiling at every budget
+
+
+def goal_verdict(row: Record, task: str, goal: float = SPEED_GOAL) -> str:
+    """`tools.grids.decide` on measured / ceiling ≥ `goal` with the record's 95% interval: "held", "not held",
+    "unresolved"; "" for a record without intervals."""
+    if f"{task}-of-ceiling-lo" not in row:
+        return ""
+    a = row[f"{task}-of-ceiling"]
+    interval = (row[f"{task}-of-ceiling-lo"] - goal, row[f"{task}-of-ceiling-hi"] - goal, 0)
+    verdict = decide(lambda x, y: x >= y, a, goal, interval)
+    return {True: "held", False: "not held"}.get(verdict, str(verdict))  # type: ignore[arg-type]
+
+
 def compiled_speed(records: Sequence[Record]) -> str:
     """tools/bench_compiled.py: each compiled model's speed-up, its FLOP ceiling and the share reached
-    (before → after where the record has '<keep> before' models)."""
+    (before → after where the record has '<keep> before' models; its 95% interval where the record has one, and
+    the verdict on the goal ≥ 0.95 under the table)."""
     (r,) = records
     m = r["models"]
 
     def share(name: str, task: str) -> str:
-        after = f"{m[name][f'{task}-of-ceiling']:.3f}"
+        row = m[name]
+        after = f"{row[f'{task}-of-ceiling']:.3f}"
+        if f"{task}-of-ceiling-lo" in row:
+            after += f"** [{row[f'{task}-of-ceiling-lo']:.3f}, {row[f'{task}-of-ceiling-hi']:.3f}]"
+        else:
+            after += "**"
         before = m.get(f"{name} before")
-        return f"{before[f'{task}-of-ceiling']:.3f} → **{after}**" if before else f"**{after}**"
+        return f"{before[f'{task}-of-ceiling']:.3f} → **{after}" if before else f"**{after}"
 
     lines = ["| model | prefill: speed-up (ceiling) | of ceiling | all logits: of ceiling | generation: speed-up "
              "(ceiling) | of ceiling |", "|---|---|---|---|---|---|",
@@ -222,8 +244,26 @@ def compiled_speed(records: Sequence[Record]) -> str:
         lines.append(f"| {name} | {row['prefill-speedup']:.2f}× ({row['prefill-ceiling']:.2f}×) "
                      f"| {share(name, 'prefill')} | {share(name, 'full-logits')} "
                      f"| {row['generate-speedup']:.2f}× ({row['generate-ceiling']:.2f}×) | {share(name, 'generate')} |")
+    kept = [name for name in m if name not in ("dense", "keep 1") and not name.endswith(" before")]
+    verdicts = [f"{name} {label} {goal_verdict(m[name], task)}" for name in kept for task, label in
+                (("prefill", "prefill"), ("full-logits", "all logits"), ("generate", "generation"))
+                if goal_verdict(m[name], task)]
+    paired = "; speed-ups: median of the paired per-repeat ratios, [95% interval]" if verdicts else ""
     lines += ["", f"{r['threads']} thread(s), clock {r['clock']}, prefill {r['prefill']} tokens, {r['new-tokens']} "
-                  f"generated, medians of {r['repeats']}; {load_line(r)}; `{shown_command(r)}`."]
+                  f"generated, medians of {r['repeats']}{paired}; {load_line(r)}; `{shown_command(r)}`."]
+    if verdicts:
+        lines += ["", f"Goal ≥ {SPEED_GOAL} of the ceiling (held: the whole interval at or above it): "
+                      + "; ".join(verdicts) + "."]
+    if "breakdown" in r:
+        b = r["breakdown"]
+        lines += ["", "| model (one prefill, ms) | projections (GF/s) | attention | gather / scatter | LM head "
+                      "| other | total |", "|---|---|---|---|---|---|---|"]
+        for name, row in b["models"].items():
+            lines.append(f"| {name} | {row['projections']:.0f} ({row['projections GF/s']:.0f}) | "
+                         f"{row['attention']:.0f} | {row['gather/scatter']:.0f} | {row['LM head']:.0f} | "
+                         f"{row['other']:.0f} | {row['total']:.0f} |")
+        lines += ["", f"Ops' self time, torch profiler, mean of {b['profiled-prefills']} profiled prefills per model "
+                      "(models interleaved, after the timed repeats); other: norms, rotary, SiLU·up, adds, copies."]
     return "\n".join(lines)
 
 

@@ -115,3 +115,13 @@ def test_unknown_kind_or_missing_record_is_reported(tmp_path: Path) -> None:
                    "<!-- bench:pruning no-such-record.json -->\n<!-- /bench:pruning -->\n")
     problems = render_bench.check([doc])
     assert len(problems) == 2 and "unknown bench kind" in problems[1] and "record missing" in problems[0]
+
+
+def test_the_speed_goal_is_decided_by_the_whole_interval() -> None:
+    def row(point: float, lo: float, hi: float) -> dict[str, float]:
+        return {"prefill-of-ceiling": point, "prefill-of-ceiling-lo": lo, "prefill-of-ceiling-hi": hi}
+
+    assert render_bench.goal_verdict(row(0.97, 0.951, 0.99), "prefill") == "held"
+    assert render_bench.goal_verdict(row(0.96, 0.93, 0.99), "prefill") == "unresolved"  # straddles 0.95
+    assert render_bench.goal_verdict(row(0.90, 0.86, 0.949), "prefill") == "not held"
+    assert render_bench.goal_verdict({"prefill-of-ceiling": 0.99}, "prefill") == ""  # no interval: no verdict

@@ -2,7 +2,9 @@
 
 Shared by `tools/bench_compiled.py` (random masks, the issue's speed goals) and the SFT-P run itself, which
 reports its compiled client models in results.md. The models are timed round-robin (every repeat runs each model
-once per task), so a change in machine load hits all of them alike, and the medians are compared:
+once per task), so a change in machine load hits all of them alike; a speed-up is the median over the repeats of
+the paired ratio (reference time / model time of the same repeat), with a distribution-free 95% interval for that
+median from 6 repeats on (`median_interval`):
 
 - prefill: one forward over a `prefill`-token prompt, batch 1, with the KV cache and only the last token's logits
   (what `generate` does first);
@@ -18,6 +20,7 @@ beside 106 M prunable ones) one decoding step at keep 0.8 cannot pass ~1.18×, a
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -53,13 +56,39 @@ def _seconds(fn: Callable[[], object], clock: Callable[[], float], device: torch
     return clock() - start
 
 
+def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """The distribution-free interval for the median of independent draws: the order statistics x_(k) and
+    x_(n+1−k) (1-based, sorted) with the largest k for which P(Binom(n, ½) ≤ k − 1) ≤ (1 − level)/2, so that it
+    covers the population median with probability 1 − 2·P(Binom(n, ½) ≤ k − 1) ≥ `level` (Conover, Practical
+    Nonparametric Statistics, §3.2). None when no k qualifies (at 95%: fewer than 6 values; 7 give min–max,
+    15 give x_(4)–x_(12))."""
+    x, n = sorted(values), len(values)
+    alpha, below, k = (1 - level) / 2, 0.0, 0
+    while k < n and below + math.comb(n, k) / 2**n <= alpha:  # below = P(Binom(n, ½) ≤ k − 1)
+        below += math.comb(n, k) / 2**n
+        k += 1
+    return (x[k - 1], x[n - k]) if k else None
+
+
+def set_ceiling(row: dict[str, float], task: str, ceiling: float) -> None:
+    """Put `ceiling` beside `row`'s measured speed-up on `task`: `*-ceiling`, `*-of-ceiling` = speed-up / ceiling and,
+    where the speed-up has an interval (`*-speedup-lo`, `*-speedup-hi`), the same interval over the ceiling."""
+    row[f"{task}-ceiling"] = ceiling
+    row[f"{task}-of-ceiling"] = row[f"{task}-speedup"] / ceiling
+    if f"{task}-speedup-lo" in row:
+        row[f"{task}-of-ceiling-lo"] = row[f"{task}-speedup-lo"] / ceiling
+        row[f"{task}-of-ceiling-hi"] = row[f"{task}-speedup-hi"] / ceiling
+
+
 def speed_table(models: Mapping[str, nn.Module], vocab_size: int, eos_token_id: Any, prefill: int = 512,
                 new_tokens: int = 32, repeats: int = 3, full_logits: bool = False, seed: int = 0,
                 clock: str = "wall") -> dict[str, dict[str, float]]:
-    """{model: {params, MB, prefill-ms, [full-logits-ms], generate-tok-s}} plus, per task, `*-speedup` against
-    the first model (the reference, e.g. "dense"), `*-ceiling` (the speed-up its matmul FLOPs allow on the same
-    workload, `workload_flops`) and `*-of-ceiling` (speed-up / ceiling); medians of `repeats` round-robin runs
-    after one warm-up. `clock`:
+    """{model: {params, MB, prefill-ms, [full-logits-ms], generate-tok-s}} (medians of `repeats` round-robin runs
+    after one warm-up) plus, per task, `*-speedup` against the first model (the reference, e.g. "dense"): the median
+    of the per-repeat ratios reference time / model time, paired within a repeat, with its 95% interval
+    `*-speedup-lo`, `*-speedup-hi` (`median_interval`, from 6 repeats on), `*-ceiling` (the speed-up its matmul
+    FLOPs allow on the same workload, `workload_flops`) and `*-of-ceiling` (speed-up / ceiling, with the interval
+    likewise, `set_ceiling`). `clock`:
     "wall" (elapsed) or "thread" (CPU time of the calling thread: meaningful with one torch thread only, and
     close to idle figures on a loaded machine, where wall time with 2 threads mostly measures waiting)."""
     prompt = torch.randint(0, int(vocab_size), (1, prefill), generator=torch.Generator().manual_seed(seed))
@@ -96,9 +125,11 @@ def speed_table(models: Mapping[str, nn.Module], vocab_size: int, eos_token_id: 
         if full_logits:
             row["full-logits-ms"] = 1000 * med[("full-logits", name)]
         for task in tasks:
-            row[f"{task}-speedup"] = speedup = med[(task, reference)] / med[(task, name)]
-            row[f"{task}-ceiling"] = ceiling = flop_ceiling(config, lanes, task, ref_lanes, **workload)
-            row[f"{task}-of-ceiling"] = speedup / ceiling
+            ratios = [r / t for r, t in zip(times[(task, reference)], times[(task, name)], strict=True)]
+            row[f"{task}-speedup"] = statistics.median(ratios)
+            if (interval := median_interval(ratios)) is not None:
+                row[f"{task}-speedup-lo"], row[f"{task}-speedup-hi"] = interval
+            set_ceiling(row, task, flop_ceiling(config, lanes, task, ref_lanes, **workload))
         out[name] = row
     return out
 
@@ -223,8 +254,7 @@ def compiled_rows(cfg: Any, models: Mapping[str, nn.Module], tokenizer: Any, kep
             for task in ("prefill", "generate"):
                 value = None if ceiling is None else ceiling(name, task)
                 if value is not None:
-                    row[f"{task}-ceiling"] = value
-                    row[f"{task}-of-ceiling"] = row[f"{task}-speedup"] / value
+                    set_ceiling(row, task, value)
     else:
         table = {name: dict(zip(("params", "MB"), map(float, weights(m)), strict=True)) for name, m in models.items()}
     reference = table[next(iter(models))]["params"]
