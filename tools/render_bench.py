@@ -213,7 +213,7 @@ def goal_verdict(row: Record, task: str, goal: float = SPEED_GOAL) -> str:
     if f"{task}-of-ceiling-lo" not in row:
         return ""
     a = row[f"{task}-of-ceiling"]
-    interval = (row[f"{task}-of-ceiling-lo"] - goal, row[f"{task}-of-ceiling-hi"] - goal, 0)
+    interval = (row[f"{task}-of-ceiling-lo"] - goal, row[f"{task}-of-ceiling-hi"] - goal, 0)  # decide reads no n
     verdict = decide(lambda x, y: x >= y, a, goal, interval)
     return {True: "held", False: "not held"}.get(verdict, str(verdict))  # type: ignore[arg-type]
 
