@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tools.grids import decide
+from tools.grids import decide, mark
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "docs" / "bench"
@@ -208,14 +208,13 @@ SPEED_GOAL = 0.95  # issue 20's goal for measured / ceiling at every budget
 
 
 def goal_verdict(row: Record, task: str, goal: float = SPEED_GOAL) -> str:
-    """`tools.grids.decide` on measured / ceiling ≥ `goal` with the record's 95% interval: "held", "not held",
-    "unresolved"; "" for a record without intervals."""
+    """`tools.grids.decide` on measured / ceiling ≥ `goal` with the record's 95% interval, worded as `mark` words it
+    (unbolded): "held", "not held", "unresolved"; "" for a record without intervals."""
     if f"{task}-of-ceiling-lo" not in row:
         return ""
     a = row[f"{task}-of-ceiling"]
     interval = (row[f"{task}-of-ceiling-lo"] - goal, row[f"{task}-of-ceiling-hi"] - goal, 0)  # decide reads no n
-    verdict = decide(lambda x, y: x >= y, a, goal, interval)
-    return {True: "held", False: "not held"}.get(verdict, str(verdict))  # type: ignore[arg-type]
+    return mark(decide(lambda x, y: x >= y, a, goal, interval)).strip("*")
 
 
 def compiled_speed(records: Sequence[Record]) -> str:
