@@ -3,9 +3,15 @@ with its paired 95% bootstrap interval over the client's answers.
 
 For a run outside a grid (a new setting tried on one cell) against the grid's archived cells: both runs must have
 been re-scored on the same examples (`python -m tools.rescore_accuracy <run> --examples 100`). `--b-model dense`
-compares A with the untouched model that B (a fedflap run) scored.
+compares A with the untouched model that B (a fedflap run, or A itself re-scored with `--dense`) scored.
 
     python -m tools.compare_runs outputs/exp-sftp/<run> docs/runs/sftp/20261126-061133-sftp-p50-noc-a
+
+Several pairs (A1 B1 A2 B2 ...: seed replicates, each pair scored on its own questions) are pooled: each pair's
+paired difference on its own answers, then the two-stage bootstrap over the pairs and the answers within each
+(`intervals.pooled_interval`, as the grid pools its seed replicates), so the interval holds the training noise:
+
+    python -m tools.compare_runs <seed-0 run> <seed-0 run> <seed-1 run> <seed-1 run> --b-model dense
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from fedprune_app.llm.evaluation import bootstrap_ci
+import numpy as np
+
+from fedprune_app.llm.evaluation import bootstrap_means
+from fedprune_app.llm.intervals import pooled_interval
 from tools.grids import judge, mark, read_config
 from tools.grids.sftp.records import MODEL_OF_ROUND, answer_units, per_example, read_rescore
-from tools.grids.sftp.rescored import _paired_pairs
+from tools.grids.sftp.rescored import _pooled_pairs
 
 ROUND_OF_MODEL = {v: k for k, v in MODEL_OF_ROUND.items()}
 # the run-config keys that draw a client's test split and unused tail (fedprune_app.llm.data.client_data)
@@ -54,38 +63,71 @@ def check_same_questions(a: Path, b: Path, clients: list[int]) -> None:
 def compare(a: Path, b: Path, b_model: str = "final") -> list[str]:
     """The two lines: answer perplexity (judged per client: A at or below B) and accuracy Δ (A − B, points) per
     client and over the clients both scored, each with its paired interval."""
-    runs = {"a": a, "b": b}
-    units_a, units_b = answer_units(runs, "a"), answer_units(runs, "b", ROUND_OF_MODEL[b_model])
-    if not units_a or not units_b:
-        raise SystemExit(f"error: {a if not units_a else b} has no re-scored answers for model '"
-                         f"{'final' if not units_a else b_model}' (run tools.rescore_accuracy first)")
-    clients = sorted(set(units_a) & set(units_b))
-    check_same_questions(a, b, clients)
-    held, text = judge(_paired_pairs(units_a, units_b, clients))
-    lines = [f"answer perplexity, A at or below B: {mark(held)} ({text})"]
-    acc_a, acc_b = per_example(runs, "a"), per_example(runs, "b", ROUND_OF_MODEL[b_model])
+    return compare_pooled([(a, b)], b_model)
+
+
+def compare_pooled(pairs: list[tuple[Path, Path]], b_model: str = "final") -> list[str]:
+    """`compare` over one or more (A, B) pairs: each pair's paired differences on its own questions; with several
+    pairs the estimates are their means and the intervals the two-stage bootstrap over pairs, then answers
+    (`_pooled_pairs`, `accuracy_interval`); n counts the answers of every pair. Clients: those every pair scored."""
+    replicates, accuracy = [], []
+    for a, b in pairs:
+        runs = {"a": a, "b": b}
+        units_a, units_b = answer_units(runs, "a"), answer_units(runs, "b", ROUND_OF_MODEL[b_model])
+        if not units_a or not units_b:
+            raise SystemExit(f"error: {a if not units_a else b} has no re-scored answers for model '"
+                             f"{'final' if not units_a else b_model}' (run tools.rescore_accuracy first)")
+        check_same_questions(a, b, sorted(set(units_a) & set(units_b)))
+        replicates.append((units_a, units_b))
+        accuracy.append((per_example(runs, "a"), per_example(runs, "b", ROUND_OF_MODEL[b_model])))
+    clients = sorted(set.intersection(*(set(ua) & set(ub) for ua, ub in replicates)))
+    held, text = judge(_pooled_pairs(replicates, clients))
+    pooled = "" if len(pairs) == 1 else f", pooled over {len(pairs)} pairs"
+    lines = [f"answer perplexity, A at or below B{pooled}: {mark(held)} ({text})"]
     parts = []
     for group in [*([k] for k in clients), clients]:
+        mean, lo, hi, n = accuracy_interval(accuracy, group)
+        name = f"client {group[0]}" if len(group) == 1 else "all clients"
+        parts.append(f"{name}: Δ {100 * mean:+.1f} [{100 * lo:.1f}, {100 * hi:.1f}], n = {n}")
+    lines.append(f"accuracy, A − B (points){pooled}: " + "; ".join(parts))
+    return lines
+
+
+def accuracy_interval(pairs: list[tuple[dict[int, list[float]], dict[int, list[float]]]], group: list[int]
+                      ) -> tuple[float, float, float, int]:
+    """(Δ, lo, hi, n) of the accuracy difference A − B over the clients in `group` (the mean of their means, each
+    client resampled within itself): one pair, its paired percentile interval (`evaluation.bootstrap_ci`'s); several,
+    the mean of the pairs' Δ with `intervals.pooled_interval` over their bootstrap draws."""
+    estimates, draws, n = [], [], 0
+    for i, (acc_a, acc_b) in enumerate(pairs):
         if any(len(acc_a[k]) != len(acc_b[k]) for k in group):
             raise SystemExit(f"error: client(s) {group} were re-scored on different examples in A and B")
-        mean, lo, hi = bootstrap_ci([v for k in group for v in acc_a[k]], [v for k in group for v in acc_b[k]],
-                                    strata=[k for k in group for _ in acc_a[k]])
-        name = f"client {group[0]}" if len(group) == 1 else "all clients"
-        n = sum(len(acc_a[k]) for k in group)
-        parts.append(f"{name}: Δ {100 * mean:+.1f} [{100 * lo:.1f}, {100 * hi:.1f}], n = {n}")
-    lines.append("accuracy, A − B (points): " + "; ".join(parts))
-    return lines
+        estimate, means = bootstrap_means([v for k in group for v in acc_a[k]], [v for k in group for v in acc_b[k]],
+                                          seed=i, strata=[k for k in group for _ in acc_a[k]])
+        estimates.append(estimate)
+        draws.append(means)
+        n += sum(len(acc_a[k]) for k in group)
+    if len(pairs) == 1:
+        lo, hi = np.quantile(draws[0], [0.025, 0.975])
+        return estimates[0], float(lo), float(hi), n
+    ci = pooled_interval(estimates, draws)
+    return ci.estimate, ci.lo, ci.hi, n
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("a", type=Path)
-    parser.add_argument("b", type=Path)
+    parser.add_argument("runs", type=Path, nargs="+", metavar="A B",
+                        help="one pair A B, or several pairs A1 B1 A2 B2 ... to pool (seed replicates)")
     parser.add_argument("--b-model", default="final", choices=sorted(ROUND_OF_MODEL),
                         help="B's model: final (its deployed models), dense / post-hoc (a fedflap run's references)")
     args = parser.parse_args(argv)
-    print(f"A = {args.a.name}\nB = {args.b.name} ({args.b_model})")
-    print("\n".join(compare(args.a, args.b, args.b_model)))
+    if len(args.runs) % 2:
+        parser.error(f"runs come in pairs A B; got {len(args.runs)} paths")
+    pairs = list(zip(args.runs[::2], args.runs[1::2], strict=True))
+    for i, (a, b) in enumerate(pairs, 1):
+        tag = "" if len(pairs) == 1 else str(i)
+        print(f"A{tag} = {a.name}\nB{tag} = {b.name} ({args.b_model})")
+    print("\n".join(compare_pooled(pairs, args.b_model)))
     return 0
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -207,9 +208,9 @@ def rouge_l_scores(predictions: Sequence[str], references: Sequence[str]) -> lis
     return [scorer.score(ref, pred)["rougeL"].fmeasure for pred, ref in zip(predictions, references, strict=True)]
 
 
-def bootstrap_ci(values: Sequence[float], paired_with: Sequence[float] | None = None, iters: int = 2000,
-                 seed: int = 0, strata: Sequence[int] | None = None) -> tuple[float, float, float]:
-    """(mean, 2.5th, 97.5th percentile) of the mean of `values` — or of the per-example differences
+def bootstrap_means(values: Sequence[float], paired_with: Sequence[float] | None = None, iters: int = 2000,
+                    seed: int = 0, strata: Sequence[int] | None = None) -> tuple[float, np.ndarray]:
+    """(estimate, its `iters` bootstrap draws) of the mean of `values` — or of the per-example differences
     values − paired_with (a paired bootstrap: both resampled on the same example indices). With `strata` (a
     group id per value, e.g. the client that owns the example) the statistic is the mean of the group means and
     each group is resampled within itself, so every bootstrap sample keeps each group's size."""
@@ -224,8 +225,15 @@ def bootstrap_ci(values: Sequence[float], paired_with: Sequence[float] | None = 
     groups = [x] if strata is None else [x[torch.tensor([s == g for s in strata])] for g in sorted(set(strata))]
     means = torch.stack([g[torch.randint(0, g.numel(), (iters, g.numel()), generator=gen)].mean(dim=1)
                          for g in groups]).mean(dim=0)
-    lo, hi = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return float(torch.stack([g.mean() for g in groups]).mean()), lo, hi
+    return float(torch.stack([g.mean() for g in groups]).mean()), means.numpy()
+
+
+def bootstrap_ci(values: Sequence[float], paired_with: Sequence[float] | None = None, iters: int = 2000,
+                 seed: int = 0, strata: Sequence[int] | None = None) -> tuple[float, float, float]:
+    """(mean, 2.5th, 97.5th percentile) of `bootstrap_means`' statistic (the same arguments)."""
+    estimate, means = bootstrap_means(values, paired_with, iters, seed, strata)
+    lo, hi = torch.quantile(torch.from_numpy(means), torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return estimate, lo, hi
 
 
 def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> float:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tools.compare_runs import compare
+from tools.compare_runs import compare, compare_pooled, main
 
 
 def write_run(path: Path, per_client: dict[int, tuple[list[float], list[float], list[int]]],
@@ -81,3 +81,30 @@ def test_runs_scored_on_different_questions_are_refused(tmp_path: Path) -> None:
     (old_b / "config.json").write_text(json.dumps({"seed": 1, "client-data": "x,y"}))
     with pytest.raises(SystemExit, match="seed differ"):
         compare(old_a, old_b)
+
+
+def test_pairs_pool_by_their_means_and_the_interval_holds_their_spread(tmp_path: Path) -> None:
+    """Two seed replicates: the pooled Δ is the mean of the pairs' Δ (brute force), n counts both, and when the
+    pairs disagree (A above B in one, below in the other, each decisively) the pooled interval holds both."""
+    up = (write_run(tmp_path / "a1", {0: client(0, 1.0)}), write_run(tmp_path / "b1", {0: client(0, 0.0)}))
+    down = (write_run(tmp_path / "a2", {0: client(1, 0.0)}), write_run(tmp_path / "b2", {0: client(1, 1.0)}))
+    assert "**not held**" in compare(*up)[0] and "**held**" in compare(*down)[0]
+    lines = compare_pooled([up, down])
+    ppl = [[math.exp(sum(c[1]) / sum(c[2])) for c in (client(s, 1.0 - s), client(s, float(s)))] for s in (0, 1)]
+    mean_a, mean_b = np.mean([p[0] for p in ppl]), np.mean([p[1] for p in ppl])
+    assert f"client 0: {mean_a:.2f} vs {mean_b:.2f}" in lines[0] and "pooled over 2 pairs" in lines[0]
+    lo, hi = (float(x) for x in re.search(r"Δ [+-][0-9.]+ \[([-0-9.]+), ([-0-9.]+)\], n = 80", lines[0]).groups())
+    assert lo < min(p[0] - p[1] for p in ppl) + 0.5 and hi > max(p[0] - p[1] for p in ppl) - 0.5
+    assert "**unresolved**" in lines[0]
+    acc = [100 * (np.mean(client(s, 1.0 - s)[0]) - np.mean(client(s, float(s))[0])) for s in (0, 1)]
+    found = float(re.search(r"client 0: Δ ([+-][0-9.]+) \[", lines[1]).group(1))
+    assert found == pytest.approx(np.mean(acc), abs=0.051) and "n = 80" in lines[1]
+
+
+def test_the_command_line_takes_runs_in_pairs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write_run(tmp_path / "a", {0: client(0, 0.0)})
+    with pytest.raises(SystemExit):
+        main([str(a), str(a), str(a)])
+    assert "runs come in pairs" in capsys.readouterr().err
+    assert main([str(a), str(a), str(a), str(a)]) == 0
+    assert "A2 = a" in capsys.readouterr().out
