@@ -217,6 +217,18 @@ def goal_verdict(row: Record, task: str, goal: float = SPEED_GOAL) -> str:
     return mark(decide(lambda x, y: x >= y, a, goal, interval)).strip("*")
 
 
+def attainable_share(breakdown: dict[str, dict[str, float]], name: str, ceiling: float) -> float:
+    """What the breakdown allows model `name`'s prefill to reach of its FLOP `ceiling`: its profiled time with the
+    projections at the dense model's GF/s and no lane gathers/scatters, every other op (attention, LM head, norms,
+    rotary, SiLU·up: work the bus masks shrink less than the FLOP count, or not at all) as profiled; the dense
+    model's profiled total over that, divided by the ceiling. Above 1: nothing but the products and the index ops
+    stands between the model and its ceiling; below: the ceiling is out of reach even with perfect kernels."""
+    row, dense = breakdown[name], breakdown["dense"]
+    projections = row["projections"] * row["projections GF/s"] / dense["projections GF/s"]
+    bound = row["total"] - row["gather/scatter"] - row["projections"] + projections
+    return dense["total"] / bound / ceiling
+
+
 def compiled_speed(records: Sequence[Record]) -> str:
     """tools/bench_compiled.py: each compiled model's speed-up, its FLOP ceiling and the share reached
     (before → after where the record has '<keep> before' models; its 95% interval where the record has one, and
@@ -256,13 +268,17 @@ def compiled_speed(records: Sequence[Record]) -> str:
     if "breakdown" in r:
         b = r["breakdown"]
         lines += ["", "| model (one prefill, ms) | projections (GF/s) | attention | gather / scatter | LM head "
-                      "| other | total |", "|---|---|---|---|---|---|---|"]
+                      "| other | total | bound: of ceiling |", "|---|---|---|---|---|---|---|---|"]
         for name, row in b["models"].items():
+            bound = f"{attainable_share(b['models'], name, m[name]['prefill-ceiling']):.3f}"
             lines.append(f"| {name} | {row['projections']:.0f} ({row['projections GF/s']:.0f}) | "
                          f"{row['attention']:.0f} | {row['gather/scatter']:.0f} | {row['LM head']:.0f} | "
-                         f"{row['other']:.0f} | {row['total']:.0f} |")
+                         f"{row['other']:.0f} | {row['total']:.0f} | {bound} |")
         lines += ["", f"Ops' self time, torch profiler, mean of {b['profiled-prefills']} profiled prefills per model "
-                      "(models interleaved, after the timed repeats); other: norms, rotary, SiLU·up, adds, copies."]
+                      "(models interleaved, after the timed repeats); other: norms, rotary, SiLU·up, adds, copies. "
+                      "Bound: the share of the prefill ceiling the model would reach with its projections at the "
+                      "dense model's GF/s and no gathers/scatters, every other op as profiled "
+                      "(`tools.render_bench.attainable_share`)."]
     return "\n".join(lines)
 
 

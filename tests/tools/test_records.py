@@ -125,3 +125,12 @@ def test_the_speed_goal_is_decided_by_the_whole_interval() -> None:
     assert render_bench.goal_verdict(row(0.96, 0.93, 0.99), "prefill") == "unresolved"  # straddles 0.95
     assert render_bench.goal_verdict(row(0.90, 0.86, 0.949), "prefill") == "not held"
     assert render_bench.goal_verdict({"prefill-of-ceiling": 0.99}, "prefill") == ""  # no interval: no verdict
+
+
+def test_the_attainable_share_removes_index_ops_and_slow_products_only() -> None:
+    """By hand: dense 100 ms (products 60 at 100 GF/s); the model's products 40 ms at 80 GF/s (32 ms at the dense
+    rate), 5 ms of gathers, 20 other: bound 32 + 20 = 52 ms, 100 / 52 = 1.923×, of a 2× ceiling 0.962."""
+    breakdown = {"dense": {"projections": 60.0, "projections GF/s": 100.0, "gather/scatter": 0.0, "total": 100.0},
+                 "keep 0.5": {"projections": 40.0, "projections GF/s": 80.0, "gather/scatter": 5.0, "total": 65.0}}
+    assert render_bench.attainable_share(breakdown, "keep 0.5", 2.0) == pytest.approx(100 / 52 / 2)
+    assert render_bench.attainable_share(breakdown, "dense", 1.0) == pytest.approx(1.0)
