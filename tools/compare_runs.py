@@ -12,6 +12,11 @@ paired difference on its own answers, then the two-stage bootstrap over the pair
 (`intervals.pooled_interval`, as the grid pools its seed replicates), so the interval holds the training noise:
 
     python -m tools.compare_runs <seed-0 run> <seed-0 run> <seed-1 run> <seed-1 run> --b-model dense
+
+`--ratio-goal R` also judges ppl(A) / ppl(B) ≤ R per client with its paired interval (SFT-P against its ceiling:
+issue 20's ≤ 1.25 at keep 0.8):
+
+    python -m tools.compare_runs <sftp run> <ceiling run> --ratio-goal 1.25
 """
 
 from __future__ import annotations
@@ -66,10 +71,13 @@ def compare(a: Path, b: Path, b_model: str = "final") -> list[str]:
     return compare_pooled([(a, b)], b_model)
 
 
-def compare_pooled(pairs: list[tuple[Path, Path]], b_model: str = "final") -> list[str]:
+def compare_pooled(pairs: list[tuple[Path, Path]], b_model: str = "final", ratio_goal: float | None = None
+                   ) -> list[str]:
     """`compare` over one or more (A, B) pairs: each pair's paired differences on its own questions; with several
     pairs the estimates are their means and the intervals the two-stage bootstrap over pairs, then answers
-    (`_pooled_pairs`, `accuracy_interval`); n counts the answers of every pair. Clients: those every pair scored."""
+    (`_pooled_pairs`, `accuracy_interval`); n counts the answers of every pair. Clients: those every pair scored.
+    With `ratio_goal` a third line judges ppl(A) / ppl(B) at or below it per client (e.g. SFT-P against its
+    ceiling, issue 20's ≤ 1.25 at keep 0.8 and ≤ 2 at keep 0.5), each ratio with its paired interval."""
     replicates, accuracy = [], []
     for a, b in pairs:
         runs = {"a": a, "b": b}
@@ -90,6 +98,10 @@ def compare_pooled(pairs: list[tuple[Path, Path]], b_model: str = "final") -> li
         name = f"client {group[0]}" if len(group) == 1 else "all clients"
         parts.append(f"{name}: Δ {100 * mean:+.1f} [{100 * lo:.1f}, {100 * hi:.1f}], n = {n}")
     lines.append(f"accuracy, A − B (points){pooled}: " + "; ".join(parts))
+    if ratio_goal is not None:
+        held, text = judge(_pooled_pairs(replicates, clients, ratio_goal))
+        lines.append(f"answer perplexity ratio A / B at or below {ratio_goal:g}{pooled}: {mark(held)} "
+                     f"(per client: the ratio vs the goal, Δ = ratio − goal; {text})")
     return lines
 
 
@@ -120,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="one pair A B, or several pairs A1 B1 A2 B2 ... to pool (seed replicates)")
     parser.add_argument("--b-model", default="final", choices=sorted(ROUND_OF_MODEL),
                         help="B's model: final (its deployed models), dense / post-hoc (a fedflap run's references)")
+    parser.add_argument("--ratio-goal", type=float, default=None, metavar="R",
+                        help="also judge the answer-perplexity ratio A / B at or below R per client (paired interval)")
     args = parser.parse_args(argv)
     if len(args.runs) % 2:
         parser.error(f"runs come in pairs A B; got {len(args.runs)} paths")
@@ -127,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, (a, b) in enumerate(pairs, 1):
         tag = "" if len(pairs) == 1 else str(i)
         print(f"A{tag} = {a.name}\nB{tag} = {b.name} ({args.b_model})")
-    print("\n".join(compare_pooled(pairs, args.b_model)))
+    print("\n".join(compare_pooled(pairs, args.b_model, args.ratio_goal)))
     return 0
 
 

@@ -108,3 +108,20 @@ def test_the_command_line_takes_runs_in_pairs(tmp_path: Path, capsys: pytest.Cap
     assert "runs come in pairs" in capsys.readouterr().err
     assert main([str(a), str(a), str(a), str(a)]) == 0
     assert "A2 = a" in capsys.readouterr().out
+
+
+def test_the_ratio_to_a_goal_is_the_paired_perplexity_ratio(tmp_path: Path) -> None:
+    """`--ratio-goal`: per client ppl(A) / ppl(B) with the interval `intervals.paired_perplexity_interval` gives
+    (one pair: the same draws), judged at or below the goal over the whole interval."""
+    from fedprune_app.llm.intervals import TokenScores, paired_perplexity_interval
+
+    a_scores, b_scores = client(0, 0.3), client(0, 0.0)  # A e^0.3 = 1.35 times B on every answer token
+    a, b = write_run(tmp_path / "a", {0: a_scores}), write_run(tmp_path / "b", {0: b_scores})
+    ref = paired_perplexity_interval(TokenScores.of(a_scores[1], a_scores[2]), TokenScores.of(b_scores[1], b_scores[2]),
+                                     "ratio", iters=2000, seed=0)
+    for goal, verdict in ((1.25, "**not held**"), (1.5, "**held**")):
+        line = compare_pooled([(a, b)], ratio_goal=goal)[2]
+        assert line.startswith(f"answer perplexity ratio A / B at or below {goal:g}: {verdict}")
+        assert f"client 0: {ref.estimate:.2f} vs {goal:.2f}" in line
+        assert f"[{ref.lo - goal:.2f}, {ref.hi - goal:.2f}], n = 40" in line
+    assert len(compare_pooled([(a, b)])) == 2  # no goal, no ratio line

@@ -94,11 +94,14 @@ def _paired_pairs(ours: dict[int, Any], other: dict[int, Any], clients: Iterable
     return _pooled_pairs([(ours, other)], clients)
 
 
-def _pooled_pairs(replicates: list[tuple[dict[int, Any], dict[int, Any]]], clients: Iterable[int]) -> list[Pair]:
+def _pooled_pairs(replicates: list[tuple[dict[int, Any], dict[int, Any]]], clients: Iterable[int],
+                  ratio_goal: float | None = None) -> list[Pair]:
     """Per client, ppl(ours) at or below ppl(other) over seed replicates of both cells: each replicate's paired
     difference on its own answers, pooled by the two-stage bootstrap (`intervals.pooled_interval`: replicates, then
     answers within each), so the interval holds the training noise too; a and b are the replicates' means, n the
-    answers over all replicates. One replicate: its own paired percentile interval."""
+    answers over all replicates. One replicate: its own paired percentile interval. With `ratio_goal` the
+    statistic is the ratio ppl(ours) / ppl(other), judged at or below the goal (a: the ratio, b: the goal, the
+    interval that of ratio − goal)."""
     import numpy as np
 
     from fedprune_app.llm.intervals import pooled_interval, resampled_perplexities
@@ -111,11 +114,17 @@ def _pooled_pairs(replicates: list[tuple[dict[int, Any], dict[int, Any]]], clien
         draws = []
         for i, (a, b) in enumerate(replicates):
             d = resampled_perplexities({"a": a[c], "b": b[c]}, iters=2000, seed=7919 * i + c)
-            draws.append(d["a"] - d["b"])
+            draws.append(d["a"] / d["b"] if ratio_goal else d["a"] - d["b"])
+        n = sum(len(a[c].nll) for a, _ in replicates)
+        if ratio_goal:
+            ci = pooled_interval([a[c].perplexity / b[c].perplexity for a, b in replicates], draws, seed=c)
+            pairs.append((f"client {c}", ci.estimate, ratio_goal, lambda x, y: x <= y,
+                          (ci.lo - ratio_goal, ci.hi - ratio_goal, n)))
+            continue
         ci = pooled_interval([a[c].perplexity - b[c].perplexity for a, b in replicates], draws, seed=c)
         pairs.append((f"client {c}", float(np.mean([a[c].perplexity for a, _ in replicates])),
                       float(np.mean([b[c].perplexity for _, b in replicates])), lambda x, y: x <= y,
-                      (ci.lo, ci.hi, sum(len(a[c].nll) for a, _ in replicates))))
+                      (ci.lo, ci.hi, n)))
     return pairs
 
 
