@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if len(args.runs) % 2:
         parser.error(f"runs come in pairs A B; got {len(args.runs)} paths")
+    if args.ratio_goal is not None and not args.ratio_goal > 0:
+        parser.error(f"--ratio-goal must be a positive ratio (e.g. 1.25), got {args.ratio_goal}")
     pairs = list(zip(args.runs[::2], args.runs[1::2], strict=True))
     for i, (a, b) in enumerate(pairs, 1):
         tag = "" if len(pairs) == 1 else str(i)

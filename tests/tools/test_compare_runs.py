@@ -108,6 +108,9 @@ def test_the_command_line_takes_runs_in_pairs(tmp_path: Path, capsys: pytest.Cap
     assert "runs come in pairs" in capsys.readouterr().err
     assert main([str(a), str(a), str(a), str(a)]) == 0
     assert "A2 = a" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([str(a), str(a), "--ratio-goal", "0"])
+    assert "--ratio-goal must be a positive ratio" in capsys.readouterr().err
 
 
 def test_the_ratio_to_a_goal_is_the_paired_perplexity_ratio(tmp_path: Path) -> None:

@@ -114,9 +114,9 @@ def _pooled_pairs(replicates: list[tuple[dict[int, Any], dict[int, Any]]], clien
         draws = []
         for i, (a, b) in enumerate(replicates):
             d = resampled_perplexities({"a": a[c], "b": b[c]}, iters=2000, seed=7919 * i + c)
-            draws.append(d["a"] / d["b"] if ratio_goal else d["a"] - d["b"])
+            draws.append(d["a"] / d["b"] if ratio_goal is not None else d["a"] - d["b"])
         n = sum(len(a[c].nll) for a, _ in replicates)
-        if ratio_goal:
+        if ratio_goal is not None:
             ci = pooled_interval([a[c].perplexity / b[c].perplexity for a, b in replicates], draws, seed=c)
             pairs.append((f"client {c}", ci.estimate, ratio_goal, lambda x, y: x <= y,
                           (ci.lo - ratio_goal, ci.hi - ratio_goal, n)))
