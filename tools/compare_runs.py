@@ -25,8 +25,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fedprune_app.llm.evaluation import bootstrap_means
 from fedprune_app.llm.intervals import pooled_interval
 from tools.grids import judge, mark, read_config
@@ -108,8 +106,8 @@ def compare_pooled(pairs: list[tuple[Path, Path]], b_model: str = "final", ratio
 def accuracy_interval(pairs: list[tuple[dict[int, list[float]], dict[int, list[float]]]], group: list[int]
                       ) -> tuple[float, float, float, int]:
     """(Δ, lo, hi, n) of the accuracy difference A − B over the clients in `group` (the mean of their means, each
-    client resampled within itself): one pair, its paired percentile interval (`evaluation.bootstrap_ci`'s); several,
-    the mean of the pairs' Δ with `intervals.pooled_interval` over their bootstrap draws."""
+    client resampled within itself): the mean of the pairs' Δ with `intervals.pooled_interval` over their bootstrap
+    draws (one pair: its paired percentile interval, `evaluation.bootstrap_ci`'s)."""
     estimates, draws, n = [], [], 0
     for i, (acc_a, acc_b) in enumerate(pairs):
         if any(len(acc_a[k]) != len(acc_b[k]) for k in group):
@@ -119,10 +117,7 @@ def accuracy_interval(pairs: list[tuple[dict[int, list[float]], dict[int, list[f
         estimates.append(estimate)
         draws.append(means)
         n += sum(len(acc_a[k]) for k in group)
-    if len(pairs) == 1:
-        lo, hi = np.quantile(draws[0], [0.025, 0.975])
-        return estimates[0], float(lo), float(hi), n
-    ci = pooled_interval(estimates, draws)
+    ci = pooled_interval(estimates, draws)  # one pair: the percentile interval of its own draws
     return ci.estimate, ci.lo, ci.hi, n
 
 

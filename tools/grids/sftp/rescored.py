@@ -111,20 +111,20 @@ def _pooled_pairs(replicates: list[tuple[dict[int, Any], dict[int, Any]]], clien
         if any(c not in a or c not in b or len(a[c].nll) != len(b[c].nll) for a, b in replicates):
             pairs.append((f"client {c}", None, None, lambda x, y: x <= y))
             continue
+        combine = np.subtract if ratio_goal is None else np.divide
         draws = []
         for i, (a, b) in enumerate(replicates):
             d = resampled_perplexities({"a": a[c], "b": b[c]}, iters=2000, seed=7919 * i + c)
-            draws.append(d["a"] / d["b"] if ratio_goal is not None else d["a"] - d["b"])
+            draws.append(combine(d["a"], d["b"]))
+        ci = pooled_interval([float(combine(a[c].perplexity, b[c].perplexity)) for a, b in replicates], draws, seed=c)
         n = sum(len(a[c].nll) for a, _ in replicates)
-        if ratio_goal is not None:
-            ci = pooled_interval([a[c].perplexity / b[c].perplexity for a, b in replicates], draws, seed=c)
+        if ratio_goal is None:
+            pairs.append((f"client {c}", float(np.mean([a[c].perplexity for a, _ in replicates])),
+                          float(np.mean([b[c].perplexity for _, b in replicates])), lambda x, y: x <= y,
+                          (ci.lo, ci.hi, n)))
+        else:
             pairs.append((f"client {c}", ci.estimate, ratio_goal, lambda x, y: x <= y,
                           (ci.lo - ratio_goal, ci.hi - ratio_goal, n)))
-            continue
-        ci = pooled_interval([a[c].perplexity - b[c].perplexity for a, b in replicates], draws, seed=c)
-        pairs.append((f"client {c}", float(np.mean([a[c].perplexity for a, _ in replicates])),
-                      float(np.mean([b[c].perplexity for _, b in replicates])), lambda x, y: x <= y,
-                      (ci.lo, ci.hi, n)))
     return pairs
 
 
