@@ -1,6 +1,8 @@
-# The two commands of the README; each sets itself up first (idempotent).
+# The two commands of the README (`make run`, `make test`) and their helpers; each sets itself up first
+# (idempotent). Every target calls the `fedprune` command that `make setup` installs into .venv/bin.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+FEDPRUNE := $(VENV)/bin/fedprune
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 RAY_USAGE_STATS_ENABLED=0
@@ -9,16 +11,22 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 RUN_CONFIG ?= conf/sftp.toml
 FEDERATION ?= num-supernodes=4 client-resources-num-cpus=1
 
-.PHONY: setup run test test-slow lint bench-overhead bench-scale
+.PHONY: setup run smoke test test-slow lint bench-overhead bench-scale
 
 setup:
-	@./tools/setup.sh
+	@./scripts/setup.sh
 
-# SFT-P's preset runs beside its floor and ceiling (tools/sftp_references.py); any other preset runs alone.
-RUN_TOOL = $(if $(filter conf/sftp.toml,$(RUN_CONFIG)),tools.sftp_references,tools.launch)
+# SFT-P's preset runs beside its floor and ceiling (`--references`); any other preset runs alone.
+REFERENCES = $(if $(filter conf/sftp.toml,$(RUN_CONFIG)),--references)
 
 run: setup
-	$(PY) -m $(RUN_TOOL) --run-config $(RUN_CONFIG) $(if $(ARGS),--run-config "$(ARGS)") --federation-config "$(FEDERATION)"
+	$(FEDPRUNE) run $(REFERENCES) --run-config $(RUN_CONFIG) $(if $(ARGS),--run-config "$(ARGS)") \
+		--federation-config "$(FEDERATION)"
+
+# The quick check: the smoke preset (1 round, 2 clients), a few minutes.
+smoke: setup
+	$(FEDPRUNE) run --run-config conf/smoke.toml $(if $(ARGS),--run-config "$(ARGS)") \
+		--federation-config "num-supernodes=2 client-resources-num-cpus=1"
 
 test: setup
 	$(PY) -m ruff check .
@@ -27,8 +35,11 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
+lint: setup
+	$(PY) -m ruff check .
+
 bench-overhead: setup
-	$(PY) -m tools.bench_overhead
+	$(FEDPRUNE) bench overhead
 
 bench-scale: setup
-	$(PY) -m tools.bench_scale $(ARGS)
+	$(FEDPRUNE) bench scale $(ARGS)

@@ -116,7 +116,7 @@ def main(grid: Grid, context: Context) -> None:
         run.finish("completed", {"artefacts": artefacts, "initial-state-seconds": round(initial_ready, 3)})
     except BaseException as err:
         error = traceback.format_exc()[-4000:]
-        message = f"{type(err).__name__}: {err}".strip()  # what `tools.launch` prints as the run's error
+        message = f"{type(err).__name__}: {err}".strip()  # what `fedprune run` prints as the run's error
         try:
             run.finish("failed", {"error": error, "error-message": message})
         finally:

@@ -11,7 +11,7 @@ dict stays the wire and CLI format. Here the keys are typed dataclass fields, gr
 A field `local_steps` is the flat key `local-steps`; `key(default, help, ...)` gives its meaning and bounds.
 `RunConfig.from_flower` validates the flat dict *before* any model or data is touched: an unknown key, a wrong type
 or an out-of-range value raises `ConfigError` naming the key and what it accepts; then each section's `check`
-runs the checks that need more than one key. `python -m tools.config_keys --write` regenerates pyproject's
+runs the checks that need more than one key. `fedprune keys --write` regenerates pyproject's
 `[tool.flwr.app.config]` and `docs/config.md` from the sections (a test fails when they drift).
 
 Per-client lists travel as comma-separated strings (`"0.2,0.2,0.5,0.5"`), see `per_client`.
@@ -105,6 +105,12 @@ class ConfigSection:
 
     def check(self, cfg: RunConfig) -> None:
         """Checks that need more than one key (raise ConfigError naming them); none by default."""
+
+    def advice(self, cfg: RunConfig) -> list[str]:
+        """Settings that pass `check` but are known to end in a broken model for the method `cfg` runs: one
+        line each, naming the keys and what is known to work. `fedprune run` prints them as warnings before
+        the run starts (the run still starts); none by default."""
+        return []
 
 
 S = TypeVar("S", bound=ConfigSection)
@@ -247,7 +253,7 @@ class SharedConfig(ConfigSection):
     eval_untouched: bool = key(
         True,
         "Round 0's federated evaluation of the untouched model; false skips it (a reference run whose untouched "
-        "scores another run of the same data already has, e.g. tools/sftp_references.py's floor and ceiling).",
+        "scores another run of the same data already has, e.g. fedprune_cli/references.py's floor and ceiling).",
     )
     eval_tasks: str = key(
         "",

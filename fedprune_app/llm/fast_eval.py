@@ -17,12 +17,12 @@ and changes only how `_loglikelihood_tokens` computes log P(continuation | conte
    token predicts every choice's first token).
 
 So the forward costs the context once plus each choice's tokens, with almost no padding: the FLOPs of the shared
-form (`tools/bench_evaluator.flop_ceiling`), in one pass instead of a prefix pass, a KV-cache copy per choice and a
-padded continuation pass (this module's first form, 1.6× on the default tasks; the packed form is measured by the
-same benchmark). The model must honour a custom 4D `attention_mask` and explicit `position_ids` (HF LLaMA,
-peft-wrapped models, SFT-P's routed and compiled, LLM-Pruner's and SliceGPT's compiled models do): `packing_support`
-checks that on a probe before any scoring; a model that fails it is scored by the stock HFLM path, with the reason
-logged.
+form (`flop_ceiling` in experiments/benchmarks/evaluator.py), one pass instead of a prefix pass, a KV-cache
+copy per choice and a padded continuation pass (this module's first form, 1.6× on the default tasks; the packed
+form is measured by the same benchmark). The model must honour a custom 4D `attention_mask` and explicit
+`position_ids` (HF LLaMA, peft-wrapped models, SFT-P's routed and compiled, LLM-Pruner's and SliceGPT's compiled
+models do): `packing_support` checks that on a probe before any scoring; a model that fails it is scored by the
+stock HFLM path, with the reason logged.
 """
 
 from __future__ import annotations
@@ -196,6 +196,10 @@ class PackedChoicesLM(HFLM):
             self.uses_packing, self.split, self.fallback_reason = packing_support(self.model, self.pad_id)
         if not self.uses_packing:
             log.warning("fast evaluator off, scoring with lm-eval's HFLM: %s", self.fallback_reason)
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = True) -> list[tuple[float, bool]]:
+        """HFLM's, without its per-request progress bars (lm-eval's evaluator always asks for them)."""
+        return super().loglikelihood(requests, disable_tqdm=True)
 
     def _loglikelihood_tokens(self, requests: list[Request], disable_tqdm: bool = False,
                               override_bs: int | None = None) -> list[tuple[float, bool]]:

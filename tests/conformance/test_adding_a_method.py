@@ -23,12 +23,12 @@ import tests.methods
 from fedprune_app.core import registry
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state
+from fedprune_cli import launch
 from tests.conformance.test_bad_replies import check_bad_replies
 from tests.conformance.test_privacy import check_privacy
 from tests.conformance.test_reliability import check_resume
 from tests.core.test_layout import offenders
 from tests.local_grid import LocalGrid, method_config, run_server
-from tools import launch
 
 TOY = Path(__file__).resolve().parent / "toy_method"
 # docs/architecture.md's list: where each file of a new method goes
@@ -54,9 +54,9 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_method_is_the_files_the_readme_lists() -> None:
     found = {p.relative_to(TOY).as_posix() for p in TOY.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     assert found == set(FILES)
-    assert offenders([TOY / "strategies" / "toy.py"], ("clients", "tools")) == []
-    assert offenders([TOY / "clients" / "toy.py"], ("strategies", "tools")) == []
-    assert offenders(sorted((TOY / "methods").rglob("*.py")), ("strategies", "clients", "tools", "flwr")) == []
+    assert offenders([TOY / "strategies" / "toy.py"], ("clients", "fedprune_cli")) == []
+    assert offenders([TOY / "clients" / "toy.py"], ("strategies", "fedprune_cli")) == []
+    assert offenders(sorted((TOY / "methods").rglob("*.py")), ("strategies", "clients", "fedprune_cli", "flwr")) == []
 
 
 def test_the_toy_method_registers_and_validates_its_keys(toy: None) -> None:

@@ -13,7 +13,9 @@ from fedprune_app.core import registry
 from fedprune_app.core.config import ConfigError, RunConfig, all_keys, defaults, per_client
 from fedprune_app.methods.flexlora.config import FlexLoRAConfig
 from fedprune_app.methods.sftp.config import SFTPConfig
-from tools import config_keys, launch
+from fedprune_cli import keys as config_keys
+from fedprune_cli import launch
+from fedprune_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +77,7 @@ def test_every_key_has_a_meaning() -> None:
 
 def test_launcher_rejects_a_bad_key_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
     start = time.perf_counter()
-    code = launch.main(["--run-config", "lora-rank=0"])
+    code = main(["run", "--run-config", "lora-rank=0"])
     assert code == 2 and time.perf_counter() - start < 10
     assert "'lora-rank' must be an int in [1, inf], got 0" in capsys.readouterr().err
 
@@ -98,7 +100,7 @@ def test_presets_are_valid() -> None:
 
 
 def test_key_reference_and_pyproject_are_generated_from_the_typed_configs() -> None:
-    """`python -m tools.config_keys --write` output is what is committed; a changed default is caught."""
+    """`fedprune keys --write` output is what is committed; a changed default is caught."""
     assert config_keys.drift() == []
     text = (ROOT / "pyproject.toml").read_text()
     assert config_keys.with_block(text) == text

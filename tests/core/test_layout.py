@@ -36,7 +36,11 @@ def offenders(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
 RULES = {
     "clients never import strategies": (("clients",), ("strategies",)),
     "strategies never import clients": (("strategies",), ("clients",)),
-    "the app never imports tooling or tests": (("fedprune_app", "strategies", "clients"), ("tools", "tests")),
+    "the app never imports the command line, benchmarks, experiments or tests": (
+        ("fedprune_app", "strategies", "clients"), ("fedprune_cli", "benchmarks", "experiments", "tests", "tools")),
+    "the command line imports no benchmark or experiment (it hands over by name)": (
+        ("fedprune_cli",), ("benchmarks", "experiments", "tests")),
+    "standing benchmarks import no experiment": (("benchmarks",), ("experiments",)),
     "core and llm import no method, strategy or client": (
         ("fedprune_app/core", "fedprune_app/llm"), ("fedprune_app.methods", "strategies", "clients")),
     "the LLM library imports no flwr": (("fedprune_app/llm",), ("flwr",)),
@@ -59,3 +63,16 @@ def test_the_rule_checker_sees_function_level_imports(tmp_path: Path) -> None:
     assert offenders([bad], ("strategies",)) and offenders([bad], ("flwr",))
     assert not offenders([bad], ("clients",))
 
+
+
+def test_the_wheel_installs_no_package_named_tools_and_the_command_line_is_in_it() -> None:
+    """The wheel's top-level packages have names of their own (`tools` collides in a user's environment), and
+    the `fedprune` script points into one of them."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    assert "tools" not in packages and not (ROOT / "tools").exists()
+    assert "experiments" not in packages and "benchmarks" not in packages
+    script = project["project"]["scripts"]["fedprune"]
+    assert script.split(".")[0] in packages and (ROOT / "fedprune_cli" / "main.py").is_file()

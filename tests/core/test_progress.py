@@ -13,12 +13,12 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 import fedprune_app.core.strategy as strategy_module
+from experiments.grids import Cell, Grid, run_cells
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.progress import Countdown, RoundProgress, duration, layer_logger
 from strategies.fedit import FedITStrategy
 from tests.conftest import small_config
 from tests.local_grid import LocalGrid
-from tools.grids import Cell, Grid, run_cells
 
 
 class FakeClock:
@@ -173,7 +173,7 @@ def test_a_grid_prints_each_cell_with_the_time_elapsed_and_left(tmp_path: Path, 
         clock.tick(took[tag])
         return SimpleNamespace(code=0, run_dir=finish(tag), status="completed")
 
-    monkeypatch.setattr("tools.launch.launch", fake_launch)
+    monkeypatch.setattr("fedprune_cli.launch.launch", fake_launch)
     runs = run_cells(grid, cells, tmp_path, clock=clock)
     assert set(runs) == {"a", "b", "c"}
     assert capsys.readouterr().out.splitlines() == [
@@ -204,7 +204,7 @@ def test_a_cell_past_its_timeout_is_left_out_and_the_grid_goes_on(tmp_path: Path
         (run / "summary.json").write_text(json.dumps({"status": "completed"}))
         return SimpleNamespace(code=0, run_dir=run, status="completed")
 
-    monkeypatch.setattr("tools.launch.launch", fake_launch)
+    monkeypatch.setattr("fedprune_cli.launch.launch", fake_launch)
     runs = run_cells(grid, cells, tmp_path, clock=FakeClock(), timeout=60)
     assert set(runs) == {"fast"} and limits == [60, 60]
     assert "slow stopped after --timeout 60 s, left out of the tables" in capsys.readouterr().out

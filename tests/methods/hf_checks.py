@@ -61,7 +61,7 @@ def load_without_fedprune(model_dir: Path, model: nn.Module, ids: torch.Tensor, 
         import importlib.abc, sys
         class Block(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("fedprune_app", "strategies", "clients", "tools", "tests"):
+                if name.split(".")[0] in ("fedprune_app", "strategies", "clients", "fedprune_cli", "tests"):
                     raise ImportError("blocked: " + name)
         sys.meta_path.insert(0, Block())
         import torch

@@ -139,6 +139,25 @@ class SFTPConfig(ConfigSection):
         minimum=0,
     )
 
+    # The shortest schedules known to deploy working models on the embedded default: (keep ratio, total local
+    # steps per client) of conf/sftp.toml (6 rounds x 25 steps at 0.8) and conf/sftp-50.toml (12 x 50 at 0.5).
+    KNOWN_SCHEDULES: ClassVar[tuple[tuple[float, int], ...]] = ((0.8, 150), (0.5, 600))
+
+    def advice(self, cfg: RunConfig) -> list[str]:
+        """SFT-P cut before the model could adapt: fewer local steps than the working presets at this budget."""
+        if cfg.method != "sftp" or self.sftp_hold_open == "all":
+            return []
+        keep = min(float(v) for v in split_list(self.sftp_keep_ratios))
+        steps = cfg.num_server_rounds * cfg.local_steps
+        need = next((n for p, n in self.KNOWN_SCHEDULES if keep >= p), self.KNOWN_SCHEDULES[-1][1])
+        if steps >= need:
+            return []
+        known = "; ".join(f"keep {p:g}: {n}" for p, n in self.KNOWN_SCHEDULES)
+        return [f"sftp-keep-ratios {keep:g} with num-server-rounds x local-steps = {cfg.num_server_rounds} x "
+                f"{cfg.local_steps} = {steps} local steps: the schedules known to deploy working models train "
+                f"at least {need} ({known}; conf/sftp.toml, conf/sftp-50.toml). With fewer, the masks cut the "
+                "model before it adapts and the deployed models are likely broken (docs/methods/sftp.md)."]
+
     def check(self, cfg: RunConfig) -> None:
         try:
             ratios = [float(v) for v in split_list(self.sftp_keep_ratios)]

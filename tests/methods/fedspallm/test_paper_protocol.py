@@ -9,7 +9,7 @@ from fedprune_app.core.config import RunConfig, split_list
 from fedprune_app.llm.data import client_data, load_source
 from fedprune_app.llm.evaluation import held_out_text
 from fedprune_app.llm.models import load_tokenizer
-from tools.launch import merged_config
+from fedprune_cli.launch import merged_config
 
 ROOT = Path(__file__).resolve().parents[3]
 CLIENTS = 4

@@ -1,0 +1,1 @@
+"""The `fedprune` command line: run, compare, rescore, grid, deploy, keys, bench."""

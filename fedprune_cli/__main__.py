@@ -1,0 +1,3 @@
+from fedprune_cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,263 @@
+"""`fedprune run`: one `flwr run` simulation, checked and cleaned up.
+
+`flwr run . --stream` exits 0 even when the run fails, and the local SuperLink it starts keeps running.
+This wrapper, used by `make run`, the end-to-end test and the benchmarks:
+
+1. merges pyproject's defaults with the `--run-config` files/strings and runs the preflight checks
+   (`fedprune_cli/preflight.py`: every key's value, the keys against the federation's `num-supernodes`, the data files,
+   the checkpoint and the model): a bad config fails here, with one line naming the key, before Ray starts;
+2. gives the run its own FLWR_HOME and free SuperLink ports, and the offline environment;
+3. runs `flwr run <app> --stream`, then reads the run's status with `flwr list --format json`;
+4. stops the SuperLink it started (by its PID, with everything it started) and prints results.md;
+5. exits non-zero unless the run finished `completed` and left a completed summary.json; a failed run's error
+   (summary.json) is the last line it prints.
+
+`--ray-address HOST:PORT` runs the simulation on an existing Ray cluster (docs/scale.md): Flower (1.41, 1.42) has
+no federation-config key for it; its Ray backend calls `ray.init()` only when Ray is not initialised, so Ray's own
+discovery decides. The launcher checks that the head answers on that address, refuses `init-args-num-cpus/gpus`
+(Ray rejects them when joining a cluster) and puts `RAY_ADDRESS` in the environment of the SuperLink it starts,
+which SuperExec and the simulation process inherit. The cluster is left running; only the SuperLink's processes
+(the Ray driver among them) are stopped, and Ray ends the run's actors with its driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedprune_app.core.config import ConfigError
+from fedprune_app.core.rundir import resolve_output_dir
+from fedprune_cli import preflight
+from fedprune_cli.processes import free_port, stop_superlink
+
+APP_DIR = Path(__file__).resolve().parent.parent
+
+
+def parse_overrides(text: str, flag: str = "--run-config") -> dict[str, Any]:
+    """'k=v k2="s"' -> dict, with TOML value syntax (the same pattern `flwr run --run-config` uses)."""
+    pairs = re.findall(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)", text)
+    if not pairs and text.strip():
+        raise ConfigError(f"{flag} {text!r} is neither a .toml file nor 'key=value ...' pairs")
+    try:
+        return tomllib.loads("\n".join(f'"{k}" = {v}' for k, v in pairs))
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{flag} {text!r}: values must be TOML (strings quoted): {err}") from None
+
+
+def merged_config(app_dir: Path, run_configs: list[str]) -> dict[str, Any]:
+    """pyproject defaults, then each --run-config (a TOML file path or 'k=v ...'), later ones winning."""
+    merged = dict(_flatten(tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]))
+    for item in run_configs:
+        path = Path(item)
+        if path.suffix == ".toml" and path.is_file():
+            try:
+                merged.update(_flatten(tomllib.loads(path.read_text())))
+            except tomllib.TOMLDecodeError as err:
+                raise ConfigError(f"--run-config {item}: not valid TOML ({err})") from None
+        else:
+            merged.update(parse_overrides(item))
+    return merged
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def write_run_config(path: Path, values: dict[str, Any]) -> Path:
+    """The flat run config as a TOML file that `flwr run --run-config <file>` reads."""
+    path.write_text("".join(f"{json.dumps(k)} = {str(v).lower() if isinstance(v, bool) else json.dumps(v)}\n"
+                            for k, v in values.items()))
+    return path
+
+
+def run_status(env: dict[str, str], flwr: str) -> str:
+    """Status of the newest run on the SuperLink ('finished:completed', 'finished:failed', ...)."""
+    done = subprocess.run([flwr, "list", "--format", "json"], env=env, capture_output=True, text=True, timeout=120)
+    try:
+        runs = json.loads(done.stdout).get("runs", [])
+    except json.JSONDecodeError:
+        return f"unknown ({done.stdout[-300:]}{done.stderr[-300:]})"
+    if not runs:
+        return "unknown (no runs listed)"
+    newest = max(runs, key=lambda r: int(r.get("run-id", r.get("run_id", 0))))
+    return str(newest.get("status", newest.get("status-text", "unknown")))
+
+
+def run_error(run_dir: Path | None) -> str:
+    """One line saying why a run failed: summary.json's `error-message` (the exception the ServerApp raised), else
+    the last line of its `error` traceback; what is missing when there is no summary."""
+    summary = run_dir / "summary.json" if run_dir is not None else None
+    if summary is None or not summary.is_file():
+        return "the run left no summary.json (it failed before its run directory was written; see the log above)"
+    record = json.loads(summary.read_text())
+    message = record.get("error-message") or next(
+        (line for line in reversed(str(record.get("error", "")).splitlines()) if line.strip()), "")
+    return message.strip() or f"status {record.get('status')!r} without an error message"
+
+
+INIT_ARGS_REFUSED = ("init-args-num-cpus", "init-args-num-gpus")  # ray.init(num_cpus=..) on a cluster: refused
+
+
+def ray_cluster_env(address: str, federation: dict[str, Any], timeout: float = 5.0) -> dict[str, str]:
+    """The environment that makes the run's simulation join the Ray cluster at `address` ('HOST:PORT', the GCS
+    address `ray start --head` prints), after checking the federation config and that the head accepts TCP
+    connections there; ConfigError naming the option or key otherwise."""
+    refused = [k for k in INIT_ARGS_REFUSED if k in federation]
+    if refused:
+        raise ConfigError(f"--federation-config key '{refused[0]}' cannot be used with --ray-address: Ray refuses "
+                          "num_cpus/num_gpus when connecting to an existing cluster (its resources are what each "
+                          "node offered with `ray start --num-cpus/--num-gpus`); remove it")
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--ray-address must be HOST:PORT, the address `ray start --head` prints (e.g. "
+                          f"10.0.0.1:6379), got {address!r}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as err:
+        raise ConfigError(f"--ray-address {address}: nothing accepts connections there ({err}); start the head "
+                          f"first (`ray start --head --port {port}`)") from None
+    return {"RAY_ADDRESS": f"{host}:{port}"}
+
+
+@dataclass
+class Launched:
+    """What one launch did: its exit code, the run directory, the SuperLink port it used, the run status."""
+
+    code: int
+    run_dir: Path | None
+    port: int
+    status: str
+
+
+def checked_config(app_dir: Path, run_configs: list[str], federation_config: str, check_data: bool = True
+                   ) -> dict[str, Any]:
+    """The merged run config after the preflight checks (ConfigError naming the key otherwise), as the run gets
+    it: `output-dir` and `resume-from` made absolute (the ServerApp resolves them from another directory).
+    `check_data` False leaves `client-data`'s files unchecked."""
+    values = merged_config(app_dir, run_configs)
+    federation = parse_overrides(federation_config, "--federation-config")
+    cfg = preflight.preflight(values, preflight.federation_size(federation), client_data=check_data)
+    for line in preflight.advice(cfg):
+        print(f"[fedprune] warning: {line}", file=sys.stderr, flush=True)
+    values["output-dir"] = str(resolve_output_dir(cfg.output_dir))
+    if cfg.resume_from:
+        values["resume-from"] = str(resolve_output_dir(cfg.resume_from))
+    return values
+
+
+def own_run_dir(out_root: Path, before: set[Path], values: dict[str, Any]) -> Path | None:
+    """The run's directory: new since the start, a directory (a grid writes tables.md into the same root), and
+    with a `config.json` that holds the values this launch passed (another launch writing into the same root at
+    the same time has other values); the newest of those, else the newest new directory."""
+    def ours(path: Path) -> bool:
+        try:
+            written = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            return True  # a run that failed before writing its config: still a candidate
+        return all(written[k] == v for k, v in values.items() if k in written)
+
+    new_dirs = sorted(p for p in set(out_root.iterdir()) - before if p.is_dir()) if out_root.is_dir() else []
+    matching = [p for p in new_dirs if ours(p)] or new_dirs
+    return matching[-1] if matching else None
+
+
+def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_DIR, timeout: float = 7200,
+           quiet: bool = False, check_data: bool = True, ray_address: str | None = None) -> Launched:
+    """Run one simulation and clean up after it. `check_data` False leaves `client-data`'s files to the clients
+    (a test that needs a client to fail inside the run). `ray_address` ('HOST:PORT'): run on that Ray cluster
+    instead of a Ray started for this run."""
+    from fedprune_app.core.runtime import OFFLINE_ENV  # imports torch: not for `--help`
+
+    cluster_env = ray_cluster_env(ray_address, parse_overrides(federation_config, "--federation-config")) \
+        if ray_address else {}
+    values = checked_config(app_dir, run_configs, federation_config, check_data)
+    out_root = Path(values["output-dir"])
+    before = set(out_root.iterdir()) if out_root.is_dir() else set()
+    flwr = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    if flwr is None:
+        raise FileNotFoundError("the `flwr` command is not installed in this environment (run `make setup`)")
+    http_port, control_port = free_port(), free_port()
+    flwr_home = Path(tempfile.mkdtemp(prefix="fedprune-flwr-"))
+    env = {**os.environ, **OFFLINE_ENV, "FLWR_HOME": str(flwr_home),
+           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port), "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+           "RAY_DEDUP_LOGS": os.environ.get("RAY_DEDUP_LOGS", "0"), **cluster_env}  # every `layer i/N` line
+    resolved = write_run_config(flwr_home / "run-config.toml", values)  # merged, checked, paths absolute
+    cmd = [flwr, "run", str(app_dir), "--stream", "--run-config", str(resolved)]
+    if federation_config:
+        cmd += ["--federation-config", federation_config]
+    if cluster_env:
+        print(f"[fedprune] the simulation joins the Ray cluster at {cluster_env['RAY_ADDRESS']}", flush=True)
+    try:
+        stream = subprocess.DEVNULL if quiet else None
+        done = subprocess.run(cmd, env=env, cwd=app_dir, timeout=timeout, stdout=stream, stderr=stream)
+        status = run_status(env, flwr)
+    finally:
+        stop_superlink(http_port)
+        shutil.rmtree(flwr_home, ignore_errors=True)
+    run_dir = own_run_dir(out_root, before, values)
+    summary_ok = run_dir is not None and (run_dir / "summary.json").is_file() and json.loads(
+        (run_dir / "summary.json").read_text()).get("status") == "completed"
+    ok = done.returncode == 0 and status.endswith("completed") and summary_ok
+    print(f"\n[fedprune] flwr run status: {status}; run directory: {run_dir}", flush=True)
+    if run_dir is not None and (run_dir / "results.md").is_file():
+        print((run_dir / "results.md").read_text(), flush=True)
+    if not ok:
+        print(f"[fedprune] the run failed: {run_error(run_dir)}", file=sys.stderr, flush=True)
+    return Launched(0 if ok else 1, run_dir, http_port, status)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `fedprune run`."""
+    parser.add_argument("--run-config", action="append", default=[], metavar="PRESET_OR_OVERRIDES",
+                        help="a TOML preset (conf/X.toml) or 'key=value ...' overrides; repeatable, later "
+                             "wins (keys: `fedprune keys`, docs/config.md)")
+    parser.add_argument("--federation-config", default="num-supernodes=4 client-resources-num-cpus=1",
+                        help="Flower's simulation sizing (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=7200,
+                        help="seconds the run may take before it is stopped (default: %(default)s)")
+    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                        help="run the simulation on this existing Ray cluster (the head's address, as `ray start "
+                             "--head` prints it) instead of starting Ray; see docs/scale.md")
+    parser.add_argument("--references", action="store_true",
+                        help="SFT-P only: also run its ceiling (every gate open) and floor (post hoc cut) on the "
+                             "same clients and print the three side by side (what `make run` does)")
+    parser.add_argument("--render", nargs=3, type=Path, metavar=("SFTP", "CEILING", "FLOOR"),
+                        help="with --references: only re-render the table from three finished runs")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`fedprune run`: one checked simulation, or SFT-P with its references."""
+    from fedprune_cli import references
+
+    if args.render and not args.references:
+        print("error: --render needs --references", file=sys.stderr)
+        return 2
+    if args.references:
+        return references.run_references(args.run_config, args.federation_config, args.timeout, args.render)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up in `launch` on TERM too
+    try:
+        return launch(args.run_config, args.federation_config, timeout=args.timeout,
+                      ray_address=args.ray_address).code
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,135 @@
+"""What the launcher prints when a run fails: the run's own error, from summary.json (no Ray: the ServerApp runs on
+the in-process grid of tests/local_grid.py); what `--ray-address` checks and hands to `flwr run` (no Ray either)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedprune_app.core.config import ConfigError
+from fedprune_app.core.strategy import RoundFailed
+from fedprune_cli import launch as launch_module
+from fedprune_cli.launch import ray_cluster_env, run_error
+from fedprune_cli.main import main
+from fedprune_cli.processes import free_port
+from tests.conftest import small_config
+from tests.local_grid import LocalGrid, run_server
+
+
+def test_a_run_in_which_every_client_fails_ends_with_their_error_on_the_screen(tiny_model_dir: Path, tmp_path: Path,
+                                                                               flower_ids: None) -> None:
+    """Every ClientApp raises the same ConfigError: the run stops after the round's retries with that error, and it
+    is summary.json's `error-message`, the line the launcher prints last."""
+    cfg = small_config(tiny_model_dir, output_dir=str(tmp_path / "runs"), client_data=str(tmp_path / "gone.jsonl"),
+                       server_eval_data="", num_server_rounds=2, round_retries=1)
+    run, err = run_server(cfg, LocalGrid(cfg, 2, seed=0))
+    assert isinstance(err, RoundFailed)
+    client_error = f"run-config key 'client-data': JSONL file {tmp_path / 'gone.jsonl'} does not exist"
+    assert str(err).startswith("round 1: every client failed with the same error (4 train replies in 2 attempt(s))")
+    assert client_error in str(err)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error-message"] == f"RoundFailed: {err}"
+    assert run_error(run) == f"RoundFailed: {err}"
+
+
+def test_run_error_without_a_summary_or_an_error_message(tmp_path: Path) -> None:
+    assert run_error(None).startswith("the run left no summary.json")
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "error": "Traceback ...\n  File x\n"
+                                                                                     "ValueError: boom\n"}))
+    assert run_error(tmp_path) == "ValueError: boom"  # a run directory of an older version: the traceback's end
+
+
+# --- --ray-address: joining an existing Ray cluster (the run itself: tests/cli/test_ray_cluster.py, slow) -------
+
+@pytest.fixture()
+def listening() -> Iterator[int]:
+    """A port on 127.0.0.1 that accepts TCP connections (stands in for a Ray head's GCS)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        yield server.getsockname()[1]
+
+
+def test_ray_cluster_env_is_the_address_for_the_superlink(listening: int) -> None:
+    assert ray_cluster_env(f"127.0.0.1:{listening}", {"num-supernodes": 2, "client-resources-num-gpus": 0.5,
+                                                      "init-args-logging-level": "INFO"}) == {
+        "RAY_ADDRESS": f"127.0.0.1:{listening}"}
+
+
+@pytest.mark.parametrize("key", ["init-args-num-cpus", "init-args-num-gpus"])
+def test_ray_cluster_env_refuses_the_init_args_ray_rejects_on_a_cluster(listening: int, key: str) -> None:
+    with pytest.raises(ConfigError, match=f"--federation-config key '{key}' cannot be used with --ray-address"):
+        ray_cluster_env(f"127.0.0.1:{listening}", {"num-supernodes": 2, key: 2})
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "ray://127.0.0.1:10001", ":6379", "head:port", "head:70000"])
+def test_ray_cluster_env_refuses_what_is_not_host_port(address: str) -> None:
+    with pytest.raises(ConfigError, match=r"--ray-address must be HOST:PORT"):
+        ray_cluster_env(address, {})
+
+
+def test_ray_cluster_env_refuses_an_address_nothing_listens_on() -> None:
+    port = free_port()
+    with pytest.raises(ConfigError, match=rf"--ray-address 127.0.0.1:{port}: nothing accepts connections there"):
+        ray_cluster_env(f"127.0.0.1:{port}", {}, timeout=2)
+
+
+def test_main_with_ray_address_and_init_args_fails_before_anything_starts(capsys: pytest.CaptureFixture[str],
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch_module.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    code = main(["run", "--ray-address", "127.0.0.1:6379",
+                               "--federation-config", "num-supernodes=2 init-args-num-cpus=2"])
+    assert code == 2
+    assert capsys.readouterr().err.startswith("error: --federation-config key 'init-args-num-cpus' cannot be used")
+
+
+def test_launch_with_ray_address_gives_the_flwr_run_its_address(tiny_model_dir: Path, tmp_path: Path,
+                                                                listening: int,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `flwr run` (which starts the SuperLink, whose simulation calls `ray.init()`) is given: RAY_ADDRESS in
+    its environment, the federation config unchanged; without --ray-address, an inherited RAY_ADDRESS stays as
+    it is (Ray's own discovery)."""
+    calls: list[tuple[list[str], dict[str, str]]] = []
+
+    def fake_run(cmd: list[str], env: dict[str, str], **_: Any) -> subprocess.CompletedProcess:
+        calls.append((cmd, env))
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"runs": []}', stderr="")
+
+    monkeypatch.setattr(launch_module.subprocess, "run", fake_run)
+    monkeypatch.setenv("RAY_ADDRESS", "10.9.9.9:6379")
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "choices": ["a", "b"], "label": i % 2}) + "\n"
+                            for i in range(20)))
+    run_config = [f"model-name='{tiny_model_dir}' client-data='{data},{data}' server-eval-data='' "
+                  "test-examples=6 val-examples=2 "
+                  f"output-dir='{tmp_path / 'out'}'"]
+    federation = "num-supernodes=2 client-resources-num-cpus=1"
+    assert launch_module.launch(run_config, federation, quiet=True, ray_address=f"127.0.0.1:{listening}").code == 1
+    (cmd, env), (status_cmd, status_env) = calls
+    assert cmd[1:3] == ["run", str(launch_module.APP_DIR)] and cmd[-2:] == ["--federation-config", federation]
+    assert env["RAY_ADDRESS"] == status_env["RAY_ADDRESS"] == f"127.0.0.1:{listening}"
+    calls.clear()
+    launch_module.launch(run_config, federation, quiet=True)
+    assert calls[0][1]["RAY_ADDRESS"] == "10.9.9.9:6379"
+
+
+def test_the_run_directory_is_the_one_with_this_launchs_config(tmp_path: Path) -> None:
+    """Two launches writing into one output root at once: each finds its own run by its config.json."""
+    old = tmp_path / "20261125-010000-fedit"
+    old.mkdir()
+    before = {old}
+    for name, seed in (("20261125-020000-fedit", 1), ("20261125-020001-fedit", 2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"method": "fedit", "seed": seed}))
+    (tmp_path / "tables.md").write_text("")
+    assert launch_module.own_run_dir(tmp_path, before, {"method": "fedit", "seed": 1}).name == "20261125-020000-fedit"
+    assert launch_module.own_run_dir(tmp_path, before, {"method": "fedit", "seed": 2}).name == "20261125-020001-fedit"
+    # none matches: the newest new directory
+    assert launch_module.own_run_dir(tmp_path, before, {"seed": 3}).name == "20261125-020001-fedit"
+    assert launch_module.own_run_dir(tmp_path / "missing", set(), {}) is None

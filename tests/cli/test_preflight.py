@@ -1,0 +1,238 @@
+"""The launcher's preflight checks (fedprune_cli.preflight): each bad input is refused with one line naming the key and
+what it accepts, before Flower starts; good inputs pass. No Flower, no model loaded."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedprune_app.core.checkpoint import save_checkpoint
+from fedprune_app.core.config import ConfigError, RunConfig
+from fedprune_cli import launch, preflight
+from fedprune_cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cfg_of(**values: object) -> RunConfig:
+    return RunConfig.from_flower({k.replace("_", "-"): v for k, v in values.items()})
+
+
+def refused(check, *args, **kwargs) -> str:
+    with pytest.raises(ConfigError) as err:
+        check(*args, **kwargs)
+    message = str(err.value)
+    assert "\n" not in message, "one line"
+    return message
+
+
+def write_jsonl(path: Path, records: list[object]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def questions(n: int) -> list[dict[str, object]]:
+    return [{"question": f"Is {i} even?", "choices": ["yes", "no"], "label": i % 2} for i in range(n)]
+
+
+# --- the federation --------------------------------------------------------------------------------------------
+
+def test_the_per_client_keys_are_every_key_read_with_per_client() -> None:
+    """PER_CLIENT_KEYS is what `grep per_client(` finds in the app (a new per-client key must be added there)."""
+    found = set()
+    for folder in ("fedprune_app", "clients", "strategies"):
+        for path in (ROOT / folder).rglob("*.py"):
+            found |= set(re.findall(r"per_client\(.*?\"([a-z0-9-]+)\"\)", path.read_text()))
+    assert found == set(preflight.PER_CLIENT_KEYS)
+
+
+@pytest.mark.parametrize("method, key, value", [
+    ("sftp", "sftp-keep-ratios", "0.5,0.5"),
+    ("fedflap", "sftp-keep-ratios", "0.5,0.5,0.5"),
+    ("flexlora", "flexlora-ranks", "8,16,32,64,64"),
+    ("fedspallm", "fedspallm-resources", "1.0,0.5"),
+    ("fedit", "eval-tasks", "a,b"),
+])
+def test_a_per_client_list_must_have_one_value_or_one_per_supernode(method: str, key: str, value: str) -> None:
+    message = refused(preflight.check_federation, cfg_of(method=method, **{key: value}), 4)
+    count = len(value.split(","))
+    assert message == (f"run-config key '{key}' has {count} comma-separated values ({value!r}) but num-supernodes = "
+                       "4: give one value for every client or exactly 4, one per partition id")
+
+
+def test_per_client_lists_that_fit_pass_and_keys_the_method_does_not_read_are_not_checked() -> None:
+    preflight.check_federation(cfg_of(method="sftp", sftp_keep_ratios="0.8,0.8,0.5,0.5"), 4)
+    preflight.check_federation(cfg_of(method="sftp", sftp_keep_ratios="0.5"), 4)
+    preflight.check_federation(cfg_of(method="flexlora", flexlora_ranks="8,16,32,48,64"), 5)
+    preflight.check_federation(cfg_of(method="sftp", flexlora_ranks="8,16,32"), 4)  # sftp never reads it
+    preflight.check_federation(cfg_of(method="fedit", eval_tasks=""), 4)
+
+
+def test_min_nodes_and_min_replies_must_fit_the_federation() -> None:
+    assert refused(preflight.check_federation, cfg_of(min_nodes=5), 4) == (
+        "run-config key 'min-nodes' is 5 but num-supernodes = 4: the server would wait for nodes that never come; "
+        "use a value <= 4")
+    message = refused(preflight.check_federation, cfg_of(min_replies=3, fraction_train=0.5), 4)
+    assert message.startswith("run-config key 'min-replies' is 3 but a round samples 2 of num-supernodes = 4")
+    preflight.check_federation(cfg_of(min_nodes=4, min_replies=2, fraction_train=0.5), 4)
+
+
+def test_federation_size_reads_num_supernodes() -> None:
+    parse = launch.parse_overrides
+    assert preflight.federation_size(parse("num-supernodes=4 client-resources-num-cpus=1")) == 4
+    assert preflight.federation_size(parse("client-resources-num-cpus=1")) is None
+    assert "'num-supernodes' must be an int >= 1" in refused(preflight.federation_size, parse("num-supernodes=0"))
+    with pytest.raises(ConfigError, match="--federation-config"):
+        launch.parse_overrides("nonsense", "--federation-config")
+
+
+# --- data files ----------------------------------------------------------------------------------------------------
+
+def test_a_missing_jsonl_file_is_refused(tmp_path: Path) -> None:
+    message = refused(preflight.check_sources, cfg_of(client_data="jsonl:/nonexistent.jsonl"), "client-data")
+    assert message.startswith("run-config key 'client-data': source 'jsonl:/nonexistent.jsonl' names "
+                              "/nonexistent.jsonl, which is not an existing file; a JSONL source must be an existing "
+                              "file with one JSON object per line")
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (['{"text": "a"}', "{oops"], "line 2 is not JSON (Expecting property name enclosed in double quotes)"),
+    (['{"text": "a"}', "[1, 2]"], "line 2 is a JSON list, not an object"),
+    (['{"text": "a"}', '{"unexpected": 1}'], "line 2: data source '{path}': record with fields ['unexpected'] "
+                                             "matches no known schema"),
+    (['{"question": "q", "choices": ["a", "b"], "label": 5}'], "line 1: IndexError: list index out of range"),
+])
+def test_a_jsonl_line_the_reader_cannot_use_is_refused_with_its_number(tmp_path: Path, lines: list[str],
+                                                                        expected: str) -> None:
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    message = refused(preflight.check_sources, cfg_of(client_data=str(path)), "client-data")
+    assert message.startswith(f"run-config key 'client-data': {path} {expected.format(path=path)}")
+
+
+def test_a_jsonl_file_too_small_for_the_splits_is_refused(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "few.jsonl", questions(10))
+    message = refused(preflight.check_sources, cfg_of(client_data=f"jsonl:{path}", test_examples=8, val_examples=2),
+                      "client-data")
+    assert message == (f"run-config key 'client-data': data source 'jsonl:{path}' has 10 examples, fewer than "
+                       "test-examples + val-examples + 1 = 11")
+    preflight.check_sources(cfg_of(client_data=f"jsonl:{path}", test_examples=6, val_examples=2), "client-data")
+
+
+def test_server_eval_data_files_and_source_names_are_checked_too(tmp_path: Path) -> None:
+    good = write_jsonl(tmp_path / "good.jsonl", questions(100))
+    preflight.check_sources(cfg_of(client_data=f"bigbench:social_iqa,{good}", server_eval_data=f"ppl:c4,{good}"),
+                            "server-eval-data")
+    assert "'server-eval-data': source" in refused(preflight.check_sources,
+                                                   cfg_of(server_eval_data=str(tmp_path / "none.jsonl")),
+                                                   "server-eval-data")
+    message = refused(preflight.check_sources, cfg_of(client_data="bigbench-social_iqa"), "client-data")
+    assert message.startswith("run-config key 'client-data': cannot read source 'bigbench-social_iqa'; use bigbench:")
+    assert "cannot read source 'ppl:c4'" in refused(preflight.check_sources, cfg_of(client_data="ppl:c4"),
+                                                    "client-data")
+
+
+# --- resume-from ---------------------------------------------------------------------------------------------------
+
+def test_resume_from_a_missing_run_gives_the_loaders_message(tmp_path: Path) -> None:
+    message = refused(preflight.check_resume, cfg_of(resume_from=str(tmp_path / "no-run")))
+    assert message.startswith("run-config key 'resume-from' must be a run directory holding checkpoint/state.pkl")
+
+
+def test_resume_from_a_checkpoint_of_this_run_passes_and_a_different_config_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "20260101-000000-fedit"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(cfg_of(num_server_rounds=3).to_dict()))
+    save_checkpoint(run, 1, run.name, {"w": np.zeros(2, np.float32)}, {})
+    preflight.check_resume(cfg_of(num_server_rounds=3, resume_from=str(run)))
+    message = refused(preflight.check_resume, cfg_of(num_server_rounds=3, local_steps=7, resume_from=str(run)))
+    assert "the run config differs from the interrupted run's in 'local-steps' (10 -> 7)" in message
+    (run / "checkpoint" / "state.pkl").write_bytes(b"not a pickle")
+    message = refused(preflight.check_resume, cfg_of(num_server_rounds=3, resume_from=str(run)))
+    assert message.startswith("run-config key 'resume-from' must be a run directory holding a readable checkpoint")
+
+
+# --- model-name ----------------------------------------------------------------------------------------------------
+
+def test_model_name_is_embedded_or_a_local_model_directory(tmp_path: Path) -> None:
+    preflight.check_model("embedded")
+    (tmp_path / "config.json").write_text("{}")
+    preflight.check_model(str(tmp_path))
+    assert refused(preflight.check_model, str(tmp_path / "notamodel")) == (
+        f"run-config key 'model-name' must be {preflight.MODEL_ACCEPTED}; got '{tmp_path / 'notamodel'}', which is "
+        "neither a local model directory nor a Hugging Face model name")
+    (tmp_path / "empty").mkdir()
+    assert "holds no config.json" in refused(preflight.check_model, str(tmp_path / "empty"))
+
+
+def test_a_hub_model_name_must_be_in_the_local_cache_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    message = refused(preflight.check_model, "someorg/some-model")
+    assert "'someorg/some-model' is neither a local model directory nor in the local Hugging Face cache" in message
+    preflight.check_model("someorg/some-model", offline=False)  # a run that may download
+    repo = tmp_path / "models--someorg--some-model"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+    preflight.check_model("someorg/some-model")
+
+
+# --- all of them, through the launcher -------------------------------------------------------------------------
+
+def test_the_launcher_refuses_before_starting_anything(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fedprune run` with a bad config: exit 2, one `error:` line on stderr, no traceback, no flwr."""
+    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: pytest.fail("flwr must not start"))
+    code = main(["run", "--run-config", str(ROOT / "conf" / "sftp.toml"), "--run-config",
+                        f"sftp-keep-ratios='0.5,0.5' output-dir='{tmp_path}'",
+                        "--federation-config", "num-supernodes=4 client-resources-num-cpus=1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.splitlines() == [
+        "error: run-config key 'sftp-keep-ratios' has 2 comma-separated values ('0.5,0.5') but num-supernodes = 4: "
+        "give one value for every client or exactly 4, one per partition id"]
+
+
+def test_the_checked_config_makes_output_dir_and_resume_from_absolute(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "runs" / "20260101-000000-fedit"
+    run.mkdir(parents=True)
+    base = {"num-server-rounds": 3, "output-dir": "runs"}
+    (run / "config.json").write_text(json.dumps(RunConfig.from_flower(base).to_dict()))
+    save_checkpoint(run, 1, run.name, {"w": np.zeros(2, np.float32)}, {})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FEDPRUNE_OUTPUT_DIR", raising=False)
+    values = launch.checked_config(ROOT, ["num-server-rounds=3 output-dir='runs' "
+                                          "resume-from='runs/20260101-000000-fedit'"], "num-supernodes=2")
+    assert values["output-dir"] == str(tmp_path / "runs") and values["resume-from"] == str(run)
+    assert values["num-server-rounds"] == 3 and values["method"] == "fedit"
+
+
+def test_a_method_swap_known_to_break_the_model_is_warned_before_the_start(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The smoke preset's 1 x 2 local steps with SFT-P's keep 0.5 is refused nothing but warned about, naming
+    the keys; SFT-P's own presets and the ceiling (every gate open) are not; another method never is."""
+    root = Path(__file__).resolve().parents[2]
+
+    def warnings_for(*run_configs: str) -> list[str]:
+        values = launch.merged_config(launch.APP_DIR, list(run_configs))
+        return preflight.advice(RunConfig.from_flower(values))
+
+    short = warnings_for(str(root / "conf" / "smoke.toml"), "method='sftp' sftp-keep-ratios='0.5'")
+    assert len(short) == 1 and "1 x 2 = 2 local steps" in short[0] and "at least 600" in short[0]
+    assert warnings_for(str(root / "conf" / "smoke.toml"), "method='sftp' sftp-keep-ratios='0.8'")[0].count(
+        "at least 150") == 1
+    assert warnings_for(str(root / "conf" / "sftp.toml")) == []
+    assert warnings_for(str(root / "conf" / "sftp-50.toml")) == []
+    assert warnings_for(str(root / "conf" / "sftp-50.toml"), "num-server-rounds=11") != []  # 550 < 600
+    assert warnings_for(str(root / "conf" / "smoke.toml"), "method='sftp' sftp-hold-open='all'") == []
+    assert warnings_for(str(root / "conf" / "smoke.toml")) == []
+    launch.checked_config(launch.APP_DIR, [str(root / "conf" / "smoke.toml"), "method='sftp'"],
+                          "num-supernodes=2")
+    assert "[fedprune] warning: sftp-keep-ratios 0.5" in capsys.readouterr().err

@@ -1,1 +1,0 @@
-"""Tooling around the app: launch, deploy, grids, benchmarks, rescoring. Never imported by the app."""
