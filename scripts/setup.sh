@@ -27,7 +27,7 @@ if [ ! -f "$STAMP" ]; then
     touch "$STAMP"
 fi
 # the project itself, editable: `fedprune`, and the tests import it from any directory
-if [ ! -x "$VENV/bin/fedprune" ] || ! "$VENV/bin/python" -m pip show --quiet fedprune >/dev/null 2>if ! "$VENV/bin/python" -m pip show --quiet fedprune >/dev/null 2>&1; then1; then
+if [ ! -x "$VENV/bin/fedprune" ] || ! "$VENV/bin/python" -m pip show --quiet fedprune >/dev/null 2>&1; then
     echo "[setup] installing the project (editable)"
     "$VENV/bin/python" -m pip install --quiet --no-deps -e .
 fi
