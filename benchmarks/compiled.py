@@ -141,14 +141,15 @@ def time_breakdown(models: dict[str, nn.Module], prompt: torch.Tensor, repeats: 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="embedded")
+    parser.add_argument("--model", default="embedded", help="model name or path (default: %(default)s)")
     parser.add_argument("--keeps", default="1,0.8,0.5", help="keep ratios per mask, comma-separated")
-    parser.add_argument("--prefill", type=int, default=512)
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prefill", type=int, default=512, help="prompt tokens of a prefill (default: %(default)s)")
+    parser.add_argument("--new-tokens", type=int, default=32,
+                        help="greedy tokens generated after a 32-token prompt (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=15,
                         help="round-robin repeats; from 6 on each speed-up has a 95%% interval (15: x_(4)..x_(12))")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random masks (default: %(default)s)")
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
                         help="wall: elapsed time; thread: CPU time of the calling thread (needs --threads 1)")
     parser.add_argument("--before-after", action="store_true",

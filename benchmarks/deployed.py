@@ -62,10 +62,11 @@ def deployed(run_dir: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="finished run directories with compiled/")
-    parser.add_argument("--prefill", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--prefill", type=int, default=512, help="prompt tokens of a prefill (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=5, help="round-robin repeats (default: %(default)s)")
+    parser.add_argument("--clock", choices=("thread", "wall"), default="thread",
+                        help="the thread's CPU time or wall time (default: %(default)s)")
+    parser.add_argument("--out", type=Path, help="write the record here (docs/bench/*.json)")
     args = parser.parse_args(argv)
     record = start_record("deployed-speed", "benchmarks.deployed", argv)
     quiet_libraries()

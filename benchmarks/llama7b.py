@@ -269,12 +269,14 @@ def extrapolate(measured: dict[str, Any], layers: int, clients: int) -> dict[str
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--methods", default="fedspallm,fedit,fedtpa,flexlora,sftp")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--layers", type=int, default=1, help="7B-shaped decoder layers built (default: %(default)s)")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens of the input sequence (default: %(default)s)")
+    parser.add_argument("--clients", type=int, default=4,
+                        help="clients whose replies are aggregated (default: %(default)s)")
+    parser.add_argument("--vocab", type=int, default=256, help="vocabulary of the random model (default: %(default)s)")
+    parser.add_argument("--methods", default="fedspallm,fedit,fedtpa,flexlora,sftp",
+                        help="comma-separated methods to measure (default: %(default)s)")
+    parser.add_argument("--out", default=None, help="write the record here (docs/bench/*.json)")
     parser.add_argument("--from", dest="source", default=None,
                         help="re-extrapolate the measured figures of this earlier record (no measuring)")
     args = parser.parse_args(argv)

@@ -77,10 +77,11 @@ def flower_run(overrides: str, clients: int, cpus: int) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--cpus-per-client", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="FedIT rounds on both sides (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=5, help="local steps per round (default: %(default)s)")
+    parser.add_argument("--clients", type=int, default=4, help="clients (default: %(default)s)")
+    parser.add_argument("--cpus-per-client", type=int, default=2,
+                        help="CPUs of each simulated client and threads of the plain loop (default: %(default)s)")
     parser.add_argument("--note", default="", help="free text stored in the record")
     parser.add_argument("--out", default="docs/bench/overhead.json", help="the JSON record; '' = none")
     args = parser.parse_args(argv)

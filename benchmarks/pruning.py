@@ -28,10 +28,10 @@ from fedprune_app.methods.fedspallm.pruners import PRUNERS, make_pruner, prune_s
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sparsity", type=float, default=0.5)
-    parser.add_argument("--segments", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sparsity", type=float, default=0.5, help="target sparsity (default: %(default)s)")
+    parser.add_argument("--segments", type=int, default=32, help="calibration segments (default: %(default)s)")
+    parser.add_argument("--seq-len", type=int, default=256, help="tokens per segment (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
     parser.add_argument("--note", default="", help="free text stored in the record (e.g. what else ran)")
     parser.add_argument("--out", default="docs/bench/pruning.json", help="the JSON record; '' = none")
     args = parser.parse_args(argv)

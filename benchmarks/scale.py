@@ -169,11 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=100, help="virtual SuperNodes (num-supernodes)")
     parser.add_argument("--fraction", type=float, default=0.1, help="fraction-train and fraction-evaluate")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="server rounds (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=2, help="local LoRA steps (batch 2, 64 tokens)")
-    parser.add_argument("--examples-per-client", type=int, default=8)
+    parser.add_argument("--examples-per-client", type=int, default=8,
+                        help="training examples of each client (default: %(default)s)")
     parser.add_argument("--cpus-per-client", type=int, default=1, help="client-resources-num-cpus")
-    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--timeout", type=float, default=3600,
+                        help="seconds before the run is stopped (default: %(default)s)")
     args = parser.parse_args(argv)
     model_dir = tiny_model_dir()
     federation = f"num-supernodes={args.clients} client-resources-num-cpus={args.cpus_per_client}"

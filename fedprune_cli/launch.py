@@ -218,12 +218,28 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
     summary_ok = run_dir is not None and (run_dir / "summary.json").is_file() and json.loads(
         (run_dir / "summary.json").read_text()).get("status") == "completed"
     ok = done.returncode == 0 and status.endswith("completed") and summary_ok
+    if quiet and run_dir is not None and (run_dir / "results.md").is_file():
+        print((run_dir / "results.md").read_text(), flush=True)  # the ServerApp printed it in the stream
     print(f"\n[fedprune] flwr run status: {status}; run directory: {run_dir}", flush=True)
-    if run_dir is not None and (run_dir / "results.md").is_file():
-        print((run_dir / "results.md").read_text(), flush=True)
+    for line in broken_model_lines(run_dir):
+        print(f"[fedprune] {line}", file=sys.stderr, flush=True)
     if not ok:
         print(f"[fedprune] the run failed: {run_error(run_dir)}", file=sys.stderr, flush=True)
     return Launched(0 if ok else 1, run_dir, http_port, status)
+
+
+def broken_model_lines(run_dir: Path | None) -> list[str]:
+    """The run's broken-model warnings (summary.json `warnings`: models whose perplexity is above twice the
+    untouched model's, or whose accuracy is below chance) under a line that says what they mean."""
+    summary = None if run_dir is None else run_dir / "summary.json"
+    try:
+        flags = json.loads(summary.read_text()).get("warnings", []) if summary and summary.is_file() else []
+    except ValueError:
+        return []
+    if not flags:
+        return []
+    return [f"the run completed, but {len(flags)} model(s) it produced are broken: a bug report, not a result",
+            *flags]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

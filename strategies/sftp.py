@@ -247,9 +247,15 @@ class SFTPStrategy(FederatedStrategy):
             ax.plot([r for r, _ in rows], [v for _, v in rows], marker="o", label=f"client {client}")
         for target in sorted({r["keep-target"] for r in self.kept_history if r["keep-target"] is not None}):
             ax.axhline(target, color="grey", linestyle="--", linewidth=0.8)
+        rounds = sorted({r["round"] for r in self.kept_history})
+        ax.set_title("Kept share of the prunable weights per client (dashed: each budget)", fontsize=9)
         ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("kept ratio (prunable)")
+        if len(rounds) <= 20:
+            ax.set_xticks(rounds)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("kept ratio of prunable weights")
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(path, dpi=100)

@@ -1,5 +1,10 @@
 """Packed against padded training rows (`pack-sequences`), timed in one process on the same steps.
 
+Finding: Packed rows speed SFT-P's step 1.19× over the four clients (1.04–1.41×) with CLM losses equal to 3e-06, so
+  training packs rows by default (pack-sequences = true).
+Record: docs/bench/packing.json (and docs/bench/packing-20261128.json, the same command on another day); quoted in
+  docs/running.md and docs/notes/2026-11-sftp-investigations.md.
+
 For each client of the preset's data, SFT-P's local training (`clients.sftp.local_training`: the real step, gates,
 penalty and LoRA) runs `--steps` steps from the same Θ, e_k, Φ and gate seed, once on padded rows and once on
 packed rows, alternating `--repeats` times (round-robin, so load on a shared machine hits both alike). Reported per

@@ -1,9 +1,14 @@
-"""FedSpaLLM's bytes per client per round before / after the wire encodings of issue 23, and what 16-bit payloads
-cost in perplexity.
+"""FedSpaLLM's bytes per client per round before / after its wire encodings (`core.encoding`), and what 16-bit
+payloads cost in perplexity.
+
+Finding: Kept values + bit-packed masks cut a SmolLM2 client's upload to 0.425× of fp32 weights + bool masks (16-bit:
+  0.225×), and bfloat16 costs +1.90 [−1.03, +4.88] perplexity (unresolved), so fp32 stays the default.
+Record: docs/bench/payloads.json; quoted in docs/methods/fedspallm.md, docs/notes/2026-11-fedspallm-investigations.md
+  and docs/scale.md.
 
 Bytes: for every distinct weight shape of the model's decoder linears, a random matrix pruned to exactly ⌈s·d⌉
 zeros is put on the wire both ways and measured with `record_bytes` (tensor bytes; headers not counted): before =
-fp32 weights + bool masks up, fp32 weights down (the format before issue 23); after = `core.encoding`'s kept
+fp32 weights + bool masks up, fp32 weights down (the earlier format); after = `core.encoding`'s kept
 values + bit-packed masks in each payload dtype. Round 1 sends the dense global weights down (every position
 kept); later rounds the pruned ones. Figures are for a client that samples every decoder layer (r_i = 1); they
 scale with r_i. Shapes: the embedded SmolLM2-135M's config and LLaMA-7B's (hidden 4096, MLP 11008, 32 heads,

@@ -38,7 +38,7 @@ def runs_of(grid: Grid, cells: list[Cell], out_dir: Path, render_only: bool, qui
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("grid", choices=sorted(GRIDS))
+    parser.add_argument("grid", choices=sorted(GRIDS), help="the paper whose tables to run or render")
     parser.add_argument("--only", default="", help="comma-separated cell groups (e.g. table1,comm; SFT-P: "
                         "table1,table2,figs,comm); default all")
     parser.add_argument("--sparsity", default="0.5,0.6,0.7,0.8", help="FedSpaLLM: target sparsities")

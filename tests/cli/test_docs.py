@@ -160,3 +160,15 @@ def test_a_command_that_does_not_exist_is_reported() -> None:
 @pytest.mark.parametrize("page", doc_pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_command_the_docs_name_exists(page: Path) -> None:
     assert unknown_commands(page.read_text()) == []
+
+
+def test_every_method_has_a_manual_with_its_known_limits() -> None:
+    """A run's broken-model flag points to docs/methods/<method>.md#known-limits: each registered method has
+    that page and heading, and a page stays a manual (about 400 lines at most)."""
+    from fedprune_app.core.registry import names
+
+    for method in names():
+        page = ROOT / "docs" / "methods" / f"{method}.md"
+        assert page.is_file(), f"{method} has no manual"
+        assert "known-limits" in anchors(page), f"{page.name} has no 'Known limits' section"
+        assert len(page.read_text().splitlines()) <= 420, f"{page.name} is a log, not a manual"

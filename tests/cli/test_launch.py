@@ -133,3 +133,44 @@ def test_the_run_directory_is_the_one_with_this_launchs_config(tmp_path: Path) -
     # none matches: the newest new directory
     assert launch_module.own_run_dir(tmp_path, before, {"seed": 3}).name == "20261125-020001-fedit"
     assert launch_module.own_run_dir(tmp_path / "missing", set(), {}) is None
+
+
+def test_a_completed_run_with_broken_models_says_so_last(tmp_path: Path, tiny_model_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The launcher ends with the run's broken-model warnings (summary.json `warnings`), on stderr, after the
+    status line; results.md is printed by the launcher only when the stream (where the ServerApp prints it) was
+    hidden; a run without warnings ends with the status line alone."""
+    out = tmp_path / "out"
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "choices": ["a", "b"], "label": i % 2}) + "\n"
+                            for i in range(20)))
+    run_config = [f"model-name='{tiny_model_dir}' client-data='{data},{data}' server-eval-data='' "
+                  f"test-examples=6 val-examples=2 output-dir='{out}'"]
+    flags: list[str] = []
+
+    def fake_run(cmd: list[str], env: dict[str, str], **_: Any) -> subprocess.CompletedProcess:
+        if cmd[1] == "run":  # each run writes a directory of its own
+            run_dir = out / f"20261201-00000{len(flags)}-fedit"
+            run_dir.mkdir(parents=True)
+            (run_dir / "config.json").write_text("{}")
+            (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "warnings": flags}))
+            (run_dir / "results.md").write_text("# the results table\n")
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"runs": [{"status": "finished:completed"}]}',
+                                           stderr="")
+
+    monkeypatch.setattr(launch_module.subprocess, "run", fake_run)
+    monkeypatch.setattr(launch_module, "run_status", lambda env, flwr: "finished:completed")
+    monkeypatch.setattr(launch_module, "stop_superlink", lambda port: None)
+    federation = "num-supernodes=2 client-resources-num-cpus=1"
+    assert launch_module.launch(run_config, federation, quiet=False).code == 0
+    printed = capsys.readouterr()
+    assert "the results table" not in printed.out and "status: finished:completed" in printed.out
+    assert printed.err == ""
+    flags.append("⚠ client 0 (task): test perplexity 9e9 is 4e7× the untouched model's 235 — this model is broken")
+    assert launch_module.launch(run_config, federation, quiet=True).code == 0
+    printed = capsys.readouterr()
+    assert "the results table" in printed.out
+    assert printed.err.splitlines()[-2:] == [
+        "[fedprune] the run completed, but 1 model(s) it produced are broken: a bug report, not a result",
+        f"[fedprune] {flags[0]}"]

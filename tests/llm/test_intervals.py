@@ -103,3 +103,18 @@ def test_pooled_interval_resamples_replicates_then_takes_each_replicates_own_dra
     assert ci.hi - ci.lo > single.hi - single.lo
     with pytest.raises(ValueError, match="one set of draws per estimate"):
         pooled_interval([1.0, 2.0], draws[:1])
+
+
+def test_proportion_interval_is_wilsons() -> None:
+    """4 of 8 right: Wilson's closed form gives [0.2152, 0.7848]; shares of 0 and 1 keep a non-empty
+    interval inside [0, 1], where the normal approximation collapses to a point."""
+    from fedprune_app.llm.intervals import proportion_interval
+
+    ci = proportion_interval(0.5, 8)
+    assert (ci.estimate, round(ci.lo, 4), round(ci.hi, 4), ci.level) == (0.5, 0.2152, 0.7848, 0.95)
+    none, every = proportion_interval(0.0, 10), proportion_interval(1.0, 30)
+    assert none.lo == pytest.approx(0.0, abs=1e-12) and round(none.hi, 4) == 0.2775
+    assert every.hi == 1.0 and round(every.lo, 4) == 0.8865
+    assert proportion_interval(0.5, 8, level=0.99).lo < ci.lo
+    with pytest.raises(ValueError, match="share in"):
+        proportion_interval(1.5, 8)

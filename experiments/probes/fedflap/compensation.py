@@ -1,5 +1,11 @@
-"""What FLAP's bias compensation would change on fedflap's post hoc cut (issue 22 item 4): the measured half of
-"why fedflap does not apply it".
+"""What FLAP's bias compensation would change on fedflap's post hoc cut: the measured half of "why fedflap
+does not apply it".
+
+Finding: FLAP's bias compensation would cut the 20% post hoc cut's answer perplexity 1.5–2.9× on three clients (×1.43
+  worse on goal_step_wikihow with in-lanes) and still leave every client 17–35× above the dense model, so fedflap does
+  not apply it.
+Record: docs/bench/fedflap-compensation.json; quoted in docs/notes/2026-11-llmpruner-investigations.md,
+  docs/methods/fedflap.md and docs/methods/llmpruner.md.
 
 For a finished fedflap run (its masks.npz is the global cut at the budget), the base model in SFT-P's routed form
 is scored with those masks three ways, on each client's held-out questions (the re-scoring set of

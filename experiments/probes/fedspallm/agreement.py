@@ -1,5 +1,11 @@
 """Why FedSpaLLM's global model can lose to the clients' standalone models at high sparsity, one matrix at a time.
 
+Finding: At 80% the run's global mask with its weights re-solved on the pooled calibration is 30–31% below the global
+  model's perplexity and 7–10% below centralized pruning on every corpus, so FedSpaLLM's 80% loss is the averaged
+  weights, not the mask.
+Record: docs/bench/fedspallm-resolved-s80.json (the `--run` mode; no per-layer record is kept); quoted in
+  docs/notes/2026-11-fedspallm-investigations.md, docs/methods/fedspallm.md and docs/claims.md.
+
 Under the paper's protocol (`conf/fedspallm-paper.toml`: 4 clients, IID shares of one generic corpus) the global
 model is below the standalone mean at 50–70% sparsity but above it at 80% (docs/methods/fedspallm.md). This tool
 takes a few decoder layers of the dense model and, for each of their linear matrices W and each sparsity:

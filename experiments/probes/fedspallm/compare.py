@@ -1,5 +1,10 @@
 """Two FedSpaLLM runs of one setting that differ in one key, compared on the same held-out windows.
 
+Finding: At the paper's 2,048-token calibration segments the 80% global model is still 28–33% above the standalone mean
+  (1,024 tokens: 10–13%, 256: 44–67%), so short calibration does not explain the 80% reversal.
+Record: docs/bench/fedspallm-calib-1024-s80.json and docs/bench/fedspallm-calib-2048-s80.json; quoted in
+  docs/notes/2026-11-fedspallm-investigations.md, docs/methods/fedspallm.md and docs/claims.md.
+
 A run's seed draws the held-out text it scores, so two runs with the same seed and evaluation keys score the same
 windows (checked: the dense model's per-window NLLs must agree to 1e-6 relative, else the tool stops). Each model
 of the two runs (global = the last round's model, standalone = the clients' round-1 models, their mean perplexity)

@@ -1,6 +1,11 @@
 """How large the global LoRA update of a finished FedTPA / FedIT / FlexLoRA run is, and which of its dimensions
 zero-padding has killed for good.
 
+Finding: FedTPA's global update is 0.60× FedIT's at α = 1 (46 of 960 dimensions dead) and FedAvg's 0.40×, yet the FedAvg
+  runs score no lower, so the update's size does not explain FedTPA's deficit to FedIT.
+Record: docs/bench/fedtpa-adapter-norms.json; quoted in docs/notes/2026-11-fedtpa-investigations.md and
+  docs/methods/fedtpa.md.
+
 §III-E zero-pads each client's pruned adapter back to r_g before Eq. 8 averages it, so a dimension a client
 pruned enters the average as 0: the global A row and B column of a dimension kept by a weight fraction f of the
 clients shrink by f, its rank-one part of ΔW by about f². A dimension that every client pruned in one round

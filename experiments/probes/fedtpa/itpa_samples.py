@@ -1,6 +1,11 @@
 """How many samples ITPA's mean feature needs: the spread of the clients' cosine distances (Eq. 3–4) against the
 noise of estimating them from n samples, per data split.
 
+Finding: At 16 samples per client the estimate's noise exceeds the clients' spread in every split (signal / noise
+  0.25–0.84), so conf/fedtpa.toml uses every training example (fedtpa-feature-examples = 0).
+Record: docs/bench/fedtpa-itpa-samples.json; quoted in docs/notes/2026-11-fedtpa-investigations.md and
+  docs/methods/fedtpa.md.
+
 For each split of the FedTPA grid (α = inf: IID, 1 and 0.5: Dirichlet over the task categories; 5 clients, the
 `conf/fedtpa.toml` data), every client's per-sample features (the backbone's final hidden state, mean-pooled over
 the sample's tokens: `clients.fedtpa.mean_feature` on one sample) are computed once for up to `--pool` of its

@@ -1,5 +1,11 @@
 """How fast SFT-P's masks reach the budget: one client's Alg. 1 inner loop, round after round, without averaging.
 
+Finding: One client reaches p within 0.01 in 48 steps at the paper's λ 16 as at λ 64 (one 12-step round later), so the
+  presets use λ 16; at 50%, +C's faster first cut (penalty 0.149 against NOC's 0.426 at step 20) comes from e_k's size,
+  not its movement.
+Record: docs/bench/sftp-budget-lam64.json (and 10 more sftp-budget-*.json); quoted in
+  docs/notes/2026-11-sftp-investigations.md.
+
 Runs `local_training` (clients/sftp.py: ReinMax gates of h_Θ(e_k), CLM + λ·R(T, pT), AdamW on Θ, e_k and LoRA)
 for `num-server-rounds` rounds of `local-steps` on one client's data, carrying Θ, e_k and e_k's optimiser state
 from round to round as a client does (Θ is not averaged with other clients: a single-client view), and prints per

@@ -1,5 +1,10 @@
 """Does dropping a few residual-bus coordinates break the model? Answer NLL with single coordinates masked out.
 
+Finding: Dropping SmolLM2's bus coordinate 507 alone takes answer NLL from 2–6 to 14–17 nats (four random coordinates:
+  at most 0.13), so SFT-P holds massive coordinates open (sftp-hold-open='massive').
+Record: docs/runs/sftp-trajectory/bus-coordinates.json; quoted in docs/notes/2026-11-sftp-investigations.md (the figure
+  also in docs/methods/sftp.md).
+
 SFT-P's masks act on the d-wide residual bus (`Norm(x ⊙ g_in)`, `f(x_in) ⊙ g_out`). LLMs are known to carry a few
 "massive activation" coordinates in the residual stream. This scores each client's untouched model (answer NLL on
 its first `--examples` test examples) with one coordinate dropped from every layer's four masks, for the

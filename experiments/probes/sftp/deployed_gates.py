@@ -1,5 +1,11 @@
 """Why an SFT-P client deploys the mask it does: its gate probabilities under the Θ it deploys.
 
+Finding: In the mixed-budget run with the budget warm-up the 50% clients' e_k give almost the 20% clients' gates (mean π
+  0.69 against 0.71), so the budget rule cuts inside saturated gates (highest dropped π 0.999) and the mixed preset
+  keeps no warm-up (conf/sftp-mixed.toml).
+Record: docs/runs/sftp-diagnostics/mixed-w300-deployed-gates.json (and 7 more *.json there); quoted in
+  docs/notes/2026-11-sftp-investigations.md.
+
 For each client of a finished run (`--partial`: of the round a stopped or running run's checkpoint holds):
 π = σ(h_Θ(e_k) + c) (Eq. 12) from the Θ the client deploys and its private e_k as its device saved it
 (`<state-dir>/<run key>/partition-<k>/round-<last>.pkl`, written by every Flower client of a run with

@@ -1,5 +1,9 @@
 """SFT-P's LoRA learning rate by measurement: how far Φ moves and what loss it buys, per learning rate.
 
+Finding: At the paper's LoRA lr 2e-5, 150 steps move Φ by 0.06% of the weights and buy 0.34 nats of answer NLL against
+  2.27 at 2e-4 (5e-4: 2.60), so the presets raise the LoRA rate to 2e-4.
+Record: docs/runs/sftp-trajectory/lora-lr.json; quoted in docs/notes/2026-11-sftp-investigations.md.
+
 For each `--lrs` value, one client runs SFT-P's local training (`clients.sftp.local_training`: the recipe of the
 preset, cosine LoRA schedule over `--steps`) from the fresh adapters with every gate held open
 (`sftp-hold-open='all'`), so only Φ decides the outcome. Reported per learning rate: ‖ΔW‖_F / ‖W‖_F averaged over

@@ -1,5 +1,10 @@
 """How much of an SFT-P run's distance to its budget is the deterministic mask's rounding.
 
+Finding: The 0.5-rounded mask kept 0.855–0.865 at a 0.8 target (0.511–0.519 at 0.5), about 0.03 of it from unsaturated
+  gates rounding up, so the deployed mask now fills the budget (sftp-deploy-mask='budget').
+Record: docs/bench/sftp-mask-rounding.json (beside docs/bench/sftp-budget-p80-noc.json); quoted in
+  docs/notes/2026-11-sftp-investigations.md.
+
 Training meets the budget in expectation over the sampled gates g ~ Bernoulli(π), π = σ(s + c) (Eq. 10–14:
 the penalty sees T(g) of sampled gates); evaluation and compilation use the deterministic mask 1[π > 0.5].
 While gates are not yet saturated the two differ: with p = 0.8 most unsaturated gates sit above 0.5 and round

@@ -1,5 +1,10 @@
 """SFT-P round by round: each client's kept ratio and its deployed model's answer NLL, federated beside alone.
 
+Finding: It chose the presets' schedule: with the massive coordinates held open every federated client at keep 0.8 ends
+  below the untouched model from round 4 on (round 6: −0.17 to −1.21 nats), where without them one of four did.
+Record: docs/runs/sftp-trajectory/keep08-lam16-glr3e-2-tau1-lora2e-4-massive.json (and 31 more keep*.json there); quoted
+  in docs/notes/2026-11-sftp-investigations.md and docs/notes/2026-11-claims-history.md.
+
 Two runs of the real client (clients/sftp.py) and strategy (strategies/sftp.py) code, in this process (no Flower
 messaging, no Ray):
 

@@ -1,11 +1,17 @@
 """Two `experiments.probes.sftp.trajectory` records of one client and seed, paired question by question.
 
+Finding: Paired per question, the 300-step budget warm-up lowers client 1's answer NLL at keep 0.5 by 1.037 [0.923,
+  1.157] nats (client 0, seed 1: 0.680 [0.309, 1.030]), so conf/sftp-50.toml warms the budget up
+  (sftp-budget-warmup-steps=300).
+Record: none (it prints; it reads docs/runs/sftp-trajectory/*.json and re-scored runs); quoted in
+  docs/notes/2026-11-sftp-investigations.md.
+
 For the chosen client and round (default: the last) of each record: the deployed model's answer NLL (token-weighted
 mean over the test questions), the untouched model's (round 0), and the paired differences B − A, A − untouched and
 B − untouched in nats, each with its 95% bootstrap interval over questions (both models resampled on the same
 questions: `intervals.paired_perplexity_interval`, whose perplexity ratio is exp of the NLL difference). Records
-of one client and seed score the same questions; others are refused. Needs rows with `example-nll` (records
-written since 2026-11-28, 03:30 UTC).
+of one client and seed score the same questions; others are refused. Needs rows with `example-nll` (older records
+lack them).
 
 Either side may also be a re-scored Flower run (a run directory with `rescore.json` from `fedprune rescore accuracy`):
 its deployed models on the test split plus the task's unused examples, the questions of a trajectory record written
