@@ -23,10 +23,10 @@ run: setup
 	$(FEDPRUNE) run $(REFERENCES) --run-config $(RUN_CONFIG) $(if $(ARGS),--run-config "$(ARGS)") \
 		--federation-config "$(FEDERATION)"
 
-# The quick check: the smoke preset (1 round, 2 clients), a few minutes.
+# The quick check: the smoke preset (1 round, small splits), a few minutes; ARGS="method='sftp'" swaps method.
 smoke: setup
 	$(FEDPRUNE) run --run-config conf/smoke.toml $(if $(ARGS),--run-config "$(ARGS)") \
-		--federation-config "num-supernodes=2 client-resources-num-cpus=1"
+		--federation-config "$(FEDERATION)"
 
 test: setup
 	$(PY) -m ruff check .

@@ -7,7 +7,8 @@
    reply logged to metrics.jsonl, the server scoring the global model's perplexity after every round and
    writing checkpoint/ (`resume-from` continues a run from it: its rows, arrays and strategy state);
 5. save the final artefacts, score the comparison models (built by the server, or by every client from its
-   own data), write summary.json / results.md / plots and print the table.
+   own data), write summary.json / results.md / plots, print results.md and, when a final model is
+   broken (summary.json's `warnings`), say so in one warning line.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def main(grid: Grid, context: Context) -> None:
         artefacts = strategy.save_final(final, run.path)
         score_references(cfg, strategy, run)
         strategy.score_client_references(grid)
-        run.finish("completed", {"artefacts": artefacts, "initial-state-seconds": round(initial_ready, 3)})
+        summary = run.finish("completed", {"artefacts": artefacts,
+                                           "initial-state-seconds": round(initial_ready, 3)})
     except BaseException as err:
         error = traceback.format_exc()[-4000:]
         message = f"{type(err).__name__}: {err}".strip()  # what `fedprune run` prints as the run's error
@@ -123,4 +125,7 @@ def main(grid: Grid, context: Context) -> None:
             log.error("[fedprune] run failed: %s (see %s/summary.json)", message, run.path)
         raise
     print((run.path / "results.md").read_text(), flush=True)
+    if summary["warnings"]:
+        log.warning("[fedprune] %d broken model(s), listed at the top of results.md above and in "
+                    "summary.json's \"warnings\"", len(summary["warnings"]))
     log.info("[fedprune] run directory: %s", run.path)

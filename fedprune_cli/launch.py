@@ -230,7 +230,8 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
 
 def broken_model_lines(run_dir: Path | None) -> list[str]:
     """The run's broken-model warnings (summary.json `warnings`: models whose perplexity is above twice the
-    untouched model's, or whose accuracy is below chance) under a line that says what they mean."""
+    untouched model's, or whose accuracy is below chance by its 95% interval) under a line saying what
+    they mean."""
     summary = None if run_dir is None else run_dir / "summary.json"
     try:
         flags = json.loads(summary.read_text()).get("warnings", []) if summary and summary.is_file() else []

@@ -2,13 +2,15 @@
 
 - `config.json`: the resolved run config;
 - `metrics.jsonl`: one line per (round, client, phase) and per server evaluation, appended as they come;
-- `summary.json`: `"status"`, wall time, the final per-client table and server metrics;
-- `results.md`: the paper-style table, every number read from `metrics.jsonl`;
-- `plots/*.png`: loss and metrics per round;
+- `summary.json`: `"status"`, wall time, the final per-client table and server metrics, and
+  `"warnings"`: one line per final model the run broke (`broken_models`);
+- `results.md`: the paper-style tables, every number read from `metrics.jsonl` with its n and 95%
+  interval, every term defined under its table, the broken models at the top;
+- `plots/*.png`: loss and metrics per round, per client and task;
 - `tensorboard/`: every numeric value of `metrics.jsonl` as TensorBoard scalars (`board_scalars`), for
   `tensorboard --logdir outputs/`;
 - the final artefacts (written by the strategy, e.g. `adapter/`);
-- later, `rescore.json` (tools/rescore_rouge.py): per-example Rouge-L of the final model on unused examples.
+- later, `rescore.json` (fedprune_cli/rescore_rouge.py): per-example Rouge-L of the final model on unused examples.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprune_app.core.config import RunConfig
+from fedprune_app.llm.intervals import proportion_interval
 
 
 def resolve_output_dir(output_dir: str) -> Path:
@@ -100,28 +103,31 @@ class RunDirectory:
         return [r for r in self.records if r.get("phase") == phase]
 
     def finish(self, status: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Write summary.json, results.md and the plots; return the summary."""
+        """Write summary.json, results.md and the plots; return the summary. Its `warnings`: one
+        line per model the run broke (`broken_models`), also at the top of results.md."""
         table = client_table(self.rows("evaluate"))
         server: dict[str, dict[str, float]] = defaultdict(dict)
         for r in self.rows("server-evaluate"):
             server[str(r["round"])][f"ppl `{r['data']}`"] = r["ppl"]
             if "kept-ratio-prunable" in r:  # a strategy that says what it scored (SFT-P: global_model_notes)
                 server[str(r["round"])]["kept (prunable)"] = r["kept-ratio-prunable"]
-        scored = next((str(r["model"]) for r in reversed(self.rows("server-evaluate")) if r.get("model")), None)
         dropped = [{"round": r.get("round"), "phase": r["phase"], "node": r.get("node"),
                     "problem": r.get("problem", "")[-300:]}
                    for r in self.records if r.get("status") in ("failed", "rejected")]
+        flags = broken_models(self.records, self.cfg.method)
         summary = {"status": status, "method": self.cfg.method, "started-at": self.started,
                    "seconds": round(time.time() - self.started, 1),
                    "clients": table, "server": server, "references": reference_means(self.rows("reference")),
-                   "failures": len(dropped), "dropped-replies": dropped, **(extra or {})}
+                   "failures": len(dropped), "dropped-replies": dropped, "warnings": flags,
+                   **(extra or {})}
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         try:
             self.close_board()
         except Exception as err:  # noqa: BLE001 - as the plots: never costs a finished run its status
             warnings.warn(f"writing the TensorBoard events failed: {err!r}", stacklevel=1)
-        text = render_results(self.cfg, table, server, summary["seconds"], scored)
-        text += render_references(self.cfg, server, self.rows("reference"))
+        scored = self.rows("server-evaluate")
+        text = render_results(self.cfg, table, scored, summary["seconds"], flags)
+        text += render_references(self.cfg, server, self.rows("reference"), scored)
         text += render_compiled(self.rows("compiled"))
         if dropped:
             text += (f"\n{len(dropped)} client replies failed or were rejected and left out "
@@ -134,8 +140,18 @@ class RunDirectory:
         return summary
 
 
+def _side(row: Mapping[str, Any], metric: str, side: str) -> dict[str, Any]:
+    """One score of an eval row with its n and 95% interval, keyed `<key>/<side>`."""
+    if row.get(metric) is None:
+        return {}
+    lo, hi, n = score_interval(row, metric)
+    return {f"{metric}/{side}": row[metric], f"{metric}-lo/{side}": lo, f"{metric}-hi/{side}": hi,
+            f"{metric}-n/{side}": n}
+
+
 def client_table(eval_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per client: its metrics at round 0 (untouched model) and at its last evaluated round."""
+    """Per client: its metrics at round 0 (untouched model) and at its last evaluated round, each
+    with its n and 95% interval (`<metric>-n/<side>`, `-lo`, `-hi`), and chance where known."""
     by_client: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
     for r in eval_rows:
         if r.get("status") == "ok" and r.get("client") is not None:
@@ -145,14 +161,37 @@ def client_table(eval_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rounds = by_client[client]
         first, last = rounds.get(0, {}), rounds[max(rounds)]
         metrics = sorted(k for k in set(first) | set(last) if k in METRIC_NAMES)
-        table.append({"client": client, "data": last.get("data", first.get("data", "")),
-                      "final-round": max(rounds),
-                      **{f"{m}/untouched": first.get(m) for m in metrics},
-                      **{f"{m}/tuned": last.get(m) for m in metrics}})
+        row = {"client": client, "data": last.get("data", first.get("data", "")),
+               "final-round": max(rounds)}
+        for m in metrics:
+            row |= {f"{m}/untouched": first.get(m), f"{m}/tuned": last.get(m)}
+            row |= _side(first, m, "untouched") | _side(last, m, "tuned")
+        chance = last.get(CHANCE, first.get(CHANCE))
+        if chance is not None:
+            row[CHANCE] = chance
+        table.append(row)
     return table
 
 
 METRIC_NAMES = ("acc", "acc_norm", "ppl", "rouge-l", "val-loss")
+CHANCE = "acc-chance"  # an eval row's chance accuracy: mean over its questions of 1 / their choices
+PPL_BROKEN_RATIO = 2.0  # a perplexity above this × the untouched model's marks a broken model
+
+# How results.md and the plots name each score, and what the name means (the legends).
+SCORE_LABELS = {"acc": "accuracy", "acc_norm": "accuracy, length-normalised", "ppl": "perplexity",
+                "rouge-l": "Rouge-L", "val-loss": "validation loss"}
+SCORE_TERMS = {
+    "acc": "accuracy: the share of test questions whose most likely choice (by the model's "
+           "log-likelihood) is the right one (lm-eval's `acc`); higher is better",
+    "acc_norm": "accuracy, length-normalised: the same, each choice's log-likelihood divided by "
+                "its length in characters (lm-eval's `acc_norm`)",
+    "ppl": "perplexity: exp(mean negative log-likelihood per token) of the test answers given "
+           "their questions, or of the text itself for plain-text data; lower is better",
+    "rouge-l": "Rouge-L: the F1 of the longest common subsequence of the generated and the "
+               "reference answer, 0 to 1; higher is better",
+    "val-loss": "validation loss: mean negative log-likelihood per answer token of the client's "
+                "validation split; lower is better",
+}
 
 BOARD_IDENTITY = frozenset({"time", "round", "phase", "node", "client", "partition-id"})  # what a row is, not values
 BOARD_QUALIFIERS = {"server-evaluate": ("data",), "reference": ("model", "data"), "compiled": ("model",)}
@@ -182,51 +221,280 @@ def board_scalars(row: Mapping[str, Any], final_round: int) -> list[tuple[str, i
             if key not in BOARD_IDENTITY and isinstance(value, int | float)]
 
 
+def score_interval(row: Mapping[str, Any], metric: str
+                   ) -> tuple[float | None, float | None, int | None]:
+    """(lo, hi, n) of one score of a metrics row: for an accuracy the Wilson interval of its `acc-n`
+    questions; else the `<metric>-lo`, `-hi`, `-n` the row carries. None where the row has none."""
+    value = row.get(metric)
+    if metric in ("acc", "acc_norm"):
+        n = row.get("acc-n")
+        if not isinstance(value, int | float) or not n or not 0.0 <= value <= 1.0:
+            return None, None, int(n) if n else None
+        ci = proportion_interval(float(value), int(n))
+        return ci.lo, ci.hi, int(n)
+    n = row.get(f"{metric}-n")
+    return row.get(f"{metric}-lo"), row.get(f"{metric}-hi"), int(n) if n else None
+
+
 def _fmt(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if not isinstance(value, int | float):
         return str(value)
+    if isinstance(value, float) and (math.isinf(value) or abs(value) >= 1e7):
+        return _num(value)
     return f"{value:.3f}" if isinstance(value, float) and abs(value) < 10 else f"{value:.2f}"
 
 
-def render_results(cfg: RunConfig, table: list[dict[str, Any]], server: Mapping[str, Any], seconds: float,
-                   scored: str | None = None) -> str:
-    """The results table in Markdown (per client: untouched vs after federated tuning); then the server's
-    per-round scores, with `scored` (what the strategy's `global_model` built, when it says) in the heading."""
-    metrics = [m for m in METRIC_NAMES if any(f"{m}/untouched" in row for row in table)]
-    lines = [f"# {cfg.method}: {cfg.num_server_rounds} rounds, model `{cfg.model_name}`", "",
-             f"Wall time {seconds:.0f} s.", ""]
+def _num(value: float) -> str:
+    """A number for a sentence: 3 significant digits, powers of ten as `1.5e10`."""
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 1e5:
+        mantissa, exponent = f"{value:.1e}".split("e")
+        return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _interval(lo: Any, hi: Any, n: Any = None) -> str:
+    """`[lo, hi]`, or `–` where there is none or it rests on a single unit."""
+    if lo is None or hi is None or (n is not None and n < 2):
+        return "–"
+    return f"[{_fmt(lo)}, {_fmt(hi)}]"
+
+
+def short_name(data: str) -> str:
+    """A data source as a person names it: `bigbench:goal_step_wikihow/step_inference` ->
+    `goal_step_wikihow`, `squad_shifts:squaddev` -> `squaddev`, a file -> its stem."""
+    text = str(data)
+    if text.endswith((".jsonl", ".json")):
+        return Path(text).stem
+    return text.split(":", 1)[-1].split("/")[0] or text
+
+
+def client_label(client: Any, data: Any) -> str:
+    """`client 1 (goal_step_wikihow)`; `client 1` without data."""
+    return f"client {client} ({short_name(data)})" if data else f"client {client}"
+
+
+def _ppl_problem(what: str, final: Any, untouched: Any, ratio: float) -> str | None:
+    """Why a final perplexity marks a broken model: above `ratio` × the untouched one, or NaN."""
+    numbers = isinstance(final, int | float) and isinstance(untouched, int | float)
+    if not numbers or untouched <= 0:
+        return None
+    if not math.isfinite(final):
+        return f"{what} is {final} (the untouched model's {_num(untouched)})"
+    if final > ratio * untouched:
+        return (f"{what} {_num(final)} is {_num(final / untouched)}× the untouched model's "
+                f"{_num(untouched)}")
+    return None
+
+
+def _accuracy_problem(acc: Any, n: Any, chance: Any) -> str | None:
+    """Why a final accuracy marks a broken model: below chance by its whole 95% (Wilson) interval, so
+    that a healthy model near chance on a few questions is not flagged; no n, no verdict."""
+    numbers = all(isinstance(v, int | float) for v in (acc, n, chance))
+    if not numbers or n < 1 or not 0.0 <= acc <= 1.0:
+        return None
+    interval = proportion_interval(acc, int(n))
+    if interval.hi < chance:
+        return (f"accuracy {acc:.3f} [{interval.lo:.3f}, {interval.hi:.3f}] (n = {int(n)}) is below "
+                f"chance {chance:.3f}")
+    return None
+
+
+def broken_models(records: list[dict[str, Any]], method: str,
+                  ratio: float = PPL_BROKEN_RATIO) -> list[str]:
+    """One line per final or deployed model that the run broke: a perplexity above `ratio` × the
+    untouched model's on the same data, or a multiple-choice accuracy whose 95% interval lies below
+    chance. Looks at each
+    client's last evaluation (against its round 0), the server's last score of the global model
+    (against round 0; not where the strategy labels the scored model as no one's, `model`) and the
+    compiled models (against the `dense` one). Each line names the model and points to
+    docs/methods/<method>.md."""
+    problems: dict[str, list[str]] = defaultdict(list)
+    for row in client_table([r for r in records if r.get("phase") == "evaluate"]):
+        if row["final-round"] == 0:
+            continue
+        label = client_label(row["client"], row["data"])
+        found = _ppl_problem("test perplexity", row.get("ppl/tuned"), row.get("ppl/untouched"),
+                             ratio)
+        problems[label] += [found] if found else []
+        found = _accuracy_problem(row.get("acc/tuned"), row.get("acc-n/tuned"), row.get(CHANCE))
+        problems[label] += [found] if found else []
+    server: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in records:
+        if r.get("phase") == "server-evaluate" and not r.get("model") and "round" in r \
+                and r.get("status") != "failed":
+            server[str(r.get("data"))][int(r["round"])] = r.get("ppl")
+    for data, by_round in server.items():
+        last = max(by_round)
+        if last > 0:
+            found = _ppl_problem(f"perplexity of the server's text `{short_name(data)}`",
+                                 by_round[last], by_round.get(0), ratio)
+            problems[f"the global model after round {last}"] += [found] if found else []
+    compiled = [r for r in records if r.get("phase") == "compiled"]
+    dense = next((r for r in compiled if r.get("model") == "dense"),
+                 compiled[0] if compiled else None)
+    for r in compiled:
+        if r is dense:
+            continue
+        for key in (k for k in r if k.startswith("ppl/")):
+            found = _ppl_problem(f"perplexity of the server's text `{short_name(key[4:])}`", r[key],
+                                 (dense or {}).get(key), ratio)
+            problems[f"compiled model `{r.get('model')}`"] += [found] if found else []
+    doc = f"docs/methods/{method}.md#known-limits"
+    return [f"⚠ {label}: {'; '.join(found)} — this model is broken; see {doc}"
+            for label, found in problems.items() if found]
+
+
+def render_warnings(flags: list[str], ratio: float = PPL_BROKEN_RATIO) -> str:
+    """The broken-model lines (`broken_models`) as a list under a heading; none: nothing."""
+    if not flags:
+        return ""
+    head = (f"**Broken models** (perplexity above {ratio:g}× the untouched model's on the same "
+            "data, or accuracy below chance by its whole 95% interval):")
+    return "\n".join([head, "", *(f"- {f}" for f in flags)])
+
+
+def _legend(lines: list[str]) -> list[str]:
+    return ["", "Terms:", *(f"- {line}." for line in lines)]
+
+
+def render_results(cfg: RunConfig, table: list[dict[str, Any]], server_rows: list[dict[str, Any]],
+                   seconds: float, flags: list[str] | None = None) -> str:
+    """results.md's head and first tables: what the file is, the broken-model lines, per client its
+    scores before and after federated training, then the server's per-round scores; every score with
+    its n and 95% interval, every term defined under its table."""
+    rounds = f"{cfg.num_server_rounds} round{'s' * (cfg.num_server_rounds != 1)}"
+    lines = [f"# {cfg.method}: {rounds}, model `{cfg.model_name}`", "",
+             f"Scores of the models this `{cfg.method}` run trained, against the untouched base "
+             "model: per client on its own test split, and on the server's held-out text. Every "
+             "score has its sample size n and its 95% interval; the terms are defined under each "
+             "table.",
+             ""]
+    warned = render_warnings(flags or [])
+    lines += [warned, ""] if warned else []
+    lines += [f"Wall time {seconds:.0f} s.", ""]
     if not table:
-        lines.append("No federated (client-side) evaluation in this run: the method evaluates on the server, "
-                     "fraction-evaluate is 0, or every client evaluation failed.")
+        lines.append("No federated (client-side) evaluation in this run: the method evaluates on "
+                     "the server, fraction-evaluate is 0, or every client evaluation failed.")
     else:
-        clients = f"{len(table)} client{'s' * (len(table) != 1)}"
-        lines += [f"{clients}, each on its own test split: the untouched model (round 0) and the federated model "
-                  "after the last round.", ""]
-        head = "| client | data | " + " | ".join(f"{m} untouched | {m} {cfg.method}" for m in metrics) + " |"
-        lines += [head, "|" + "---|" * (2 + 2 * len(metrics))]
-        for row in table:
-            cells = [str(row["client"]), f"`{row['data']}`"]
-            for m in metrics:
-                cells += [_fmt(row.get(f"{m}/untouched")), _fmt(row.get(f"{m}/tuned"))]
-            lines.append("| " + " | ".join(cells) + " |")
-        cells = ["mean", ""]
-        for m in metrics:
-            for side in ("untouched", "tuned"):
-                vals = [row[f"{m}/{side}"] for row in table if row.get(f"{m}/{side}") is not None]
-                cells.append(_fmt(sum(vals) / len(vals)) if vals else "–")
-        lines.append("| " + " | ".join(cells) + " |")
-    if server:
-        rounds = sorted(server, key=int)
-        keys = sorted({k for r in rounds for k in server[r]})
-        heading = ("Server-side evaluation of the global model (perplexity of held-out text):" if not scored else
-                   f"Server-side evaluation after each round (perplexity of held-out text). The model scored: "
-                   f"{scored}.")
-        lines += ["", heading, "", "| round | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
-        for r in rounds:
-            lines.append(f"| {r} | " + " | ".join(_fmt(server[r].get(k)) for k in keys) + " |")
+        lines += _client_lines(cfg, table)
+    lines += _server_lines(cfg, server_rows)
     return "\n".join(lines) + "\n"
+
+
+def _client_lines(cfg: RunConfig, table: list[dict[str, Any]]) -> list[str]:
+    metrics = [m for m in METRIC_NAMES
+               if any(f"{m}/untouched" in r or f"{m}/tuned" in r for r in table)]
+    final = max(r["final-round"] for r in table)
+    after = f"{cfg.method} (round {final})"
+    clients = f"{len(table)} client{'s' * (len(table) != 1)}"
+    lines = [f"Per client ({clients}), each on its own test split: the untouched model and the "
+             "model after the last round.", "",
+             f"| client | data | score | n | untouched | 95% interval | {after} | 95% interval |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in table:
+        first = True
+        for m in metrics:
+            if row.get(f"{m}/untouched") is None and row.get(f"{m}/tuned") is None:
+                continue
+            label = SCORE_LABELS[m]
+            if m in ("acc", "acc_norm") and row.get(CHANCE) is not None:
+                label += f" (chance {row[CHANCE]:.3f})"
+            n = row.get(f"{m}-n/tuned") or row.get(f"{m}-n/untouched")
+            who = [str(row["client"]), f"`{row['data']}`"] if first else ["", ""]
+            cells = [*who, label, str(n) if n else "–"]
+            for side in ("untouched", "tuned"):
+                cells += [_fmt(row.get(f"{m}/{side}")),
+                          _interval(row.get(f"{m}-lo/{side}"), row.get(f"{m}-hi/{side}"),
+                                    row.get(f"{m}-n/{side}"))]
+            lines.append("| " + " | ".join(cells) + " |")
+            first = False
+    if len(table) > 1:
+        for m in metrics:
+            cells = [f"mean of {clients}" if m == metrics[0] else "", "", SCORE_LABELS[m], ""]
+            for side in ("untouched", "tuned"):
+                vals = [r[f"{m}/{side}"] for r in table if r.get(f"{m}/{side}") is not None]
+                cells += [_fmt(sum(vals) / len(vals)) if vals else "–", ""]
+            lines.append("| " + " | ".join(cells) + " |")
+    terms = ["untouched: the base model before any training (round 0)",
+             f"{after}: the model each client uses after the last round it evaluated",
+             *(SCORE_TERMS[m] for m in metrics)]
+    if any(row.get(CHANCE) is not None for row in table):
+        terms.append("chance: the accuracy of guessing, 1 / the number of choices, averaged over "
+                     "the questions")
+    terms.append(f"n: test examples scored (for plain-text perplexity: windows of up to "
+                 f"{cfg.ppl_window} tokens)")
+    terms.append(_interval_term(cfg, any(m in metrics for m in ("acc", "acc_norm")), "examples"))
+    if len(table) > 1:
+        terms.append("mean: the unweighted mean over the clients' scores (on different data: no "
+                     "interval)")
+    return lines + _legend(terms)
+
+
+def _interval_term(cfg: RunConfig, accuracy: bool, units: str) -> str:
+    """The legend line of the '95% interval' column."""
+    text = ("95% interval: the range that holds the model's true score with 95% confidence, given "
+            "the n scored; ")
+    if accuracy:
+        text += "for an accuracy the Wilson score interval, for the others "
+    text += (f"a percentile bootstrap over the scored {units} ({cfg.ppl_bootstrap_iters} "
+             "resamples); – where none was recorded or n < 2")
+    return text
+
+
+def _server_lines(cfg: RunConfig, rows: list[dict[str, Any]]) -> list[str]:
+    """The server's score of the global model after each round (perplexity of held-out text)."""
+    rows = [r for r in rows if r.get("status") != "failed" and "round" in r and "data" in r]
+    if not rows:
+        return []
+    scored = next((str(r["model"]) for r in reversed(rows) if r.get("model")), None)
+    sources = list(dict.fromkeys(str(r["data"]) for r in rows))
+    kept = any("kept-ratio-prunable" in r for r in rows)
+    by_round: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in rows:
+        by_round[int(r["round"])][str(r["data"])] = r
+    heading = ("Server-side evaluation of the global model after each round: perplexity of "
+               "held-out text." if not scored else "Server-side evaluation after each round: "
+               f"perplexity of held-out text. The model scored: {scored}.")
+    head = "| round |" + (" kept (prunable) |" if kept else "")
+    for s in sources:
+        n = next((_units(r) for r in rows if r["data"] == s and _units(r)), None)
+        head += f" ppl `{s}`{f' (n = {n})' if n else ''} | 95% interval |"
+    lines = ["", heading, "", head, "|---|" + "---|" * (kept + 2 * len(sources))]
+    for rnd in sorted(by_round):
+        got = by_round[rnd]
+        cells = [str(rnd)]
+        if kept:
+            cells.append(_fmt(next((r.get("kept-ratio-prunable") for r in got.values()), None)))
+        for s in sources:
+            r = got.get(s, {})
+            cells += [_fmt(r.get("ppl")), _interval(r.get("ppl-lo"), r.get("ppl-hi"), _n(r))]
+        lines.append("| " + " | ".join(cells) + " |")
+    terms = ["round 0: the untouched base model; round r: the model after round r",
+             f"ppl: perplexity of the text, exp(mean negative log-likelihood per token), scored in "
+             f"windows of up to {cfg.ppl_window} tokens; lower is better",
+             "n: windows scored (and their tokens)", _interval_term(cfg, False, "windows")]
+    if kept:
+        terms.append("kept (prunable): the share of the prunable weights the scored model keeps")
+    return lines + _legend(terms)
+
+
+def _n(row: Mapping[str, Any]) -> int | None:
+    """The number of windows a perplexity row scored, where it says."""
+    if row.get("ppl-n"):
+        return int(row["ppl-n"])
+    return len(row["window-nll"]) if isinstance(row.get("window-nll"), list) else None
+
+
+def _units(row: Mapping[str, Any]) -> str | None:
+    """`4 windows, 1023 tokens` of a perplexity row."""
+    n, tokens = _n(row), row.get("ppl-tokens")
+    if n is None:
+        return None
+    return f"{n} window{'s' * (n != 1)}" + (f", {int(tokens)} tokens" if tokens else "")
 
 
 def reference_means(refs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -247,7 +515,7 @@ def reference_means(refs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def render_compiled(rows: list[dict[str, Any]]) -> str:
     """SFT-P's compiled client models against the dense one: size and, when timed, prefill and generation, each
     speed-up beside its FLOP ceiling and the share of it reached; then, when scored, the server's perplexity of
-    its held-out text for each of them (the models the clients deploy)."""
+    its held-out text for each of them (the models the clients deploy), with n and 95% interval."""
     if not rows:
         return ""
     timed = "prefill-ms" in rows[0]
@@ -276,71 +544,214 @@ def render_compiled(rows: list[dict[str, Any]]) -> str:
                 line += (f" {r['generate-speedup']:.2f}× | {r['generate-ceiling']:.2f}× |"
                          f" {r['generate-of-ceiling']:.2f} |")
         lines.append(line)
+    terms = ["params: the model's parameters (M = million); params ratio: its parameters / the "
+             "dense model's; MB: the size of its weights"]
+    if timed:
+        terms.append("prefill ms: time to process the prompt; generation tok/s: new tokens per "
+                     "second; speed-up: the dense model's time / this model's")
     sources = list(dict.fromkeys(k[4:] for r in rows for k in r if k.startswith("ppl/")))
     if sources:
+        lines += _legend(terms)
+        head = "| model | kept (prunable) |"
+        for s in sources:
+            n = next((int(r[f"ppl-n/{s}"]) for r in rows if r.get(f"ppl-n/{s}")), None)
+            head += f" ppl `{s}`{f' (n = {n} windows)' if n else ''} | 95% interval |"
         lines += ["", "Server-side evaluation of the deployed models: the server's held-out text (the per-round "
                   "evaluation's) scored by the dense base model and by each client's compiled model after the last "
-                  "round (perplexity):", "",
-                  "| model | kept (prunable) | " + " | ".join(f"ppl `{s}`" for s in sources) + " |",
-                  "|---|---|" + "---|" * len(sources)]
-        lines += [f"| {r['model']} | {_fmt(r.get('kept-ratio-prunable'))} | "
-                  + " | ".join(_fmt(r.get(f"ppl/{s}")) for s in sources) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+                  "round (perplexity):", "", head, "|---|---|" + "---|---|" * len(sources)]
+        for r in rows:
+            cells = [str(r["model"]), _fmt(r.get("kept-ratio-prunable"))]
+            for s in sources:
+                lo, hi, n = r.get(f"ppl-lo/{s}"), r.get(f"ppl-hi/{s}"), r.get(f"ppl-n/{s}")
+                cells += [_fmt(r.get(f"ppl/{s}")), _interval(lo, hi, n)]
+            lines.append("| " + " | ".join(cells) + " |")
+        terms = ["dense: the untouched base model",
+                 "kept (prunable): the share of the prunable weights the model keeps",
+                 "ppl: perplexity of the server's held-out text, exp(mean negative "
+                 "log-likelihood per token); lower is better; n: windows scored",
+                 "95% interval: a percentile bootstrap over the windows; – where none was recorded"]
+    return "\n".join(lines + _legend(terms)) + "\n"
 
 
 def render_references(cfg: RunConfig, server: Mapping[str, Mapping[str, float]],
-                      refs: list[dict[str, Any]]) -> str:
-    """Dense (round 0), each comparison model, and the method's final global model, per held-out source."""
+                      refs: list[dict[str, Any]],
+                      server_rows: list[dict[str, Any]] | None = None) -> str:
+    """Dense (round 0), each comparison model, and the method's final global model, per held-out
+    source, each perplexity with its 95% interval where a single model's row carries one
+    (`server_rows`: the server's per-round rows)."""
     means = reference_means(refs)
     if not means:
         return ""
     sources = list(dict.fromkeys(r["data"] for r in refs if "data" in r))
-    rows: dict[str, dict[str, float]] = {}
+    scored = {(str(r.get("round")), str(r.get("data"))): r for r in server_rows or []}
+    rows: dict[str, dict[str, Any]] = {}
+
+    def at_round(rnd: str) -> dict[str, Any]:
+        return {src: scored.get((rnd, src), {"ppl": server[rnd].get(f"ppl `{src}`")})
+                for src in sources}
+
     if "0" in server:
-        rows["dense (round 0)"] = {src: server["0"].get(f"ppl `{src}`") for src in sources}
+        rows["dense (round 0)"] = at_round("0")
     for name, vals in means.items():
         label = f"{name} (mean of {int(vals['clients'])} clients)" if "clients" in vals else name
-        rows[label] = vals
+        single = {} if "clients" in vals else {
+            str(r["data"]): r for r in refs
+            if r.get("model") == name and r.get("status") != "failed"}
+        rows[label] = {src: single.get(src, {"ppl": vals.get(src)}) for src in sources}
     last = max(server, key=int) if server else None
     if last is not None and last != "0":
-        rows[f"{cfg.method} (round {last})"] = {src: server[last].get(f"ppl `{src}`") for src in sources}
+        rows[f"{cfg.method} (round {last})"] = at_round(last)
+    head = "| model |" + "".join(f" `{s}` | 95% interval |" for s in sources)
     lines = ["", "Comparison (perplexity of held-out text; the same texts for every row):", "",
-             "| model | " + " | ".join(f"`{s}`" for s in sources) + " |", "|---|" + "---|" * len(sources)]
-    lines += [f"| {name} | " + " | ".join(_fmt(vals.get(s)) for s in sources) + " |" for name, vals in rows.items()]
-    return "\n".join(lines) + "\n"
+             head, "|---|" + "---|---|" * len(sources)]
+    for name, vals in rows.items():
+        cells = [name]
+        for s in sources:
+            r = vals.get(s) or {}
+            cells += [_fmt(r.get("ppl")), _interval(r.get("ppl-lo"), r.get("ppl-hi"), _n(r))]
+        lines.append("| " + " | ".join(cells) + " |")
+    terms = ["dense (round 0): the untouched base model",
+             f"{cfg.method} (round r): the global model after the last round",
+             "a model 'mean of k clients': each client's own model, the mean of their perplexities "
+             "(no interval)",
+             "perplexity: exp(mean negative log-likelihood per token) of the held-out text; lower "
+             "is better",
+             _interval_term(cfg, False, "windows")]
+    return "\n".join(lines + _legend(terms)) + "\n"
+
+
+# Each plot's title and y-axis label, by its file name (`<phase>-<metric>`, or the train loss).
+PLOT_TEXT = {
+    "evaluate-acc": ("Multiple-choice accuracy on each client's test split",
+                     "accuracy (share of questions right)"),
+    "evaluate-acc_norm": ("Length-normalised multiple-choice accuracy on each client's test split",
+                          "accuracy, length-normalised"),
+    "evaluate-ppl": ("Perplexity on each client's test split", "perplexity (lower is better)"),
+    "evaluate-rouge-l": ("Rouge-L of the generated answers on each client's test split",
+                         "Rouge-L F1 (0 to 1)"),
+    "evaluate-val-loss": ("Validation loss on each client's validation split",
+                          "loss (nats per answer token)"),
+    "train-loss": ("Training loss of each client, mean over the round's local steps",
+                   "loss (nats per token)"),
+    "train-val-loss": ("Validation loss of each client after its local training",
+                       "loss (nats per answer token)"),
+    "server-evaluate-ppl": ("Server: perplexity of the global model on held-out text",
+                            "perplexity (lower is better)"),
+}
+SHARE_METRICS = ("acc", "acc_norm", "rouge-l")  # scores in [0, 1]: drawn on a 0-1 axis
+
+
+def plot_series(records: list[dict[str, Any]]
+                ) -> dict[str, dict[str, list[tuple[int, float, float | None, float | None]]]]:
+    """{plot name: {series label: [(round, value, lo, hi), ...] sorted by round}} of every per-round
+    score; a client's series is labelled `client_label`, the server's by its held-out text."""
+    series: dict[str, dict[str, list[tuple[int, float, float | None, float | None]]]] = \
+        defaultdict(lambda: defaultdict(list))
+    for r in records:
+        if r.get("status") in ("failed", "rejected") or "round" not in r:
+            continue
+        phase = str(r.get("phase"))
+        who = (f"server: {short_name(str(r.get('data')))} text" if phase == "server-evaluate"
+               else client_label(r.get("client"), r.get("data")))
+        for k, v in r.items():
+            if k in (*METRIC_NAMES, "train-loss") and isinstance(v, int | float):
+                lo, hi, _ = score_interval(r, k)
+                name = k if k.startswith(phase) else f"{phase}-{k}"
+                series[name][who].append((int(r["round"]), float(v), lo, hi))
+    for lines in series.values():
+        for pts in lines.values():
+            pts.sort(key=lambda p: p[0])
+    return series
 
 
 def plot_rounds(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """One PNG per metric: its value per round, a line per client (and the server)."""
+    """One PNG per score: its value per round, one line per client (and the server), 95% intervals
+    as error bars where known, chance accuracy dotted. A single round's score: a bar per client."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    series: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        if r.get("status") in ("failed", "rejected") or "round" not in r:
-            continue
-        who = f"server {r.get('data')}" if r.get("phase") == "server-evaluate" else f"client {r.get('client')}"
-        for k, v in r.items():
-            if k in (*METRIC_NAMES, "train-loss") and isinstance(v, int | float):
-                phase = str(r.get("phase"))
-                series[k if k.startswith(phase) else f"{phase}-{k}"][who].append((int(r["round"]), float(v)))
+    chance = {client_label(r.get("client"), r.get("data")): float(r[CHANCE]) for r in records
+              if r.get("phase") == "evaluate" and isinstance(r.get(CHANCE), int | float)}
     paths = []
-    for name, lines in series.items():
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        for who, pts in sorted(lines.items()):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=who)
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(name)
-        ax.legend(fontsize=7)
+    for name, lines in plot_series(records).items():
+        title, ylabel = PLOT_TEXT.get(name, (name, name))
+        metric = name.removeprefix("server-evaluate-").removeprefix("evaluate-")
+        fig, ax = plt.subplots(figsize=(7, 4))
+        rounds = sorted({p[0] for pts in lines.values() for p in pts})
+        chances = chance if metric in ("acc", "acc_norm") else {}
+        if len(rounds) == 1:
+            _bars(ax, lines, chances)
+            title += f", round {rounds[0]}"
+        else:
+            _lines(ax, lines, rounds, chances,
+                   "round" if name.startswith("train") else "round (0 = untouched model)")
+        values = [p[1] for pts in lines.values() for p in pts if math.isfinite(p[1])]
+        if metric in SHARE_METRICS:
+            ax.set_ylim(0, 1)
+        elif values and min(values) > 0 and max(values) / min(values) > 20:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _num(v)))
+        if any(_errors(pts) for pts in lines.values()):
+            title += "\n(error bars: 95% intervals)"
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
         fig.tight_layout()
         path = out_dir / f"{name}.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def _errors(pts: list[tuple[int, float, float | None, float | None]]) -> Any:
+    """matplotlib's yerr (2 × n distances below and above) where every point has an interval."""
+    if not all(lo is not None and hi is not None for _, _, lo, hi in pts):
+        return None
+    return [[max(0.0, v - lo) for _, v, lo, _ in pts], [max(0.0, hi - v) for _, v, _, hi in pts]]
+
+
+def _lines(ax: Any, lines: Mapping[str, list[tuple[int, float, float | None, float | None]]],
+           rounds: list[int], chance: Mapping[str, float], xlabel: str) -> None:
+    """A line per series; series side by side around each round so that their error bars do not hide
+    each other; each client's chance accuracy dotted in its colour."""
+    names = sorted(lines)
+    gap = min((b - a for a, b in zip(rounds, rounds[1:], strict=False)), default=1)
+    step = 0.06 * gap if any(_errors(pts) for pts in lines.values()) else 0.0
+    for i, who in enumerate(names):
+        pts, shift = lines[who], (i - (len(names) - 1) / 2) * step
+        drawn = ax.errorbar([p[0] + shift for p in pts], [p[1] for p in pts], yerr=_errors(pts),
+                            marker="o", capsize=3, label=who)
+        if who in chance:
+            ax.axhline(chance[who], color=drawn[0].get_color(), linestyle=":", linewidth=1.2,
+                       label=f"chance, {who.split(' (')[0]} ({chance[who]:.2f})")
+    ax.set_xlabel(xlabel)
+    if len(rounds) <= 20:
+        ax.set_xticks(rounds)
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _bars(ax: Any, lines: Mapping[str, list[tuple[int, float, float | None, float | None]]],
+          chance: Mapping[str, float]) -> None:
+    """One bar per series (its single point), its value above it and its chance accuracy dotted."""
+    names = sorted(lines)
+    pts = [lines[who][-1] for who in names]
+    ax.bar(range(len(names)), [p[1] for p in pts], yerr=_errors(pts), capsize=4,
+           color=[f"C{i}" for i in range(len(names))])
+    labelled = False
+    for i, (who, p) in enumerate(zip(names, pts, strict=True)):
+        ax.annotate(_num(p[1]), (i, p[1]), textcoords="offset points", xytext=(8, 3), fontsize=8)
+        if who in chance:
+            ax.hlines(chance[who], i - 0.4, i + 0.4, colors="black", linestyles=":",
+                      label=None if labelled else "chance")
+            labelled = True
+    ax.set_xticks(range(len(names)), names, fontsize=8, rotation=15 if len(names) > 3 else 0)

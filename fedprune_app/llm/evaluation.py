@@ -101,9 +101,11 @@ def mean_loss(model: nn.Module, tokenizer: Any, examples: Sequence[Example], seq
 
 
 def perplexity_metrics(scores: TokenScores, iters: int, seed: int) -> dict[str, float]:
-    """The eval row's perplexity keys: `ppl`, `ppl-tokens` and, with `iters` > 0, the 95% bootstrap interval over
-    the scored units `ppl-lo`, `ppl-hi` (intervals.perplexity_interval)."""
-    out = {"ppl": scores.perplexity, "ppl-tokens": float(scores.token_count)}
+    """The eval row's perplexity keys: `ppl`, `ppl-tokens`, the number of scored units `ppl-n`
+    (answers or windows) and, with `iters` > 0, the 95% bootstrap interval over them `ppl-lo`,
+    `ppl-hi` (intervals.perplexity_interval)."""
+    out = {"ppl": scores.perplexity, "ppl-tokens": float(scores.token_count),
+           "ppl-n": float(len(scores.nll))}
     if iters > 0:
         ci = perplexity_interval(scores, iters, seed)
         out |= {"ppl-lo": ci.lo, "ppl-hi": ci.hi}
@@ -278,15 +280,20 @@ def eval_task_for(cfg: RunConfig, data: ClientData, num_partitions: int) -> str 
 
 def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: RunConfig,
                     num_partitions: int) -> dict[str, float]:
-    """A client's metrics on its own test split: acc/acc_norm (lm-eval) for multiple choice, rouge-l for
-    instructions, and ppl: of the answers given the prompts, or sliding-window over plain text, with its scored
-    token count and bootstrap interval over answers / windows (`perplexity_metrics`)."""
+    """A client's metrics on its own test split: acc/acc_norm (lm-eval) for multiple choice, with,
+    for its own split, the questions scored `acc-n` and chance accuracy `acc-chance` (mean of 1 /
+    number of choices); rouge-l for instructions (with `rouge-l-n` and its bootstrap interval); and
+    ppl: of the answers given the prompts, or sliding-window over plain text, with its scored token
+    count and bootstrap interval over answers / windows (`perplexity_metrics`)."""
     metrics: dict[str, float] = {}
     task = eval_task_for(cfg, data, num_partitions)
     if task is not None:
         res = lm_eval_accuracy(model, tokenizer, [task], cfg.eval_batch_size,
                                include_path=cfg.eval_include_path)
         metrics.update(next(iter(res.values())))
+        if isinstance(task, dict):  # its own split (`local_mc_task`): every example's choices known
+            metrics["acc-n"] = float(len(data.test))
+            metrics["acc-chance"] = sum(1 / len(e["choices"]) for e in data.test) / len(data.test)
     if data.test and data.test[0]["prompt"]:  # questions / instructions: perplexity of the answers
         scores = answer_scores(model, tokenizer, data.test, cfg.seq_len, cfg.eval_batch_size)
         metrics.update(perplexity_metrics(scores, cfg.ppl_bootstrap_iters, cfg.seed))
@@ -297,7 +304,12 @@ def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: Run
     if data.test and not data.test[0]["choices"] and data.test[0]["prompt"]:
         preds = generate(model, tokenizer, [e["prompt"] for e in data.test], cfg.gen_max_new_tokens,
                          cfg.eval_batch_size)
-        metrics["rouge-l"] = rouge_l(preds, [e["response"] for e in data.test])
+        refs = [e["response"] for e in data.test]
+        metrics |= {"rouge-l": rouge_l(preds, refs), "rouge-l-n": float(len(refs))}
+        if cfg.ppl_bootstrap_iters > 0:  # its 95% interval: a bootstrap over the examples
+            _, lo, hi = bootstrap_ci(rouge_l_scores(preds, refs), iters=cfg.ppl_bootstrap_iters,
+                                     seed=cfg.seed)
+            metrics |= {"rouge-l-lo": lo, "rouge-l-hi": hi}
     return metrics
 
 

@@ -197,8 +197,9 @@ class PackedChoicesLM(HFLM):
         if not self.uses_packing:
             log.warning("fast evaluator off, scoring with lm-eval's HFLM: %s", self.fallback_reason)
 
-    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = True) -> list[tuple[float, bool]]:
-        """HFLM's, without its per-request progress bars (lm-eval's evaluator always asks for them)."""
+    def loglikelihood(self, requests: list[Any],
+                      disable_tqdm: bool = True) -> list[tuple[float, bool]]:
+        """HFLM's, without its per-request progress bars (lm-eval's evaluator asks for them)."""
         return super().loglikelihood(requests, disable_tqdm=True)
 
     def _loglikelihood_tokens(self, requests: list[Request], disable_tqdm: bool = False,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -122,3 +123,14 @@ def pooled_interval(estimates: Sequence[float], draws: Sequence[np.ndarray], see
     values = stacked[pick, np.arange(iters)[:, None]].mean(axis=1)
     lo, hi = np.percentile(values, [50 * (1 - level), 50 * (1 + level)])
     return Interval(float(np.mean(estimates)), float(lo), float(hi), level)
+
+
+def proportion_interval(share: float, n: int, level: float = 0.95) -> Interval:
+    """A share of n independent trials (an accuracy) and its Wilson score interval at `level`
+    (Wilson 1927): inside [0, 1], and not empty at a share of 0 or 1, unlike the normal one."""
+    if n < 1 or not 0.0 <= share <= 1.0:
+        raise ValueError(f"a proportion needs n >= 1 and a share in [0, 1], got {share} of {n}")
+    z = float(NormalDist().inv_cdf(0.5 + level / 2))
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
+    return Interval(share, max(0.0, centre - half), min(1.0, centre + half), level)

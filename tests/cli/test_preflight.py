@@ -236,3 +236,14 @@ def test_a_method_swap_known_to_break_the_model_is_warned_before_the_start(
     launch.checked_config(launch.APP_DIR, [str(root / "conf" / "smoke.toml"), "method='sftp'"],
                           "num-supernodes=2")
     assert "[fedprune] warning: sftp-keep-ratios 0.5" in capsys.readouterr().err
+
+
+def test_the_smoke_preset_takes_every_method_on_the_default_federation() -> None:
+    """`fedprune run --run-config conf/smoke.toml --run-config "method='<m>'"` passes every check for every
+    registered method (the keys of the other methods in the preset are sized for it)."""
+    from fedprune_app.core.registry import names
+
+    root = Path(__file__).resolve().parents[2]
+    for method in names():
+        launch.checked_config(launch.APP_DIR, [str(root / "conf" / "smoke.toml"), f"method='{method}'"],
+                              "num-supernodes=4 client-resources-num-cpus=1")

@@ -93,4 +93,5 @@ def test_instruction_clients_are_scored_with_rouge_l(tiny_model_dir: Path) -> No
     assert data.train[0]["response"] and "Output:" in data.train[0]["prompt"]
     model, tok = peft_model_for(cfg)
     metrics = evaluate_client(model, tok, data, cfg, 1)
-    assert set(metrics) == {"rouge-l", "ppl", "ppl-tokens", "ppl-lo", "ppl-hi"} and 0.0 <= metrics["rouge-l"] <= 1.0
+    assert set(metrics) == {"rouge-l", "rouge-l-n", "rouge-l-lo", "rouge-l-hi", "ppl", "ppl-tokens", "ppl-n",
+                            "ppl-lo", "ppl-hi"} and 0.0 <= metrics["rouge-l"] <= 1.0

@@ -108,11 +108,14 @@ def test_client_eval_rows_carry_the_perplexity_interval_and_token_count(tiny_mod
     metrics = evaluate_client(model, tok, data, cfg, 1)
     scores = answer_scores(model, tok, data.test, cfg.seq_len, cfg.eval_batch_size)
     ci = perplexity_interval(scores, 200, cfg.seed)
-    assert set(metrics) == {"acc", "acc_norm", "ppl", "ppl-tokens", "ppl-lo", "ppl-hi"}
+    assert set(metrics) == {"acc", "acc_norm", "acc-n", "acc-chance", "ppl", "ppl-tokens", "ppl-n", "ppl-lo",
+                            "ppl-hi"}
+    assert metrics["acc-n"] == metrics["ppl-n"] == len(data.test) == 5
+    assert metrics["acc-chance"] == pytest.approx(sum(1 / len(e["choices"]) for e in data.test) / 5)
     assert metrics["ppl"] == pytest.approx(math.exp(mean_loss(model, tok, data.test, cfg.seq_len)), rel=1e-5)
     assert metrics["ppl-tokens"] == scores.token_count > 0
     assert (metrics["ppl-lo"], metrics["ppl-hi"]) == (ci.lo, ci.hi) and ci.lo < metrics["ppl"] < ci.hi
-    assert set(perplexity_metrics(scores, 0, cfg.seed)) == {"ppl", "ppl-tokens"}  # ppl-bootstrap-iters = 0
+    assert set(perplexity_metrics(scores, 0, cfg.seed)) == {"ppl", "ppl-tokens", "ppl-n"}  # no bootstrap
 
 
 def _loglik(model, tok, prompt: str, continuation: str) -> float:

@@ -31,7 +31,7 @@ class FedTPAConfig(ConfigSection):
         "warmup",
         "FedTPA: the span of Eq. 6's EMA. 'warmup' = restarted from zero at every round's warm-up (§III-D1: 'the "
         "overall contribution score during the warm-up stage', of the global adapter just received); 'run' = "
-        "carried over from the client's previous warm-ups (this app's behaviour before 2026-11-25).",
+        "carried over from the client's previous warm-ups.",
         choices=("warmup", "run"),
     )
     fedtpa_warmup_steps: int = key(

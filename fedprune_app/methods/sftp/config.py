@@ -32,7 +32,7 @@ class SFTPConfig(ConfigSection):
         "sequence",
         "What L_CLM of Eq. 13 is computed on: 'sequence' = every token of prompt + response (§3.3: 'the standard "
         "causal language modeling loss on client k's local corpus (next-token prediction)'); 'answer' = the "
-        "response only (FedIT's instruction-tuning labels; SFT-P's objective before 2026-11-25).",
+        "response only (FedIT's instruction-tuning labels).",
         choices=("sequence", "answer"),
     )
     sftp_lambda: float = key(16.0, "SFT-P budget regulariser weight lambda (Eq. 13).", minimum=0.0)

@@ -1,6 +1,6 @@
 """Size and CPU speed of models side by side: SFT-P's compiled per-client models against the dense one.
 
-Shared by `tools/bench_compiled.py` (random masks, the issue's speed goals) and the SFT-P run itself, which
+Shared by `benchmarks/compiled.py` (random masks, the issue's speed goals) and the SFT-P run itself, which
 reports its compiled client models in results.md. The models are timed round-robin (every repeat runs each model
 once per task), so a change in machine load hits all of them alike; a speed-up is the median over the repeats of
 the paired ratio (reference time / model time of the same repeat), with a distribution-free 95% interval for that
@@ -232,21 +232,24 @@ def compiled_rows(cfg: Any, models: Mapping[str, nn.Module], tokenizer: Any, kep
                   ) -> list[dict[str, Any]]:
     """One `phase: compiled` row per model (the first, "dense", is the reference): parameters, MB, params-ratio,
     the kept ratio of the prunable projections (`kept`, where given), the perplexity of the server's held-out text
-    (`ppl/<source>` per `server-eval-data` source, scored as the per-round server evaluation does; with a
+    (`ppl/<source>` per `server-eval-data` source, scored as the per-round server evaluation does,
+    with its windows `ppl-n/<source>` and 95% interval `ppl-lo/<source>`, `ppl-hi/<source>`; with a
     `tokenizer` and `eval-ppl-tokens` > 0) and, with `prefill` > 0, prefill latency and generation speed against
     the dense model (`speed_table`, timed round-robin in this process). `ceiling(model, task)` replaces
     `speed_table`'s lane-based FLOP ceiling for structures that lanes do not describe (LLM-Pruner's, SliceGPT's);
     None keeps it. Shared by SFT-P's, llmpruner's and slicegpt's strategies."""
     from fedprune_app.core.config import split_list
-    from fedprune_app.llm.evaluation import held_out_text, perplexity
+    from fedprune_app.llm.evaluation import held_out_text, perplexity_metrics, window_scores
 
     sources = split_list(cfg.server_eval_data) if tokenizer is not None and cfg.eval_ppl_tokens else []
     scores: dict[str, dict[str, float]] = {name: {} for name in models}
     for source in sources:
         text = held_out_text(source, cfg)
         for name, m in models.items():
-            scores[name][f"ppl/{source}"] = perplexity(m, tokenizer, text, cfg.ppl_window, cfg.ppl_stride,
-                                                       cfg.eval_ppl_tokens)
+            windows = window_scores(m, tokenizer, text, cfg.ppl_window, cfg.ppl_stride,
+                                    cfg.eval_ppl_tokens)
+            scored = perplexity_metrics(windows, cfg.ppl_bootstrap_iters, cfg.seed)
+            scores[name] |= {f"{k}/{source}": v for k, v in scored.items() if k != "ppl-tokens"}
     dense = next(iter(models.values()))
     if prefill > 0:
         table = speed_table(models, int(dense.config.vocab_size), dense.config.eos_token_id, prefill=prefill)
