@@ -11,7 +11,7 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 RUN_CONFIG ?= conf/sftp.toml
 FEDERATION ?= num-supernodes=4 client-resources-num-cpus=1
 
-.PHONY: setup run smoke test test-slow lint bench-overhead bench-scale
+.PHONY: setup run smoke smoke-all test test-slow lint bench-overhead bench-scale
 
 setup:
 	@./scripts/setup.sh
@@ -27,6 +27,10 @@ run: setup
 smoke: setup
 	$(FEDPRUNE) run --run-config conf/smoke.toml $(if $(ARGS),--run-config "$(ARGS)") \
 		--federation-config "$(FEDERATION)"
+
+# Every method through the smoke preset, one after another (~20 min): a table of times and broken-model flags.
+smoke-all: setup
+	./scripts/smoke_all.sh
 
 test: setup
 	$(PY) -m ruff check .

@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from fedprune_app.core.runtime import quiet_libraries
+
+    quiet_libraries()  # no lm-eval info lines or progress bars between the results
     scorer = importlib.import_module(KINDS[args.kind][0])
     options = {name: bool(getattr(args, name, False)) for name in scorer.FLAGS}
     torch.set_num_threads(args.threads)

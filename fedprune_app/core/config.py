@@ -113,6 +113,17 @@ class ConfigSection:
         return []
 
 
+def recovery_advice(cfg: RunConfig, method: str) -> list[str]:
+    """The advice of a cut-then-recover method (core/recovery.py: round 1 cuts, rounds 2..R recover with
+    LoRA): one round deploys the post hoc cut alone, which the runs on the embedded default leave broken."""
+    if cfg.method != method or cfg.num_server_rounds > 1:
+        return []
+    return [f"{method} with num-server-rounds = 1: round 1 only cuts the model, the LoRA recovery runs in rounds "
+            f"2 and later, so the deployed model is the post hoc cut, likely flagged broken (the floor of "
+            f"`fedprune run --references` is such a run on purpose); its preset runs conf/{method}.toml's "
+            "rounds (docs/methods/" + method + ".md)."]
+
+
 S = TypeVar("S", bound=ConfigSection)
 
 

@@ -217,7 +217,8 @@ def test_the_checked_config_makes_output_dir_and_resume_from_absolute(tmp_path: 
 def test_a_method_swap_known_to_break_the_model_is_warned_before_the_start(
         capsys: pytest.CaptureFixture[str]) -> None:
     """The smoke preset's 1 x 2 local steps with SFT-P's keep 0.5 is refused nothing but warned about, naming
-    the keys; SFT-P's own presets and the ceiling (every gate open) are not; another method never is."""
+    the keys, as is one round of a cut-then-recover baseline; the methods' own presets and SFT-P's ceiling
+    (every gate open) are not, nor is FedIT."""
     root = Path(__file__).resolve().parents[2]
 
     def warnings_for(*run_configs: str) -> list[str]:
@@ -233,6 +234,10 @@ def test_a_method_swap_known_to_break_the_model_is_warned_before_the_start(
     assert warnings_for(str(root / "conf" / "sftp-50.toml"), "num-server-rounds=11") != []  # 550 < 600
     assert warnings_for(str(root / "conf" / "smoke.toml"), "method='sftp' sftp-hold-open='all'") == []
     assert warnings_for(str(root / "conf" / "smoke.toml")) == []
+    for method in ("llmpruner", "slicegpt", "fedflap"):  # one round: the post hoc cut, no recovery
+        assert "num-server-rounds = 1" in " ".join(warnings_for(str(root / "conf" / "smoke.toml"),
+                                                                f"method='{method}'"))
+        assert warnings_for(str(root / "conf" / f"{method}.toml")) == []
     launch.checked_config(launch.APP_DIR, [str(root / "conf" / "smoke.toml"), "method='sftp'"],
                           "num-supernodes=2")
     assert "[fedprune] warning: sftp-keep-ratios 0.5" in capsys.readouterr().err

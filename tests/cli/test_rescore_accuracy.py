@@ -26,3 +26,46 @@ def test_answer_nll_is_each_answers_own_score_in_order(tiny_model_dir: Path) -> 
     assert scored["tokens"][1] > scored["tokens"][0]  # the long answer has more tokens
     units = TokenScores.of(scored["nll"], scored["tokens"])
     assert units.perplexity == pytest.approx(math.exp(mean_loss(model, tokenizer, rows, 64)), rel=1e-5)
+
+
+def test_a_fedit_and_a_flexlora_run_are_scored_with_the_models_their_clients_use(tiny_model_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    """LoRA runs re-score too (so `fedprune compare` takes them): FedIT's global adapter on the base model
+    for every client, FlexLoRA's per-client adapter for each; `dense` adds the untouched base model. The
+    loaded model gives the adapter's own output, not the base model's."""
+    import json
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from fedprune_app.core.config import RunConfig
+    from fedprune_cli.rescore_accuracy import models_of
+
+    def adapter(path: Path, rank: int, seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        model = get_peft_model(load_base_model(str(tiny_model_dir)),
+                               LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"]))
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.5)  # a non-zero delta: the adapter changes the output
+        model.save_pretrained(path)
+        return model.eval()(torch.tensor([[1, 2, 3]])).logits
+
+    ids = torch.tensor([[1, 2, 3]])
+    base_logits = load_base_model(str(tiny_model_dir)).eval()(ids).logits
+    for method in ("fedit", "flexlora"):
+        run = tmp_path / method
+        run.mkdir()
+        cfg = RunConfig.from_flower({"method": method, "model-name": str(tiny_model_dir)})
+        (run / "config.json").write_text(json.dumps(cfg.to_dict()))  # as a run writes it
+        if method == "fedit":
+            expected = dict.fromkeys((0, 1), adapter(run / "adapter", 4, 0))
+        else:
+            expected = {k: adapter(run / "client-adapters" / f"client-{k}", 2 + 2 * k, k) for k in (0, 1)}
+        models = models_of(run, cfg, [0, 1], dense=True)
+        assert set(models) == {"final", "dense"}
+        with torch.no_grad():
+            for k in (0, 1):
+                assert torch.allclose(models["final"][k](ids).logits, expected[k], atol=1e-5)
+                assert not torch.allclose(models["final"][k](ids).logits, base_logits, atol=1e-3)
+                assert torch.allclose(models["dense"][k](ids).logits, base_logits, atol=1e-5)

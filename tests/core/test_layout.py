@@ -76,3 +76,18 @@ def test_the_wheel_installs_no_package_named_tools_and_the_command_line_is_in_it
     assert "experiments" not in packages and "benchmarks" not in packages
     script = project["project"]["scripts"]["fedprune"]
     assert script.split(".")[0] in packages and (ROOT / "fedprune_cli" / "main.py").is_file()
+
+
+@pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")
+def test_the_app_bundle_holds_the_app_alone() -> None:
+    """`flwr run` ships a bundle (FAB) built from pyproject's `fab-include`: the app's three packages, not the
+    docs' run records, experiments or tests, so it stays far below Flower's 10 MB limit as records grow."""
+    import io
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+
+    fab = build_fab_from_disk(ROOT)
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(io.BytesIO(fab)).namelist()}
+    assert tops == {".info", "pyproject.toml", "fedprune_app", "strategies", "clients"}
+    assert len(fab) < 2 * 1024 * 1024

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fedprune_app.core.config import ConfigSection, key
+from fedprune_app.core.config import ConfigSection, RunConfig, key, recovery_advice
 
 
 @dataclass(frozen=True)
@@ -20,3 +20,7 @@ class FedFLAPConfig(ConfigSection):
         "each client runs through the dense model in round 1 to score the bus coordinates.",
         minimum=1,
     )
+
+    def advice(self, cfg: RunConfig) -> list[str]:
+        """One round is the post hoc cut alone (`recovery_advice`)."""
+        return recovery_advice(cfg, "fedflap")

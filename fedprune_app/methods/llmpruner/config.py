@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fedprune_app.core.config import ConfigSection, key
+from fedprune_app.core.config import ConfigSection, RunConfig, key, recovery_advice
 
 TAYLOR_MODES = ("param_first", "vectorize")
 
@@ -57,3 +57,7 @@ class LLMPrunerConfig(ConfigSection):
         "(batch 1) and 32 greedy tokens (medians of 3) for results.md's 'Compiled models' table; 0 = sizes only.",
         minimum=0,
     )
+
+    def advice(self, cfg: RunConfig) -> list[str]:
+        """One round is the post hoc cut alone (`recovery_advice`)."""
+        return recovery_advice(cfg, "llmpruner")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fedprune_app.core.config import ConfigError, ConfigSection, RunConfig, key, split_list
+from fedprune_app.core.config import ConfigError, ConfigSection, RunConfig, key, recovery_advice, split_list
 
 SLICEGPT_REFERENCES = ("centralized",)
 
@@ -50,3 +50,7 @@ class SliceGPTConfig(ConfigSection):
         if bad:
             raise ConfigError(f"run-config key 'slicegpt-references' accepts {', '.join(SLICEGPT_REFERENCES)} "
                               f"(comma-separated) or '', got {sorted(bad)}")
+
+    def advice(self, cfg: RunConfig) -> list[str]:
+        """One round is the post hoc cut alone (`recovery_advice`)."""
+        return recovery_advice(cfg, "slicegpt")
