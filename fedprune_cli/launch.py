@@ -148,15 +148,16 @@ class Launched:
     status: str
 
 
-def checked_config(app_dir: Path, run_configs: list[str], federation_config: str, check_data: bool = True
-                   ) -> dict[str, Any]:
+def checked_config(app_dir: Path, run_configs: list[str], federation_config: str, check_data: bool = True,
+                   advise: bool = True) -> dict[str, Any]:
     """The merged run config after the preflight checks (ConfigError naming the key otherwise), as the run gets
     it: `output-dir` and `resume-from` made absolute (the ServerApp resolves them from another directory).
-    `check_data` False leaves `client-data`'s files unchecked."""
+    `check_data` False leaves `client-data`'s files unchecked; `advise` prints the method's warnings
+    (`preflight.advice`), off for a run that is meant to be what they warn of (the references' floor)."""
     values = merged_config(app_dir, run_configs)
     federation = parse_overrides(federation_config, "--federation-config")
     cfg = preflight.preflight(values, preflight.federation_size(federation), client_data=check_data)
-    for line in preflight.advice(cfg):
+    for line in preflight.advice(cfg) if advise else []:
         print(f"[fedprune] warning: {line}", file=sys.stderr, flush=True)
     values["output-dir"] = str(resolve_output_dir(cfg.output_dir))
     if cfg.resume_from:
@@ -181,15 +182,16 @@ def own_run_dir(out_root: Path, before: set[Path], values: dict[str, Any]) -> Pa
 
 
 def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_DIR, timeout: float = 7200,
-           quiet: bool = False, check_data: bool = True, ray_address: str | None = None) -> Launched:
+           quiet: bool = False, check_data: bool = True, ray_address: str | None = None,
+           advise: bool = True) -> Launched:
     """Run one simulation and clean up after it. `check_data` False leaves `client-data`'s files to the clients
     (a test that needs a client to fail inside the run). `ray_address` ('HOST:PORT'): run on that Ray cluster
-    instead of a Ray started for this run."""
+    instead of a Ray started for this run. `advise`: print the method's warnings (`checked_config`)."""
     from fedprune_app.core.runtime import OFFLINE_ENV  # imports torch: not for `--help`
 
     cluster_env = ray_cluster_env(ray_address, parse_overrides(federation_config, "--federation-config")) \
         if ray_address else {}
-    values = checked_config(app_dir, run_configs, federation_config, check_data)
+    values = checked_config(app_dir, run_configs, federation_config, check_data, advise)
     out_root = Path(values["output-dir"])
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
     flwr = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))

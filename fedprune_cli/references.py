@@ -164,7 +164,7 @@ def run_references(run_configs: list[str], federation_config: str, timeout: floa
                               f"{config.get('method')!r}")
         floor = floor_overrides(single_budget(config))
         for extra in (CEILING, floor):  # every configuration fails here, before the first run starts
-            launch.checked_config(launch.APP_DIR, [*run_configs, extra], federation_config)
+            launch.checked_config(launch.APP_DIR, [*run_configs, extra], federation_config, advise=False)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -172,7 +172,8 @@ def run_references(run_configs: list[str], federation_config: str, timeout: floa
     start, dirs = time.perf_counter(), {}
     for name, extra in (("sftp", []), ("ceiling", [CEILING]), ("floor", [floor])):
         print(f"[fedprune] references: {name} run", flush=True)
-        done = launch.launch([*run_configs, *extra], federation_config, timeout=timeout)
+        done = launch.launch([*run_configs, *extra], federation_config, timeout=timeout,
+                             advise=name == "sftp")  # the floor is the post hoc cut on purpose
         if done.code != 0 or done.run_dir is None:
             print(f"[fedprune] the {name} run failed; no comparison", file=sys.stderr)
             return 1

@@ -92,3 +92,26 @@ def test_the_floor_is_llmpruners_cut_at_the_one_budget(capsys: pytest.CaptureFix
     assert main(["run", "--references", "--run-config", "conf/sftp.toml", "--run-config",
                                  "sftp-keep-ratios='0.8,0.8,0.5,0.5'"]) == 2
     assert "single keep ratio" in capsys.readouterr().err
+
+
+def test_the_floor_run_is_not_warned_about_being_what_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The floor is LLM-Pruner's post hoc cut on purpose (one round): `fedprune run --references` neither
+    prints the one-round warning before the start nor asks the floor's launch to; the SFT-P run keeps its
+    own warnings; the three runs go in order."""
+    from fedprune_cli import launch, references
+
+    calls: list[tuple[str, bool]] = []
+
+    def fake_launch(run_configs: list[str], federation: str, timeout: float = 0, advise: bool = True
+                    ) -> launch.Launched:
+        name = "floor" if any("post-hoc" in c for c in run_configs) else (
+            "ceiling" if any("ceiling" in c for c in run_configs) else "sftp")
+        calls.append((name, advise))
+        return launch.Launched(0, tmp_path / name, 0, "finished:completed")
+
+    monkeypatch.setattr(launch, "launch", fake_launch)
+    monkeypatch.setattr(references, "write", lambda dirs, seconds=None: "the table")
+    assert main(["run", "--references", "--run-config", "conf/sftp.toml"]) == 0
+    assert calls == [("sftp", True), ("ceiling", False), ("floor", False)]
+    assert "num-server-rounds = 1" not in capsys.readouterr().err
