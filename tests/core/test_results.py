@@ -142,12 +142,15 @@ def test_broken_models_flag_perplexity_above_twice_the_untouched_and_accuracy_be
         "⚠ client 3 (mine): accuracy 0.050 [0.017, 0.137] (n = 60) is below chance 0.500 " + broken,
         "⚠ the global model after round 3: perplexity of the server's text `squaddev` 61 is "
         "2.03× the untouched model's 30 " + broken,
-        "⚠ compiled model `client 1`: perplexity of the server's text `squaddev` is nan (the "
-        "untouched model's 30) " + broken,
     ]
     # a threshold of 3x keeps only what is above it
     assert [f.split(":")[0] for f in broken_models(records, "sftp", ratio=3.0)] == [
-        "⚠ client 2 (logical_deduction)", "⚠ client 3 (mine)", "⚠ compiled model `client 1`"]
+        "⚠ client 2 (logical_deduction)", "⚠ client 3 (mine)"]
+    # compiled models are judged on the server's text only where no client judged its own model
+    compiled = [r for r in records if r.get("phase") == "compiled"]
+    assert broken_models(compiled, "sftp") == [
+        "⚠ compiled model `client 1`: perplexity of the server's text `squaddev` is nan (the "
+        "untouched model's 30) " + broken]  # client 0 at exactly 2x is no flag
 
 
 def test_a_labelled_server_model_is_not_judged_and_a_healthy_run_has_no_flag(
