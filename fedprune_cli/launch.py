@@ -186,7 +186,8 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
            advise: bool = True) -> Launched:
     """Run one simulation and clean up after it. `check_data` False leaves `client-data`'s files to the clients
     (a test that needs a client to fail inside the run). `ray_address` ('HOST:PORT'): run on that Ray cluster
-    instead of a Ray started for this run. `advise`: print the method's warnings (`checked_config`)."""
+    instead of a Ray started for this run. `advise`: print the method's warnings before the run
+    (`checked_config`) and its broken-model lines after it; off for a reference meant to be broken."""
     from fedprune_app.core.runtime import OFFLINE_ENV  # imports torch: not for `--help`
 
     cluster_env = ray_cluster_env(ray_address, parse_overrides(federation_config, "--federation-config")) \
@@ -223,7 +224,7 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
     if quiet and run_dir is not None and (run_dir / "results.md").is_file():
         print((run_dir / "results.md").read_text(), flush=True)  # the ServerApp printed it in the stream
     print(f"\n[fedprune] flwr run status: {status}; run directory: {run_dir}", flush=True)
-    for line in broken_model_lines(run_dir):
+    for line in broken_model_lines(run_dir) if advise else []:
         print(f"[fedprune] {line}", file=sys.stderr, flush=True)
     if not ok:
         print(f"[fedprune] the run failed: {run_error(run_dir)}", file=sys.stderr, flush=True)

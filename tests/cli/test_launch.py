@@ -174,3 +174,6 @@ def test_a_completed_run_with_broken_models_says_so_last(tmp_path: Path, tiny_mo
     assert printed.err.splitlines()[-2:] == [
         "[fedprune] the run completed, but 1 model(s) it produced are broken: a bug report, not a result",
         f"[fedprune] {flags[0]}"]
+    flags.append(flags[0])  # a reference meant to be broken (the floor) says nothing of it
+    assert launch_module.launch(run_config, federation, quiet=True, advise=False).code == 0
+    assert "broken" not in capsys.readouterr().err
