@@ -18,7 +18,6 @@ Every check raises `ConfigError` with one line naming the key and what it accept
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +153,7 @@ def check_resume(cfg: RunConfig) -> None:
         load_checkpoint(cfg)
     except ConfigError:
         raise
-    except (OSError, EOFError, KeyError, ValueError, pickle.UnpicklingError) as err:
+    except (OSError, KeyError, ValueError) as err:
         raise ConfigError(f"run-config key 'resume-from' must be a run directory holding a readable checkpoint "
                           f"and config.json, got {cfg.resume_from!r}: {type(err).__name__}: {err}") from None
 

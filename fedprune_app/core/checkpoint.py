@@ -1,23 +1,21 @@
 """Checkpoints: what lets an interrupted run continue as if it had never stopped (`checkpoint-every`, `resume-from`).
 
-Server side, `<run dir>/checkpoint/state.pkl`, rewritten atomically after every k-th round:
+Server side, `<run dir>/checkpoint/state.safetensors`, rewritten atomically after every k-th round:
 `{"round": r, "run-key": ..., "arrays": {name: ndarray}, "strategy": strategy.state_dict()}` — the loop's global
 arrays and the strategy's server-side state (sampling RNG, FedSpaLLM's pruned weights and so its masks, FedTPA's
 β_i and last losses, FlexLoRA's ranks, SFT-P's kept-ratio history).
 
-Client side, on the client's own device: `<state-dir>/<run-key>/partition-<id>/round-<r>.pkl` = its `context.state`
+Client side, on the client's own device: `<state-dir>/<run-key>/partition-<id>/round-<r>.pb` = its `context.state`
 after its round-r train message (FedTPA's EMA, SFT-P's e_k and its optimizer moments). It never travels; a resumed
 run's client, starting with an empty `context.state`, loads the newest file from before the current round.
 
 The run key is the first run's directory name and is kept by every resume, so the clients find their state.
-The files are pickles written by the user's own runs: resume only from run directories you trust.
+Neither file is a pickle: reading them parses data and never runs code (`core/statefile.py`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,19 +24,20 @@ import numpy as np
 
 from fedprune_app.core.config import ConfigError, RunConfig, defaults
 from fedprune_app.core.rundir import resolve_output_dir
+from fedprune_app.core.statefile import (
+    StateFileError,
+    pickle_refusal,
+    read_records,
+    read_state,
+    write_records,
+    write_state,
+)
 
-STATE_FILE = "state.pkl"
+STATE_FILE = "state.safetensors"
+OLD_STATE_FILE = "state.pkl"  # written by older versions: refused, never unpickled
 # keys a resumed run may change; every other key must equal the interrupted run's
 RESUME_FREE_KEYS = ("resume-from", "run-tag", "output-dir", "num-server-rounds", "device")
 CLIENT_STATES_KEPT = 3
-
-
-def _write_atomically(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class Checkpoint:
 def save_checkpoint(run_dir: Path, server_round: int, run_key: str, arrays: dict[str, np.ndarray],
                     strategy_state: dict[str, Any]) -> Path:
     path = run_dir / "checkpoint" / STATE_FILE
-    _write_atomically(path, {"round": server_round, "run-key": run_key, "arrays": arrays, "strategy": strategy_state})
+    write_state(path, {"round": server_round, "run-key": run_key, "arrays": arrays, "strategy": strategy_state})
     return path
 
 
@@ -71,6 +70,8 @@ def load_checkpoint(cfg: RunConfig) -> Checkpoint:
     given = resolve_output_dir(cfg.resume_from)  # a relative path resolves as `output-dir` does
     run_dir = given.parent if given.name == "checkpoint" else given
     path = run_dir / "checkpoint" / STATE_FILE
+    if not path.is_file() and (run_dir / "checkpoint" / OLD_STATE_FILE).is_file():
+        raise ConfigError(f"run-config key 'resume-from': {pickle_refusal(run_dir / 'checkpoint' / OLD_STATE_FILE)}")
     if not path.is_file():
         raise ConfigError(f"run-config key 'resume-from' must be a run directory holding checkpoint/{STATE_FILE} "
                           f"(written when checkpoint-every > 0), got {str(given)!r}: {path} does not exist")
@@ -84,8 +85,12 @@ def load_checkpoint(cfg: RunConfig) -> Checkpoint:
         detail = ", ".join(f"'{k}' ({old.get(k)!r} -> {new.get(k)!r})" for k in differ)
         raise ConfigError(f"run-config key 'resume-from': the run config differs from the interrupted run's in "
                           f"{detail}; only {', '.join(RESUME_FREE_KEYS)} may change")
-    with open(path, "rb") as f:
-        state = pickle.load(f)  # noqa: S301 - the user's own run wrote it
+    try:
+        state = read_state(path)
+        if not isinstance(state, dict) or not {"round", "run-key", "arrays", "strategy"} <= set(state):
+            raise StateFileError(f"{path} holds no checkpoint (round, run-key, arrays, strategy)")
+    except StateFileError as err:
+        raise ConfigError(f"run-config key 'resume-from': {err}") from err
     if state["round"] >= cfg.num_server_rounds:
         raise ConfigError(f"run-config key 'resume-from': {run_dir.name} has already completed round "
                           f"{state['round']} of num-server-rounds = {cfg.num_server_rounds}; raise num-server-rounds "
@@ -105,21 +110,24 @@ def client_state_dir(state_dir: str | None, run_key: str, partition_id: int) -> 
 
 def save_client_state(directory: Path, server_round: int, state: Any) -> None:
     """Write the client's `context.state` after round `server_round`; keep the newest CLIENT_STATES_KEPT."""
-    _write_atomically(directory / f"round-{server_round}.pkl", state)
+    write_records(directory / f"round-{server_round}.pb", state)
     for old in sorted(_rounds(directory))[:-CLIENT_STATES_KEPT]:
-        (directory / f"round-{old}.pkl").unlink(missing_ok=True)
+        (directory / f"round-{old}.pb").unlink(missing_ok=True)
 
 
 def load_client_state(directory: Path, before_round: int) -> Any | None:
     """The newest state saved after a round < `before_round`, or None."""
     rounds = [r for r in _rounds(directory) if r < before_round]
     if not rounds:
+        old = [r for r in _rounds(directory, ".pkl") if r < before_round]
+        if old:
+            raise pickle_refusal(directory / f"round-{max(old)}.pkl")
         return None
-    with open(directory / f"round-{max(rounds)}.pkl", "rb") as f:
-        return pickle.load(f)  # noqa: S301 - this client wrote it on this device
+    return read_records(directory / f"round-{max(rounds)}.pb")
 
 
-def _rounds(directory: Path) -> list[int]:
+def _rounds(directory: Path, suffix: str = ".pb") -> list[int]:
     if not directory.is_dir():
         return []
-    return [int(p.stem.split("-", 1)[1]) for p in directory.glob("round-*.pkl") if p.stem.split("-", 1)[1].isdigit()]
+    return [int(p.stem.split("-", 1)[1]) for p in directory.glob(f"round-*{suffix}")
+            if p.stem.split("-", 1)[1].isdigit()]

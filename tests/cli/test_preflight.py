@@ -140,7 +140,8 @@ def test_server_eval_data_files_and_source_names_are_checked_too(tmp_path: Path)
 
 def test_resume_from_a_missing_run_gives_the_loaders_message(tmp_path: Path) -> None:
     message = refused(preflight.check_resume, cfg_of(resume_from=str(tmp_path / "no-run")))
-    assert message.startswith("run-config key 'resume-from' must be a run directory holding checkpoint/state.pkl")
+    assert message.startswith("run-config key 'resume-from' must be a run directory holding "
+                              "checkpoint/state.safetensors")
 
 
 def test_resume_from_a_checkpoint_of_this_run_passes_and_a_different_config_is_refused(tmp_path: Path) -> None:
@@ -151,9 +152,9 @@ def test_resume_from_a_checkpoint_of_this_run_passes_and_a_different_config_is_r
     preflight.check_resume(cfg_of(num_server_rounds=3, resume_from=str(run)))
     message = refused(preflight.check_resume, cfg_of(num_server_rounds=3, local_steps=7, resume_from=str(run)))
     assert "the run config differs from the interrupted run's in 'local-steps' (10 -> 7)" in message
-    (run / "checkpoint" / "state.pkl").write_bytes(b"not a pickle")
+    (run / "checkpoint" / "state.safetensors").write_bytes(b"not a state file")
     message = refused(preflight.check_resume, cfg_of(num_server_rounds=3, resume_from=str(run)))
-    assert message.startswith("run-config key 'resume-from' must be a run directory holding a readable checkpoint")
+    assert message.startswith("run-config key 'resume-from': ") and "is not a readable fedprune state file" in message
 
 
 # --- model-name ----------------------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def test_resume_checks_the_config_before_any_work(tiny_model_dir: Path, tmp_path
     from fedprune_app.core.checkpoint import load_checkpoint
 
     cfg = small_config(tiny_model_dir, output_dir=str(tmp_path))
-    with pytest.raises(ConfigError, match="'resume-from' must be a run directory holding checkpoint/state.pkl"):
+    with pytest.raises(ConfigError, match="'resume-from' must be a run directory holding checkpoint/state.safetensors"):
         load_checkpoint(cfg.replace(resume_from=str(tmp_path / "nope")))
 
 
@@ -105,7 +105,7 @@ def test_resume_refuses_a_changed_config_and_a_finished_run(tiny_model_dir: Path
 
     cfg = small_config(tiny_model_dir, output_dir=str(tmp_path / "runs"), num_server_rounds=1)
     done, err = run_server(cfg, LocalGrid(cfg, 2, seed=0))
-    assert err is None and (done / "checkpoint" / "state.pkl").is_file()
+    assert err is None and (done / "checkpoint" / "state.safetensors").is_file()
     with pytest.raises(ConfigError, match=r"differs .* 'learning-rate' \(0.0005 -> 0.01\)"):
         load_checkpoint(cfg.replace(resume_from=str(done), learning_rate=0.01))
     with pytest.raises(ConfigError, match="already completed round 1 of num-server-rounds = 1"):

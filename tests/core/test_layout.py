@@ -91,3 +91,9 @@ def test_the_app_bundle_holds_the_app_alone() -> None:
     tops = {name.split("/")[0] for name in zipfile.ZipFile(io.BytesIO(fab)).namelist()}
     assert tops == {".info", "pyproject.toml", "fedprune_app", "strategies", "clients"}
     assert len(fab) < 2 * 1024 * 1024
+
+
+def test_the_app_unpickles_nothing() -> None:
+    """No code path of the app or its Flower sides imports pickle: every file it reads is parsed as data
+    (core/statefile.py); converting an old trusted pickle is the user's explicit command line."""
+    assert offenders(files("fedprune_app", "strategies", "clients"), ("pickle", "dill", "cloudpickle")) == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from experiments.probes.sftp.deployed_gates import gate_stats, main, sequence_nl
 from experiments.probes.sftp.trajectory import make_client, message
 from fedprune_app.core.checkpoint import client_state_dir
 from fedprune_app.core.protocol import flat_metrics, numpy_state
+from fedprune_app.core.statefile import write_records, write_state
 from fedprune_app.llm.data import encode, instruction_example
 from strategies.sftp import SFTPStrategy
 from tests.conftest import small_config
@@ -50,7 +50,7 @@ def test_sequence_nll_is_token_weighted_over_rows_of_any_length(tiny_model_dir: 
 def _round_one_run(tiny_model_dir: Path, tmp_path: Path, rounds: int, clients: int = 1,
                    **overrides: Any) -> tuple[Path, list[Any], Any, list[Any]]:
     """(run directory, clients, global arrays, their round-1 replies) of an SFT-P run stopped after round 1 of
-    `rounds`, as the app leaves it on disk: config.json, checkpoint/state.pkl, each client's saved private state
+    `rounds`, as the app leaves it on disk: config.json, checkpoint/state.safetensors, each client's saved private state
     (and summary.json only when round 1 is the last)."""
     cfg = small_config(tiny_model_dir, method="sftp", num_server_rounds=rounds, local_steps=2,
                        sftp_keep_ratios="0.5", test_examples=4, **overrides)
@@ -63,13 +63,12 @@ def _round_one_run(tiny_model_dir: Path, tmp_path: Path, rounds: int, clients: i
     (run / "config.json").write_text(json.dumps(cfg.to_dict()))
     if rounds == 1:
         (run / "summary.json").write_text(json.dumps({"clients": [{"client": k} for k in range(clients)]}))
-    with open(run / "checkpoint" / "state.pkl", "wb") as f:
-        pickle.dump({"round": 1, "run-key": "k", "arrays": numpy_state(arrays), "strategy": {}}, f)
+    write_state(run / "checkpoint" / "state.safetensors",
+                {"round": 1, "run-key": "k", "arrays": numpy_state(arrays), "strategy": {}})
     for client in trained:
         saved = client_state_dir(str(tmp_path / "state"), "k", client.partition_id)
         saved.mkdir(parents=True)
-        with open(saved / "round-1.pkl", "wb") as f:
-            pickle.dump(client.context.state, f)
+        write_records(saved / "round-1.pb", client.context.state)
     return run, trained, arrays, replies
 
 

@@ -8,7 +8,7 @@ Record: docs/runs/sftp-diagnostics/mixed-w300-deployed-gates.json (and 7 more *.
 
 For each client of a finished run (`--partial`: of the round a stopped or running run's checkpoint holds):
 π = σ(h_Θ(e_k) + c) (Eq. 12) from the Θ the client deploys and its private e_k as its device saved it
-(`<state-dir>/<run key>/partition-<k>/round-<last>.pkl`, written by every Flower client of a run with
+(`<state-dir>/<run key>/partition-<k>/round-<last>.pb`, written by every Flower client of a run with
 `checkpoint-every` > 0). The deployed (Θ, Φ) is the checkpoint's global pair, or under `sftp-deploy-state =
 "local"` the client's own pair of its last local steps, also in its saved state (`SFTPClient.deployed_state`).
 Then how the budget rule (`deployed_gates`) cut it: the share of gates with π > 0.5 / 0.9 / 0.99, the lowest π
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import shlex
 import sys
 import time
@@ -47,6 +46,7 @@ from experiments.probes.sftp.trajectory_compare import nll_difference
 from fedprune_app.core.checkpoint import STATE_FILE, client_state_dir
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.runtime import quiet_libraries
+from fedprune_app.core.statefile import read_records, read_state
 from fedprune_app.llm.data import collate, encode
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
@@ -75,8 +75,7 @@ def load_run(run: Path, partial: bool = False) -> tuple[RunConfig, ArrayRecord, 
     if not path.is_file():
         raise SystemExit(f"{run} has no checkpoint/{STATE_FILE}: the run must have been written with "
                          "checkpoint-every > 0 (its outputs/ directory, not the archived records)")
-    with open(path, "rb") as f:
-        state = pickle.load(f)  # noqa: S301 - the user's own run wrote it
+    state = read_state(path)
     if int(state["round"]) != cfg.num_server_rounds and not partial:
         raise SystemExit(f"{run}'s checkpoint is of round {state['round']}, not the last ({cfg.num_server_rounds})")
     arrays = ArrayRecord({k: Array(np.asarray(v)) for k, v in state["arrays"].items()})
@@ -96,11 +95,10 @@ def client_at_end(cfg: RunConfig, arrays: ArrayRecord, last: int, run_key: str, 
     """(client, model, tokenizer, generator, e_k) of client k with its saved private state after the last round; the
     model and generator of the (Θ, Φ) it deploys (the global pair or, under 'local', its own)."""
     client = make_client(cfg, k, partitions)
-    saved = client_state_dir(state_dir, run_key, k) / f"round-{last}.pkl"
+    saved = client_state_dir(state_dir, run_key, k) / f"round-{last}.pb"
     if not saved.is_file():
         raise SystemExit(f"client {k}'s private state {saved} is missing (pass --state-dir where its device kept it)")
-    with open(saved, "rb") as f:
-        client.context.state = pickle.load(f)  # noqa: S301 - this client wrote it on this device
+    client.context.state = read_records(saved)
     model, tokenizer, generator = client.load_deployed(message(arrays, last))
     embedding = client.embedding()[0]
     return client, model, tokenizer, generator, embedding
