@@ -24,7 +24,7 @@ from fedprune_app.core.config import RunConfig, per_client, split_list
 from fedprune_app.core.encoding import EncodingError, decode_sparse, encode_sparse
 from fedprune_app.core.protocol import flat_metrics
 from fedprune_app.core.registry import register_strategy
-from fedprune_app.core.replies import to_record
+from fedprune_app.core.replies import examples_problem, to_record
 from fedprune_app.core.runtime import client_seed
 from fedprune_app.core.strategy import FederatedStrategy, log
 from fedprune_app.llm.data import client_data
@@ -138,8 +138,8 @@ class FedSpaLLMStrategy(FederatedStrategy):
     def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
         if "arrays" not in reply.array_records:
             return "reply holds no 'arrays' record"
-        if flat_metrics(reply).get("num-examples", 0) <= 0:
-            return "reply lacks a positive 'num-examples' metric"
+        if (problem := examples_problem(flat_metrics(reply))) is not None:
+            return problem
         try:  # exactly the kept values + packed masks of its sampled layers, in payload-dtype, finite
             decoded = self.decode(node_id, reply)
         except EncodingError as err:

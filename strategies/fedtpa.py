@@ -27,7 +27,7 @@ from flwr.serverapp import Grid
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
-from fedprune_app.core.replies import to_record, weighted_average
+from fedprune_app.core.replies import examples_problem, to_record, weighted_average
 from fedprune_app.core.strategy import log
 from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers, factor_problem, keep_count
 from fedprune_app.methods.fedtpa.aggregation import cosine_distances, initial_betas, lcwa, next_beta, zero_pad
@@ -139,9 +139,8 @@ class FedTPAStrategy(FedITStrategy):
             parse_partition_id(metrics.get("partition-id"))
         except ValueError as err:
             return f"reply metric {err}"
-        n = metrics.get("num-examples")
-        if not isinstance(n, int | float) or not n > 0:
-            return "reply lacks a positive 'num-examples' metric"
+        if (problem := examples_problem(metrics)) is not None:
+            return problem
         if losses:
             train, val = metrics.get("train-loss"), metrics.get("val-loss")
             if not isinstance(train, float | int) or not math.isfinite(train):

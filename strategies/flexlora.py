@@ -23,7 +23,7 @@ from flwr.app import ArrayRecord, RecordDict
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
-from fedprune_app.core.replies import to_record
+from fedprune_app.core.replies import examples_problem, to_record
 from fedprune_app.core.strategy import log
 from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers, factor_problem, truncate_factors
 from fedprune_app.llm.models import peft_model_for, save_adapter, set_adapter_state
@@ -102,9 +102,8 @@ class FlexLoRAStrategy(FedITStrategy):
         for layer in self.layers:
             if (problem := factor_problem(layer, arrays, sent, rank)) is not None:
                 return problem
-        n = metrics.get("num-examples")
-        if not isinstance(n, int | float) or not n > 0:
-            return "reply lacks a positive 'num-examples' metric"
+        if (problem := examples_problem(metrics)) is not None:
+            return problem
         try:
             self.partition_rank[parse_partition_id(metrics.get("partition-id"))] = rank
         except ValueError as err:

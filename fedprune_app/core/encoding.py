@@ -18,6 +18,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from fedprune_app.core.replies import MAX_ABS_VALUE
+
 PAYLOAD_DTYPES = ("float32", "float16", "bfloat16")
 MASK_SUFFIX = ":mask"  # `<name>:mask` = the bit-packed kept-mask of `<name>`
 _WIRE = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(np.uint16)}
@@ -118,12 +120,16 @@ def unpack_kept(values: np.ndarray, mask: np.ndarray, dtype: str = "float32", na
 
 
 def kept_values(values: np.ndarray, mask: np.ndarray, dtype: str, name: str) -> np.ndarray:
-    """The float32 kept values after checking there is exactly one per kept position."""
+    """The float32 kept values after checking there is exactly one per kept position, each finite and at
+    most MAX_ABS_VALUE in magnitude (a sum of replies stays finite)."""
     kept = int(mask.sum())
     if values.ndim != 1 or values.size != kept:
         raise EncodingError(f"{name}: the mask keeps {kept} weights, so the kept values must have shape ({kept},), "
                             f"got shape {tuple(values.shape)}")
-    return from_payload(values, dtype, name)
+    out = from_payload(values, dtype, name)
+    if out.size and float(np.abs(out).max()) > MAX_ABS_VALUE:
+        raise EncodingError(f"{name}: holds values up to {float(np.abs(out).max()):.3g}, above {MAX_ABS_VALUE:g}")
+    return out
 
 
 # --- whole records --------------------------------------------------------------------------------------------

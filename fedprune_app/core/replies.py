@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord
 
 from fedprune_app.core.protocol import to_record as to_record
+
+MAX_NUM_EXAMPLES = 2**31  # a client's reported example count; far above any real one, far below a takeover
+MAX_ABS_VALUE = 1e30  # |x| of any float a reply carries: a sum of replies stays finite in float32
 
 
 def weighted_average(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
@@ -30,22 +35,44 @@ def weighted_average(states: Sequence[Mapping[str, np.ndarray]], weights: Sequen
 
 
 
+def examples_problem(metrics: Mapping[str, Any]) -> str | None:
+    """Why a reply's `num-examples` cannot weight an average (missing, not a number, NaN, inf, ≤ 0 or above
+    MAX_NUM_EXAMPLES), or None."""
+    n = metrics.get("num-examples")
+    if not isinstance(n, int | float) or isinstance(n, bool) or not math.isfinite(n) or n <= 0:
+        return f"reply lacks a positive 'num-examples' metric (got {n!r})"
+    if n > MAX_NUM_EXAMPLES:
+        return f"reply's 'num-examples' {n:g} is above {MAX_NUM_EXAMPLES}"
+    return None
+
+
+def values_problem(key: str, arr: np.ndarray, dtype: str | None = None) -> str | None:
+    """Why an array cannot enter an aggregate: another dtype than `dtype`, or floats that are non-finite or
+    above MAX_ABS_VALUE in magnitude; None when it can."""
+    if dtype is not None and arr.dtype != np.dtype(dtype):
+        return f"array {key} is {arr.dtype}, expected {dtype}"
+    if arr.dtype.kind == "f" and arr.size:
+        if not np.isfinite(arr).all():
+            return f"array {key} holds non-finite values"
+        peak = float(np.abs(arr).max())
+        if peak > MAX_ABS_VALUE:
+            return f"array {key} holds values up to {peak:.3g}, above {MAX_ABS_VALUE:g}"
+    return None
+
+
 def check_arrays(received: ArrayRecord, expected: Mapping[str, tuple[tuple[int, ...], str]]) -> str | None:
-    """Why a reply's arrays cannot be aggregated (missing/extra/mis-shaped/non-finite), or None if they can."""
+    """Why a reply's arrays cannot be aggregated (missing / extra / mis-shaped / another dtype than sent /
+    non-finite or huge values), or None if they can."""
     missing = sorted(set(expected) - set(received))
     if missing:
         return f"missing {len(missing)} arrays, e.g. {missing[0]}"
     extra = sorted(set(received) - set(expected))
     if extra:
         return f"{len(extra)} unexpected arrays, e.g. {extra[0]}"
-    for key, (shape, _dtype) in expected.items():
+    for key, (shape, dtype) in expected.items():
         arr = received[key].numpy()
         if tuple(arr.shape) != tuple(shape):
             return f"array {key} has shape {tuple(arr.shape)}, expected {tuple(shape)}"
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            return f"array {key} holds non-finite values"
+        if (problem := values_problem(key, arr, dtype or None)) is not None:
+            return problem
     return None
-
-
-
-

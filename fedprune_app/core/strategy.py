@@ -54,7 +54,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.progress import RoundProgress
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id, record_bytes, spec_of
-from fedprune_app.core.replies import check_arrays, to_record, weighted_average
+from fedprune_app.core.replies import check_arrays, examples_problem, to_record, weighted_average
 from fedprune_app.llm.evaluation import WINDOW_KEYS
 
 log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
@@ -124,8 +124,8 @@ class FederatedStrategy(Strategy):
         if "arrays" not in reply.array_records:
             return "reply holds no 'arrays' record"
         metrics = flat_metrics(reply)
-        if not isinstance(metrics.get("num-examples"), int | float) or metrics["num-examples"] <= 0:
-            return "reply lacks a positive 'num-examples' metric"
+        if (problem := examples_problem(metrics)) is not None:
+            return problem
         if "partition-id" in metrics:
             try:
                 parse_partition_id(metrics["partition-id"])

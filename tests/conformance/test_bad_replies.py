@@ -63,8 +63,20 @@ def _generic_tampers() -> dict[str, tuple[Tamper, str]]:
         a[key].reshape(-1)[-1] = np.nan
         return _copy(c, arrays=a)
 
-    def examples(n: int) -> Tamper:
+    def examples(n: float) -> Tamper:
         return lambda c: _copy(c, metrics={**dict(c.metric_records["metrics"]), "num-examples": n})
+
+    def retyped(c: RecordDict) -> RecordDict:  # one array arrives as int32 (it turned the average into ints)
+        a = arrays(c)
+        key = _first_float(a)
+        a[key] = a[key].astype(np.int32)
+        return _copy(c, arrays=a)
+
+    def huge(c: RecordDict) -> RecordDict:  # finite, but a sum of two replies overflows float32
+        a = arrays(c)
+        key = _first_float(a)
+        a[key].reshape(-1)[0] = 3e38
+        return _copy(c, arrays=a)
 
     return {
         "missing array": (missing, r"missing \d+ arrays|holds (\d+) .*, expected the (?!\1)\d+"),
@@ -72,6 +84,11 @@ def _generic_tampers() -> dict[str, tuple[Tamper, str]]:
         "wrong shape": (reshaped, r"shape"), "non-finite": (non_finite, r"non-finite"),
         "zero examples": (examples(0), r"positive 'num-examples'"),
         "negative examples": (examples(-5), r"positive 'num-examples'"),
+        "NaN examples": (examples(float("nan")), r"positive 'num-examples'"),
+        "infinite examples": (examples(float("inf")), r"positive 'num-examples'"),
+        "huge examples": (examples(1e30), r"'num-examples' 1e\+30 is above"),
+        "int32 array": (retyped, r"is int32, expected float(32|64)|travels as .*got int32"),
+        "huge values": (huge, r"values up to 3e\+38, above 1e\+30"),
         "no arrays": (lambda c: _copy(c, drop="arrays"), r"no 'arrays'"),
     }
 
