@@ -144,7 +144,22 @@ class FedSpaLLMStrategy(FederatedStrategy):
             decoded = self.decode(node_id, reply)
         except EncodingError as err:
             return f"reply {err}"
+        if (problem := self.sparsity_problem(decoded)) is not None:
+            return problem
         self.checked = ((node_id, id(reply)), decoded)  # `absorb` folds these in without decoding again
+        return None
+
+    def sparsity_problem(self, decoded: dict[str, tuple[np.ndarray, np.ndarray]]) -> str | None:
+        """Why a reply's masks are not pruned to the target sparsity s (a client prunes each sampled matrix to
+        it; a mask that keeps more would pull the ℓ0 average towards dense), or None. One weight per row of
+        slack for the pruner's rounding."""
+        prune_cfg = self.cfg.section(FedSpaLLMConfig)
+        target = prune_cfg.prune_n / prune_cfg.prune_m if prune_cfg.prune_n else prune_cfg.sparsity  # N:M: n/m
+        for key, (_values, mask) in decoded.items():
+            kept, allowed = int(mask.sum()), (1.0 - target) * mask.size + mask.shape[0]
+            if kept > allowed:
+                return (f"reply's mask of {key} keeps {kept / mask.size:.3f} of its weights, more than the "
+                        f"{1 - target:.3f} that sparsity {target:g} leaves")
         return None
 
     def absorb(self, node_id: int, reply: RecordDict) -> RecordDict:

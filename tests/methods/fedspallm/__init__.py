@@ -30,6 +30,17 @@ def mask_mismatch(content: RecordDict) -> RecordDict:
     return _with_arrays(content, arrays)
 
 
+def dense_mask(content: RecordDict) -> RecordDict:
+    """A reply that pruned nothing: one matrix with every weight kept (its mask all ones, a value for each;
+    the tiny model's matrices have a multiple of 8 weights, so the packed mask's bits are the matrix)."""
+    arrays = {k: v.copy() for k, v in numpy_state(content.array_records["arrays"]).items()}
+    mask_key = next(k for k in arrays if k.endswith(MASK_SUFFIX))
+    weight_key = mask_key.removesuffix(MASK_SUFFIX)
+    arrays[mask_key] = np.full_like(arrays[mask_key], 0xFF)
+    arrays[weight_key] = np.ones(arrays[mask_key].size * 8, dtype=arrays[weight_key].dtype)
+    return _with_arrays(content, arrays)
+
+
 def unpacked_masks(content: RecordDict) -> RecordDict:
     """The format before bit-packed masks: every mask as bool (of the kept values' length)."""
     arrays = numpy_state(content.array_records["arrays"])
@@ -56,6 +67,7 @@ CONFORMANCE = Conformance(
     privacy_settings={"fedspallm-references": "standalone", "payload-dtype": "bfloat16"},
     evaluated_by=f"{MessageType.EVALUATE}.reference",  # the server scores the global model; clients their own
     tampers={"mask does not match the kept values": (mask_mismatch, r"keeps \d+ weights, so the kept values"),
-             "unpacked bool masks": (unpacked_masks, r"unpacked bool mask .*update the client")},
+             "unpacked bool masks": (unpacked_masks, r"unpacked bool mask .*update the client"),
+             "a mask that pruned nothing": (dense_mask, r"keeps 1.000 of its weights, more than the 0.500")},
     decode=decode,
 )

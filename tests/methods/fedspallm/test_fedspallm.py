@@ -161,7 +161,7 @@ def test_strategy_aggregates_hand_built_replies(fedspallm_cfg, flower_ids: None)
         dense[i] = {}
         for k, w in decode_dense(got, names).items():  # what was sent is the (dense) global weights
             np.testing.assert_array_equal(w, before[k])
-            keep = rng.random(w.shape) > 0.5
+            keep = (rng.permutation(w.size) < w.size // 2).reshape(w.shape)  # the target sparsity 0.5
             dense[i][k] = (np.where(keep, w + rng.normal(scale=0.01, size=w.shape), 0).astype(np.float32), keep)
         payload = encode_sparse({k: w for k, (w, _) in dense[i].items()}, {k: m for k, (_, m) in dense[i].items()})
         content = RecordDict({"arrays": to_record(payload),

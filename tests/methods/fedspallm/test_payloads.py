@@ -57,7 +57,7 @@ def test_a_16_bit_reply_is_the_fp32_reply_rounded_at_half_the_value_bytes(fedspa
 
 
 def _round(cfg, dtype: str, seed: int = 3):
-    """A strategy's round-1 messages and hand-built replies (random 50% masks, unpacked forms kept)."""
+    """A strategy's round-1 messages and hand-built replies (random masks at exactly 50%, unpacked forms kept)."""
     strategy = FedSpaLLMStrategy(cfg.replace(payload_dtype=dtype))
     handle = strategy.initial_arrays()
     sent = list(strategy.configure_train(1, handle, ConfigRecord(), Nodes()))
@@ -67,7 +67,7 @@ def _round(cfg, dtype: str, seed: int = 3):
         names = [k for k in msg.content.array_records["arrays"] if not k.endswith(MASK_SUFFIX)]
         weights = {k: (strategy.global_state[k] + rng.normal(scale=0.01, size=strategy.global_state[k].shape)
                        ).astype(np.float32) for k in names}
-        masks = {k: rng.random(w.shape) > 0.5 for k, w in weights.items()}
+        masks = {k: (rng.permutation(w.size) < w.size // 2).reshape(w.shape) for k, w in weights.items()}  # 50%
         unpacked.append({k: (np.where(masks[k], w, 0).astype(np.float32), masks[k]) for k, w in weights.items()})
         content = RecordDict({"arrays": to_record(encode_sparse(weights, masks, dtype)),
                               "metrics": MetricRecord({"num-examples": 4, "partition-id": i})})
