@@ -16,7 +16,7 @@ measured / ceiling, the share of the ceiling reached. The record goes to `--json
 `fedprune bench render docs/bench/compiled-speed.json --kind compiled-speed` prints its markdown table.
 `keep 1` (all-ones masks: the dense model in compiled form, ceiling 1.00) separates what the compiled layer's
 implementation gains at no pruning from what pruning gains. `--before-after` adds, per keep, the same compiled
-model as the compiled forward ran until 2026-11-25 ("before": every projection weight (out, in) row-major as
+model in the earlier compiled layout ("before": every projection weight (out, in) row-major as
 nn.Linear keeps it, gate/up one product at every length), timed against the current one (input-major fused
 q/k/v and gate/up weights, `routing._input_major`; gate and up as two products from `SPLIT_GATE_UP_ROWS` tokens)
 in the same run.
@@ -80,13 +80,13 @@ def random_masks(layers: int, d: int, keep: float, seed: int) -> list[LayerMasks
 
 
 def _fused_gate_up_forward(self: CompiledMLP, x: torch.Tensor, owned: bool) -> torch.Tensor:
-    """CompiledMLP.forward before 2026-11-25: one fused gate/up product at every length."""
+    """CompiledMLP.forward in the earlier layout: one fused gate/up product at every length."""
     gate, up = self.gate_up_proj(self.lane_input(x)).chunk(2, dim=-1)
     return self.write_back(x, self.act_fn(gate).mul_(up), self.down_proj, owned)
 
 
 def before_fix(model: nn.Module) -> nn.Module:
-    """A copy of a compiled model as the compiled forward ran before 2026-11-25: every projection weight (out, in)
+    """A copy of a compiled model in the earlier compiled layout: every projection weight (out, in)
     row-major (no `routing._input_major`) and gate/up as one product also for prefill. Same values."""
     model = copy.deepcopy(model)
     for module in model.modules():
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
                   "masks": "random, exactly round(keep * d) kept coordinates per mask", "model": args.model,
                   "speed-up": "median over the repeats of the paired ratio dense time / model time; '*-lo', '*-hi': "
                               "its distribution-free 95% interval (order statistics, speed.median_interval)",
-                  "before": "'<keep> before': the same compiled model as the compiled forward ran until 2026-11-25 "
+                  "before": "'<keep> before': the same compiled model in the earlier compiled layout "
                             "(weights (out, in) row-major, one fused gate/up product at every length)",
                   "load-average": {"start": load_start, "end": load_end}, "machine": platform.processor()
                   or platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,

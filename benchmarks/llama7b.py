@@ -1,4 +1,4 @@
-"""LLaMA-7B scale by simulation (issue 23): each method's client step and server aggregation on 7B-shaped decoder
+"""LLaMA-7B scale by simulation: each method's client step and server aggregation on 7B-shaped decoder
 layers, measured one layer at a time on a small CPU machine, extrapolated to 32 layers and 4 / 16 / 100 clients.
 
 The model is a LlamaForCausalLM with LLaMA-7B's layer shapes (hidden 4096, MLP 11008, 32 heads), `--layers`

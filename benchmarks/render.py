@@ -212,7 +212,7 @@ def mask_rounding(records: Sequence[Record]) -> str:
     return "\n".join([*lines, "", "; ".join(notes) + "."])
 
 
-SPEED_GOAL = 0.95  # issue 20's goal for measured / ceiling at every budget
+SPEED_GOAL = 0.95  # the goal for measured / ceiling at every budget (docs/claims.md, G6)
 
 
 def goal_verdict(row: Record, task: str, goal: float = SPEED_GOAL) -> str:

@@ -1,4 +1,4 @@
-"""Federated FLAP-style structural baseline (issue 4): importance on each client's data, one global mask cut by the
+"""Federated FLAP-style structural baseline: importance on each client's data, one global mask cut by the
 server at the SFT-P budget, then FedAvg LoRA recovery (FedIT's local round) on the routed model.
 
 Round 1 (`importance`): the client runs `fedflap-batches` batches of its training texts through the dense model

@@ -1,4 +1,4 @@
-"""fedflap: a federated FLAP-style structural baseline on SFT-P's protocol (issue 4; FLAP, An et al. 2024).
+"""fedflap: a federated FLAP-style structural baseline on SFT-P's protocol (FLAP, An et al. 2024).
 
 Round 1: every sampled client scores the residual-bus coordinates of SFT-P's four masks per layer on its own data
 (`clients.fedflap.importance_scores`); the server averages the scores weighted by num-examples, standardises them

@@ -27,7 +27,7 @@ from flwr.serverapp import Grid
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
-from fedprune_app.core.replies import examples_problem, to_record, weighted_average
+from fedprune_app.core.replies import examples_problem, to_record, values_of_problem, weighted_average
 from fedprune_app.core.strategy import log
 from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers, factor_problem, keep_count
 from fedprune_app.methods.fedtpa.aggregation import cosine_distances, initial_betas, lcwa, next_beta, zero_pad
@@ -171,6 +171,8 @@ class FedTPAStrategy(FedITStrategy):
         for j, layer in enumerate(self.layers):
             if (problem := factor_problem(layer, arrays, sent, int(keep[j].sum()))) is not None:
                 return problem + " (the rank its pruning log keeps)"
+        if (problem := values_of_problem(arrays, sent)) is not None:
+            return problem
         problem = self.metrics_problem(flat_metrics(reply))
         if problem is None:
             self.node_partition[node_id] = int(flat_metrics(reply)["partition-id"])

@@ -23,7 +23,7 @@ from flwr.app import ArrayRecord, RecordDict
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
-from fedprune_app.core.replies import examples_problem, to_record
+from fedprune_app.core.replies import examples_problem, to_record, values_of_problem
 from fedprune_app.core.strategy import log
 from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers, factor_problem, truncate_factors
 from fedprune_app.llm.models import peft_model_for, save_adapter, set_adapter_state
@@ -102,6 +102,8 @@ class FlexLoRAStrategy(FedITStrategy):
         for layer in self.layers:
             if (problem := factor_problem(layer, arrays, sent, rank)) is not None:
                 return problem
+        if (problem := values_of_problem(arrays, sent)) is not None:
+            return problem
         if (problem := examples_problem(metrics)) is not None:
             return problem
         try:

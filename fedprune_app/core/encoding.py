@@ -1,4 +1,4 @@
-"""Compact wire encodings of sparse weight matrices (issue 23): bit-packed masks, kept values only, 16-bit payloads.
+"""Compact wire encodings of sparse weight matrices: bit-packed masks, kept values only, 16-bit payloads.
 
 A matrix W of d weights with kept-mask M (True = kept) travels as two arrays:
 - `<name>`: the kept values W[M] in row-major order, 1-D, in the payload dtype (`float32`, `float16`, or

@@ -60,6 +60,14 @@ def values_problem(key: str, arr: np.ndarray, dtype: str | None = None) -> str |
     return None
 
 
+def values_of_problem(received: ArrayRecord, expected: Mapping[str, tuple[tuple[int, ...], str]]) -> str | None:
+    """`values_problem` over every expected array of a reply, each against the dtype it was sent in."""
+    for key, (_shape, dtype) in expected.items():
+        if (problem := values_problem(key, received[key].numpy(), dtype or None)) is not None:
+            return problem
+    return None
+
+
 def check_arrays(received: ArrayRecord, expected: Mapping[str, tuple[tuple[int, ...], str]]) -> str | None:
     """Why a reply's arrays cannot be aggregated (missing / extra / mis-shaped / another dtype than sent /
     non-finite or huge values), or None if they can."""
@@ -69,10 +77,8 @@ def check_arrays(received: ArrayRecord, expected: Mapping[str, tuple[tuple[int, 
     extra = sorted(set(received) - set(expected))
     if extra:
         return f"{len(extra)} unexpected arrays, e.g. {extra[0]}"
-    for key, (shape, dtype) in expected.items():
+    for key, (shape, _dtype) in expected.items():
         arr = received[key].numpy()
         if tuple(arr.shape) != tuple(shape):
             return f"array {key} has shape {tuple(arr.shape)}, expected {tuple(shape)}"
-        if (problem := values_problem(key, arr, dtype or None)) is not None:
-            return problem
-    return None
+    return values_of_problem(received, expected)

@@ -312,9 +312,9 @@ def broken_models(records: list[dict[str, Any]], method: str,
     `model`) and, where no client evaluated its own, the compiled models (against the `dense` one).
     Each line names the model and points to docs/methods/<method>.md."""
     problems: dict[str, list[str]] = defaultdict(list)
-    for row in client_table([r for r in records if r.get("phase") == "evaluate"]):
-        if row["final-round"] == 0:
-            continue
+    judged = [row for row in client_table([r for r in records if r.get("phase") == "evaluate"])
+              if row["final-round"] > 0]
+    for row in judged:
         label = client_label(row["client"], row["data"])
         found = _ppl_problem("test perplexity", row.get("ppl/tuned"), row.get("ppl/untouched"),
                              ratio)
@@ -335,9 +335,7 @@ def broken_models(records: list[dict[str, Any]], method: str,
     # A deployed (compiled) model is judged on the server's text only where no client judged its own: a
     # client's model that beats the untouched one on its own task is specialised, not broken, however it
     # scores on general text (SFT-P's per-client models: make run's score 7-14x on squad text).
-    judged_by_clients = any(row["final-round"] > 0 for row in client_table(
-        [r for r in records if r.get("phase") == "evaluate"]))
-    compiled = [] if judged_by_clients else [r for r in records if r.get("phase") == "compiled"]
+    compiled = [] if judged else [r for r in records if r.get("phase") == "compiled"]
     dense = next((r for r in compiled if r.get("model") == "dense"),
                  compiled[0] if compiled else None)
     for r in compiled:

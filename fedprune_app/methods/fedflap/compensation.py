@@ -1,5 +1,5 @@
 """FLAP's bias compensation on the routed (masked) form, as a measurement: what it would change if fedflap could
-deploy it (issue 22 item 4; why the compiled form cannot carry it: docs/methods/llmpruner.md).
+deploy it (why the compiled form cannot carry it: docs/methods/llmpruner.md).
 
 FLAP (An et al. 2024, §3.3) replaces a removed input channel j of a linear map W by its calibration mean, i.e.
 adds W[:, j]·E[X_j] to the map's bias. On SFT-P's residual bus, per layer:

@@ -1,4 +1,5 @@
-"""Moved from clients.fedflap in the re-layout."""
+"""fedflap's client math: per-coordinate moments of the residual bus on the dense model, FLAP-style
+importance scores, their average over clients and the global cut of bus lanes at the budget."""
 
 from __future__ import annotations
 

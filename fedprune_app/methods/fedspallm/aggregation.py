@@ -1,4 +1,5 @@
-"""Moved from strategies.fedspallm in the re-layout."""
+"""FedSpaLLM's server math: ℓ0-norm aggregation of pruned weights (Eq. 5), mask expansion to the target
+sparsity (Eq. 6–7) and layer sampling with k_i ∝ r_i (Eq. 8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Moved from strategies.fedtpa in the re-layout."""
+"""FedTPA's server math: ITPA's cosine distances and initial keep ratios (Eq. 3–5), DAPR's next keep ratio
+(Eq. 9), zero-padding a pruned adapter back to r_g by its log (§III-E) and LCWA (Eq. 8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Moved from strategies.flexlora in the re-layout."""
+"""FlexLoRA's server math: full ΔW = (α/r)·B·A per client, their weighted average, and the truncated SVD
+that gives each client its rank back (B = U_r S_r / (α/r), A = V_rᵀ)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Size and CPU speed of models side by side: SFT-P's compiled per-client models against the dense one.
 
-Shared by `benchmarks/compiled.py` (random masks, the issue's speed goals) and the SFT-P run itself, which
+Shared by `benchmarks/compiled.py` (random masks, the speed goals of docs/claims.md) and the SFT-P run itself, which
 reports its compiled client models in results.md. The models are timed round-robin (every repeat runs each model
 once per task), so a change in machine load hits all of them alike; a speed-up is the median over the repeats of
 the paired ratio (reference time / model time of the same repeat), with a distribution-free 95% interval for that
