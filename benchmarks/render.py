@@ -425,13 +425,20 @@ def fedtpa_adapter_norms(records: Sequence[Record]) -> str:
     return "\n".join([*lines, "", "; ".join(notes) + "."])
 
 
+def profile(records: Sequence[Record]) -> str:
+    """Each record's phase table (`benchmarks.profile.table`), with its command and load."""
+    from benchmarks.profile import table
+
+    return "\n".join(f"{table(r)}\n`{shown_command(r)}`; {load_line(r)}.\n" for r in records)
+
+
 RENDERERS: dict[str, Callable[[Sequence[Record]], str]] = {
     "compiled-speed": compiled_speed,
     "pruning": pruning, "aggregation-memory": aggregation_memory, "overhead": overhead,
     "budget-trajectory": budget_trajectory, "mask-rounding": mask_rounding, "packing": packing,
     "deployed-speed": deployed_speed, "sftp-conditioning": sftp_conditioning,
     "fedspallm-resolved": fedspallm_resolved, "fedspallm-compare": fedspallm_compare,
-    "fedtpa-adapter-norms": fedtpa_adapter_norms,
+    "fedtpa-adapter-norms": fedtpa_adapter_norms, "profile": profile,
 }
 
 

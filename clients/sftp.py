@@ -25,7 +25,7 @@ from fedprune_app.core.registry import register_client
 from fedprune_app.llm.data import Example, training_batches
 from fedprune_app.llm.evaluation import evaluate_client, mean_loss
 from fedprune_app.llm.models import get_adapter_state, model_device
-from fedprune_app.llm.training import optimizer_step, packed_training, to_device
+from fedprune_app.llm.training import mixed_precision, optimizer_step, packed_training, to_device
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     MaskGenerator,
@@ -117,9 +117,10 @@ def local_training(model: nn.Module, tokenizer: Any, generator: MaskGenerator, e
                 groups[-1]["lr"] = cosine_lr(sftp_cfg.sftp_lora_lr, step, total_steps)
             masks = fixed_masks if recovery else sampled_masks(generator(embedding), tau, bias, held, gate_rng)
             set_masks(model, masks)
-            clm = model(**to_device(batch, device)).loss
+            with mixed_precision(model, cfg.mixed_precision):
+                clm = model(**to_device(batch, device)).loss
             target = ramped_keep_ratio(keep_ratio, step, sftp_cfg.sftp_budget_warmup_steps, highest)
-            loss, penalty = sftp_objective(clm, kept_parameters(config, masks), target, total, lam)
+            loss, penalty = sftp_objective(clm.float(), kept_parameters(config, masks), target, total, lam)
             if recovery:
                 loss = clm  # the fixed mask's penalty is a constant: reported, not trained
             optimizer_step(loss, params, opt, cfg.max_grad_norm, "sftp-generator-lr")

@@ -37,15 +37,19 @@ log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --st
 
 def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
                       ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
-    """Perplexity of the global model on the held-out text of each `server-eval-data` source, every round. A strategy
-    whose `global_model` is not simply "the" global model says what it built in `global_model_notes` (e.g. SFT-P
-    +C: a mask no client has, and its kept ratio); the rows carry those fields and results.md the label."""
+    """Perplexity of the global model on the held-out text of each `server-eval-data` source, after the
+    rounds `server-eval-every` names. A strategy whose `global_model` is not simply "the" global model says
+    what it built in `global_model_notes` (e.g. SFT-P +C: a mask no client has, and its kept ratio); the rows
+    carry those fields and results.md the label."""
     sources = split_list(cfg.server_eval_data)
     if not sources or cfg.eval_ppl_tokens == 0:
         return None
     texts = {source: held_out_text(source, cfg) for source in sources}
 
-    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        every = cfg.server_eval_every
+        if server_round not in (0, cfg.num_server_rounds) and not (every and server_round % every == 0):
+            return None
         model, tokenizer = strategy.global_model(arrays)
         notes = dict(getattr(strategy, "global_model_notes", None) or {})
         metrics: dict[str, float] = {}
@@ -99,6 +103,8 @@ def main(grid: Grid, context: Context) -> None:
             if every and (server_round % every == 0 or server_round == cfg.num_server_rounds):
                 save_checkpoint(run.path, server_round, strategy.run_key, numpy_state(arrays), strategy.state_dict())
 
+        phases = {"set-up": round(initial_ready, 3)}  # seconds per stage; `fedprune bench profile` splits rounds
+        started = time.time()
         result = strategy.start(
             grid=grid,
             initial_arrays=initial,
@@ -110,11 +116,14 @@ def main(grid: Grid, context: Context) -> None:
             first_round=first_round,
             on_round_end=on_round_end,
         )
+        phases["rounds"], started = round(time.time() - started, 3), time.time()
         final = result.arrays if len(result.arrays) else initial  # no round produced an update: keep the start
         artefacts = strategy.save_final(final, run.path)
+        phases["final-artefacts"], started = round(time.time() - started, 3), time.time()
         score_references(cfg, strategy, run)
         strategy.score_client_references(grid)
-        summary = run.finish("completed", {"artefacts": artefacts,
+        phases["references"] = round(time.time() - started, 3)
+        summary = run.finish("completed", {"artefacts": artefacts, "phases": phases,
                                            "initial-state-seconds": round(initial_ready, 3)})
     except BaseException as err:
         error = traceback.format_exc()[-4000:]

@@ -28,6 +28,8 @@ BENCHMARKS = {
     "compiled": "SFT-P's compiled models against the dense model: size and CPU speed vs the FLOP ceiling",
     "deployed": "the deployed models of finished runs against the dense model, timed away from the run",
     "overhead": "Flower's overhead: the same FedIT work through `flwr run` and as a plain loop",
+    "profile": "where `fedprune run`'s wall time goes, phase by phase (or a finished run's, --from)",
+    "precision": "mixed precision (bf16 autocast) against float32: CPU seconds per local training step",
     "pruning": "seconds to prune the embedded model with SparseGPT, Wanda and magnitude",
     "scale": "one simulation with many virtual SuperNodes on the tiny LLaMA",
     "llama7b": "each method's client step and aggregation on LLaMA-7B-shaped layers, extrapolated",

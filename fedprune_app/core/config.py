@@ -242,6 +242,14 @@ class SharedConfig(ConfigSection):
         "and gradients without the padding's compute. A model that fails the start-up probe (its attention "
         "ignores restarted position ids) trains padded, with a warning. See docs/running.md.",
     )
+    mixed_precision: str = key(
+        "no",
+        "Local training's forward passes under torch.autocast: 'bf16' or 'fp16' matrix products, the weights, "
+        "gradients and optimizer state staying in model-dtype (as accelerate's mixed_precision); 'no' = none. "
+        "Evaluation always runs in model-dtype. 'bf16' needs a CPU with AVX512_BF16/AMX or an Ampere+ GPU to "
+        "be faster; `fedprune bench precision` measures it.",
+        choices=("no", "bf16", "fp16"),
+    )
     learning_rate: float = key(5e-4, "AdamW learning rate.", minimum=0.0)
     weight_decay: float = key(0.0, "AdamW weight decay.", minimum=0.0)
     max_grad_norm: float = key(1.0, "Gradient clipping norm (0 = off).", minimum=0.0)
@@ -259,6 +267,12 @@ class SharedConfig(ConfigSection):
         0,
         "Federated evaluation every k rounds (and always round 0 = the untouched model, and "
         "the last round); 0 = only round 0 and the last round.",
+        minimum=0,
+    )
+    server_eval_every: int = key(
+        1,
+        "The server's perplexity of the global model (server-eval-data) every k rounds, and always round 0 "
+        "and the last round; 0 = only round 0 and the last round.",
         minimum=0,
     )
     eval_untouched: bool = key(

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,22 @@ def packed_training(model: nn.Module, tokenizer: Any, cfg: RunConfig) -> bool:
     return bool(cfg.pack_sequences) and packs_exactly(model, tokenizer.pad_token_id)
 
 
+MIXED_PRECISION = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@contextlib.contextmanager
+def mixed_precision(model: nn.Module, mode: str) -> Iterator[None]:
+    """`torch.autocast` on the model's device for a training forward pass: matrix products in `mode`'s
+    dtype ('bf16', 'fp16'), the weights, their gradients and the optimizer state in the model's own dtype
+    (as `accelerate`'s `mixed_precision`); 'no' runs everything in the model's dtype."""
+    dtype = MIXED_PRECISION[mode]
+    if dtype is None:
+        yield
+        return
+    with torch.autocast(model_device(model).type, dtype=dtype):
+        yield
+
+
 def optimizer_step(loss: torch.Tensor, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer,
                    max_grad_norm: float, lr_key: str) -> None:
     """One step: refuse a non-finite loss (naming the learning-rate key to lower), backward, clip the gradient
@@ -103,7 +120,8 @@ def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], c
     torch.manual_seed(seed)
     for batch in training_batches(examples, tokenizer, cfg.batch_size, int(steps or cfg.local_steps),
                                   cfg.seq_len, seed, packed=packed_training(model, tokenizer, cfg)):
-        loss = model(**to_device(batch, device)).loss
+        with mixed_precision(model, cfg.mixed_precision):
+            loss = model(**to_device(batch, device)).loss
         optimizer_step(loss, params, opt, cfg.max_grad_norm, "learning-rate")
         report.losses.append(loss.item())
     model.eval()

@@ -106,3 +106,34 @@ def test_training_batches_draw_the_same_examples_packed_or_padded(tok) -> None:
     packed = list(training_batches(examples(), tok, 2, 3, 64, seed=4, targets="sequence", packed=True))
     for a, b in zip(padded, packed, strict=True):
         assert b["input_ids"][0].tolist() == a["input_ids"][a["attention_mask"] == 1].tolist()
+
+
+def _linear_output_dtypes(model: torch.nn.Module) -> tuple[set[torch.dtype], list]:
+    """The dtypes of every Linear output in training mode (the packing probe runs in eval mode)."""
+    seen: set[torch.dtype] = set()
+    hooks = [m.register_forward_hook(lambda m, _i, out: seen.add(out.dtype) if m.training else None)
+             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return seen, hooks
+
+
+@pytest.mark.parametrize("mode, dtype", [("no", torch.float32), ("bf16", torch.bfloat16)])
+def test_mixed_precision_runs_the_training_forward_in_its_dtype_and_keeps_the_weights(
+        tiny_model_dir: Path, tok, mode: str, dtype: torch.dtype) -> None:
+    """`mixed-precision`: the linear layers of a training step compute in bf16 under 'bf16' (float32 under 'no');
+    the trained LoRA weights stay float32 and move; the loss stays near the float32 one."""
+    losses = {}
+    for m in ("no", mode):
+        torch.manual_seed(0)
+        model = peft(load_base_model(str(tiny_model_dir)))
+        before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        seen, hooks = _linear_output_dtypes(model)
+        report = train_steps(model, tok, examples(), small_config(tiny_model_dir, local_steps=2, mixed_precision=m,
+                                                                  lora_dropout=0.0), seed=1)
+        for h in hooks:
+            h.remove()
+        losses[m] = report.losses
+        trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        assert all(p.dtype == torch.float32 for p in trained.values())
+        assert any(not torch.equal(before[n], p) for n, p in trained.items())
+    assert seen == {dtype}
+    assert losses[mode] == pytest.approx(losses["no"], rel=0.02)
