@@ -11,16 +11,19 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 RUN_CONFIG ?= conf/sftp.toml
 FEDERATION ?= num-supernodes=4 client-resources-num-cpus=1
 
-.PHONY: setup run smoke smoke-all test test-slow lint bench-overhead bench-scale
+.PHONY: setup run run-references smoke smoke-all test test-slow lint bench-overhead bench-scale
 
 setup:
 	@./scripts/setup.sh
 
-# SFT-P's preset runs beside its floor and ceiling (`--references`); any other preset runs alone.
-REFERENCES = $(if $(filter conf/sftp.toml,$(RUN_CONFIG)),--references)
-
+# The main job: one Flower simulation of the preset (SFT-P by default).
 run: setup
-	$(FEDPRUNE) run $(REFERENCES) --run-config $(RUN_CONFIG) $(if $(ARGS),--run-config "$(ARGS)") \
+	$(FEDPRUNE) run --run-config $(RUN_CONFIG) $(if $(ARGS),--run-config "$(ARGS)") \
+		--federation-config "$(FEDERATION)"
+
+# SFT-P beside its floor (the post hoc cut) and ceiling (every gate open): three simulations in a row.
+run-references: setup
+	$(FEDPRUNE) run --references --run-config $(RUN_CONFIG) $(if $(ARGS),--run-config "$(ARGS)") \
 		--federation-config "$(FEDERATION)"
 
 # The quick check: the smoke preset (1 round, small splits), a few minutes; ARGS="method='sftp'" swaps method.

@@ -5,7 +5,7 @@
     fedprune bench profile --from outputs/<run> [<run> ...]     # a finished run (no launcher time)
 
 Everything after `--` goes to `fedprune run` unchanged. The phases of one run come from its summary.json
-(`phases`: the ServerApp's own stopwatch) and the `time` of its metrics.jsonl rows:
+(`phase-seconds`: the ServerApp's own stopwatch) and the `time` of its metrics.jsonl rows:
 
 - set-up: the ServerApp's config check, run directory and initial global state;
 - start-up + untouched evaluation: Ray, the ClientApps and their model loads, then round 0: every client
@@ -43,7 +43,7 @@ def run_phases(run_dir: Path) -> dict[str, Any]:
     """The phase seconds of one finished run directory (see the module docstring)."""
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    stages = summary.get("phases") or {"set-up": summary.get("initial-state-seconds", 0.0)}
+    stages = summary.get("phase-seconds") or {"set-up": summary.get("initial-state-seconds", 0.0)}
     set_up = float(stages["set-up"])
     ends: dict[int, float] = defaultdict(float)  # round -> the time of its last row
     for r in rows:

@@ -7,10 +7,10 @@ empty `context.state` (`FederatedClient.restore_state`); a train handler saves i
 from __future__ import annotations
 
 import torch
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedprune_app.core import registry
+from fedprune_app.core import registry, untouched
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.runtime import quiet_libraries
 
@@ -41,7 +41,21 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    return Message(content=_restored(msg, context).evaluate(msg.content), reply_to=msg)
+    """Round 0 (the untouched model) is answered from this machine's cache when it holds the same model,
+    data, settings and code (`cache-untouched`, fedprune_app/core/untouched.py); scored and kept otherwise."""
+    client = _restored(msg, context)
+    config = msg.content.config_records.get("config")
+    if not client.cfg.cache_untouched or config is None or int(config.get("server-round", -1)) != 0:
+        return Message(content=client.evaluate(msg.content), reply_to=msg)
+    key = untouched.cache_key(dict(context.run_config), dict(context.node_config), type(client).__module__)
+    cached = untouched.lookup(key)
+    if cached is not None:
+        content = RecordDict({"metrics": MetricRecord({**cached, "cached": 1}), "info": client.info()})
+        return Message(content=content, reply_to=msg)
+    content = client.evaluate(msg.content)
+    if set(content.keys()) <= {"metrics", "info"} and "metrics" in content.metric_records:
+        untouched.store(key, dict(content.metric_records["metrics"]))
+    return Message(content=content, reply_to=msg)
 
 
 @app.evaluate("reference")

@@ -123,7 +123,7 @@ def main(grid: Grid, context: Context) -> None:
         score_references(cfg, strategy, run)
         strategy.score_client_references(grid)
         phases["references"] = round(time.time() - started, 3)
-        summary = run.finish("completed", {"artefacts": artefacts, "phases": phases,
+        summary = run.finish("completed", {"artefacts": artefacts, "phase-seconds": phases,
                                            "initial-state-seconds": round(initial_ready, 3)})
     except BaseException as err:
         error = traceback.format_exc()[-4000:]

@@ -25,7 +25,7 @@ def small_config(model_dir: Path | str, **overrides: object) -> RunConfig:
     base: dict[str, object] = {
         "model-name": str(model_dir), "local-steps": 2, "batch-size": 2, "test-examples": 8, "val-examples": 4,
         "max-train-examples": 16, "eval-ppl-tokens": 128, "ppl-window": 64, "ppl-stride": 64, "seq-len": 64,
-        "lora-rank": 4, "eval-batch-size": 4,
+        "lora-rank": 4, "eval-batch-size": 4, "cache-untouched": False,
     }
     base.update({k.replace("_", "-"): v for k, v in overrides.items()})
     return RunConfig.from_flower(base)
@@ -43,6 +43,17 @@ def record_training_batches(module: object, monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(module, "training_batches", recording)
     return seen
+
+
+@pytest.fixture(autouse=True)
+def untouched_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """In-process tests keep round-0 scores in a directory of their own (a test that patches the evaluation
+    must not read another test's scores, nor a real run's); runs in subprocesses use the user's cache."""
+    from fedprune_app.core import untouched
+
+    root = tmp_path_factory.mktemp("untouched")
+    monkeypatch.setattr(untouched, "cache_file", lambda key: root / f"{key}.json")
+    return root
 
 
 @pytest.fixture()

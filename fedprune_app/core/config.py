@@ -280,6 +280,12 @@ class SharedConfig(ConfigSection):
         "Round 0's federated evaluation of the untouched model; false skips it (a reference run whose untouched "
         "scores another run of the same data already has, e.g. fedprune_cli/references.py's floor and ceiling).",
     )
+    cache_untouched: bool = key(
+        True,
+        "Each client keeps round 0's scores of the untouched model on its machine and answers a later round 0 "
+        "with the same model, data, settings and code from there (fedprune_app/core/untouched.py; JSON only, "
+        "rows marked cached); false scores it every run.",
+    )
     eval_tasks: str = key(
         "",
         "lm-eval task names, one for all clients or one per client; empty = a local task "

@@ -30,7 +30,7 @@ def test_phases_add_up_to_the_rows_times(tmp_path: Path) -> None:
             {"time": 131, "round": 2, "phase": "server-evaluate", "seconds": 4},
             {"time": 150, "phase": "compiled"}]
     run = _write(tmp_path / "run", rows, {"method": "m", "status": "completed", "seconds": 160,
-                                         "phases": {"set-up": 5, "rounds": 126, "final-artefacts": 20,
+                                         "phase-seconds": {"set-up": 5, "rounds": 126, "final-artefacts": 20,
                                                     "references": 1}})
     phases = run_phases(run)["phases"]
     assert set(phases) == set(PHASES)
