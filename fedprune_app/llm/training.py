@@ -1,11 +1,13 @@
-"""Local training: a plain AdamW loop over the trainable (LoRA) parameters, and the validation loss."""
+"""Local training: one step loop (`train_steps`), by default plain AdamW on the trainable (LoRA)
+parameters and the model's own loss; a method brings its own optimiser and loss per step
+(`Optimisation`, `StepLoss`)."""
 
 from __future__ import annotations
 
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,12 +21,31 @@ from fedprune_app.llm.models import model_device
 log = logging.getLogger(__name__)
 
 
+StepLoss = Callable[[nn.Module, dict[str, Any], int], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+"""(model, batch on the model's device, step t) -> (the loss to minimise, other per-step values to
+report)."""
+
+
+@dataclass
+class Optimisation:
+    """A method's own optimiser for `train_steps`: `params` are clipped together (in this order),
+    `schedule(t)` sets the learning rates before step t, and `lr_key` is the run-config key a
+    non-finite loss asks to lower."""
+
+    optimizer: torch.optim.Optimizer
+    params: list[torch.Tensor]
+    lr_key: str
+    schedule: Callable[[int], None] | None = None
+
+
 @dataclass
 class TrainReport:
-    """What a local training run did: per-step losses and wall time."""
+    """What a local training run did: per-step losses (and a `StepLoss`'s other values) and wall
+    time."""
 
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    values: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def mean_loss(self) -> float:
@@ -32,16 +53,17 @@ class TrainReport:
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """A collated or packed batch with every tensor on `device` (a no-op for tensors already there); flags such as
-    `use_cache` pass unchanged."""
+    """A collated or packed batch with every tensor on `device` (a no-op for tensors already there);
+    flags such as `use_cache` pass unchanged."""
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def packs_exactly(model: nn.Module, pad_id: int | None, tol: float = 1e-4) -> bool:
-    """Whether `model` gives a packed batch (`data.pack`) the padded batch's loss, on a probe of three token
-    sequences of different lengths (so a model whose attention ignores the restarting position ids, and lets one
-    example see another, scores differently). Eval mode and no grad for the probe; the mode is restored. Cached
-    on the model (the answer depends on its code, not its weights)."""
+    """Whether `model` gives a packed batch (`data.pack`) the padded batch's loss, on a probe of
+    three token sequences of different lengths (so a model whose attention ignores the restarting
+    position ids, and lets one example see another, scores differently). Eval mode and no grad for
+    the probe; the mode is restored. Cached on the model (the answer depends on its code, not its
+    weights)."""
     cached = getattr(model, "_fedprune_packs_exactly", None)
     if cached is not None:
         return bool(cached)
@@ -74,8 +96,8 @@ def packed_training(model: nn.Module, tokenizer: Any, cfg: RunConfig) -> bool:
 
 def optimizer_step(loss: torch.Tensor, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer,
                    max_grad_norm: float, lr_key: str) -> None:
-    """One step: refuse a non-finite loss (naming the learning-rate key to lower), backward, clip the gradient
-    norm when `max_grad_norm` > 0, step, clear the gradients."""
+    """One step: refuse a non-finite loss (naming the learning-rate key to lower), backward, clip
+    the gradient norm when `max_grad_norm` > 0, step, clear the gradients."""
     if not torch.isfinite(loss):
         raise FloatingPointError(f"training loss became {loss.item()} (lower {lr_key}?)")
     loss.backward()
@@ -85,27 +107,50 @@ def optimizer_step(loss: torch.Tensor, params: Sequence[torch.Tensor], opt: torc
     opt.zero_grad(set_to_none=True)
 
 
-def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: RunConfig, seed: int,
-                steps: int | None = None) -> TrainReport:
-    """`steps` (default `local-steps`) AdamW steps on the parameters that require grad.
+def model_loss(model: nn.Module, batch: dict[str, Any], t: int
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The default `StepLoss`: the model's own (causal LM) loss on the batch."""
+    return model(**batch).loss, {}
 
-    A fresh optimizer each call, as FedIT does each round (the optimizer state is not federated). Batches go
-    to the model's device, packed in one row each under `pack-sequences` (`packed_training`).
+
+def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: RunConfig,
+                seed: int, steps: int | None = None, *, optimisation: Optimisation | None = None,
+                step_loss: StepLoss = model_loss, targets: str = "answer") -> TrainReport:
+    """`steps` (default `local-steps`) optimiser steps on `step_loss` over batches of `examples`
+    (`targets`: which tokens carry labels, `training_batches`).
+
+    Without `optimisation`: a fresh AdamW (`learning-rate`, `weight-decay`) on the parameters that
+    require grad, each call, as FedIT does each round (the optimizer state is not federated).
+    Batches go to the model's device, packed in one row each under `pack-sequences`
+    (`packed_training`). The model trains in train mode, with the global RNG (dropout) seeded by
+    `seed`, and is left in eval mode.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters (did you add LoRA adapters?)")
-    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    if optimisation is None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no trainable parameters "
+                             "(did you add LoRA adapters?)")
+        adamw = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        optimisation = Optimisation(adamw, params, "learning-rate")
     report = TrainReport()
     start = time.perf_counter()
     device = model_device(model)
     model.train()
     torch.manual_seed(seed)
-    for batch in training_batches(examples, tokenizer, cfg.batch_size, int(steps or cfg.local_steps),
-                                  cfg.seq_len, seed, packed=packed_training(model, tokenizer, cfg)):
-        loss = model(**to_device(batch, device)).loss
-        optimizer_step(loss, params, opt, cfg.max_grad_norm, "learning-rate")
-        report.losses.append(loss.item())
-    model.eval()
+    try:
+        for t, batch in enumerate(training_batches(examples, tokenizer, cfg.batch_size,
+                                                   int(steps or cfg.local_steps), cfg.seq_len, seed,
+                                                   targets=targets,
+                                                   packed=packed_training(model, tokenizer, cfg))):
+            if optimisation.schedule is not None:
+                optimisation.schedule(t)
+            loss, values = step_loss(model, to_device(batch, device), t)
+            optimizer_step(loss, optimisation.params, optimisation.optimizer, cfg.max_grad_norm,
+                           optimisation.lr_key)
+            report.losses.append(loss.item())
+            for name, value in values.items():
+                report.values.setdefault(name, []).append(value.item())
+    finally:
+        model.eval()
     report.seconds = time.perf_counter() - start
     return report
