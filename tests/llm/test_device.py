@@ -18,7 +18,8 @@ import clients.sftp
 import fedprune_app.llm.evaluation
 import fedprune_app.llm.training
 import fedprune_app.methods.fedspallm.pruners
-import fedprune_app.methods.sftp.generator
+import fedprune_app.methods.sftp.models
+import fedprune_app.structural.held
 import fedprune_app.structural.speed
 from fedprune_app.core.config import ConfigError, RunConfig
 from fedprune_app.llm import models
@@ -140,7 +141,8 @@ def inputs_recorded(model: nn.Module, monkeypatch: pytest.MonkeyPatch) -> Iterat
         return META
 
     for module in (fedprune_app.llm.training, fedprune_app.llm.evaluation, fedprune_app.methods.fedspallm.pruners,
-                   fedprune_app.methods.sftp.generator, fedprune_app.structural.speed, clients.fedtpa, clients.sftp):
+                   fedprune_app.methods.sftp.models, fedprune_app.structural.held, fedprune_app.structural.speed,
+                   clients.fedtpa, clients.sftp):
         monkeypatch.setattr(module, "model_device", spy)
 
     def hook(_module: nn.Module, args: tuple) -> None:
