@@ -53,17 +53,16 @@ class TrainReport:
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """A collated or packed batch with every tensor on `device` (a no-op for tensors already there);
-    flags such as `use_cache` pass unchanged."""
+    """A collated or packed batch with every tensor on `device` (a no-op for tensors already there); flags such as
+    `use_cache` pass unchanged."""
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def packs_exactly(model: nn.Module, pad_id: int | None, tol: float = 1e-4) -> bool:
-    """Whether `model` gives a packed batch (`data.pack`) the padded batch's loss, on a probe of
-    three token sequences of different lengths (so a model whose attention ignores the restarting
-    position ids, and lets one example see another, scores differently). Eval mode and no grad for
-    the probe; the mode is restored. Cached on the model (the answer depends on its code, not its
-    weights)."""
+    """Whether `model` gives a packed batch (`data.pack`) the padded batch's loss, on a probe of three token
+    sequences of different lengths (so a model whose attention ignores the restarting position ids, and lets one
+    example see another, scores differently). Eval mode and no grad for the probe; the mode is restored. Cached
+    on the model (the answer depends on its code, not its weights)."""
     cached = getattr(model, "_fedprune_packs_exactly", None)
     if cached is not None:
         return bool(cached)
@@ -96,8 +95,8 @@ def packed_training(model: nn.Module, tokenizer: Any, cfg: RunConfig) -> bool:
 
 def optimizer_step(loss: torch.Tensor, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer,
                    max_grad_norm: float, lr_key: str) -> None:
-    """One step: refuse a non-finite loss (naming the learning-rate key to lower), backward, clip
-    the gradient norm when `max_grad_norm` > 0, step, clear the gradients."""
+    """One step: refuse a non-finite loss (naming the learning-rate key to lower), backward, clip the gradient
+    norm when `max_grad_norm` > 0, step, clear the gradients."""
     if not torch.isfinite(loss):
         raise FloatingPointError(f"training loss became {loss.item()} (lower {lr_key}?)")
     loss.backward()

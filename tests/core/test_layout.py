@@ -1,5 +1,5 @@
-"""The import rules of the layout (docs/architecture.md "Layout"), read from every import statement
-(function-level ones too)."""
+"""The import rules of the layout (docs/architecture.md "Layout"), read from every import statement (function-level
+ones too)."""
 
 from __future__ import annotations
 
