@@ -44,6 +44,8 @@ RULES = {
     "core and llm import no method, strategy or client": (
         ("fedprune_app/core", "fedprune_app/llm"), ("fedprune_app.methods", "strategies", "clients")),
     "the LLM library imports no flwr": (("fedprune_app/llm",), ("flwr",)),
+    "the structural library imports no method, strategy, client or flwr": (
+        ("fedprune_app/structural",), ("fedprune_app.methods", "strategies", "clients", "flwr")),
     "method packages import no side": (("fedprune_app/methods",), ("strategies", "clients", "fedprune_app.server_app",
                                                                    "fedprune_app.client_app")),
 }
