@@ -1,7 +1,7 @@
 """SFT-P compiled model (Appx. A.1) vs the dense model: size and CPU speed on SmolLM2 (embedded).
 
 Random masks with exactly round(keep·d) active coordinates per mask (all four masks of every layer), compiled
-with `fedprune_app.methods.sftp.routing.compile_model`. Measured in one process, with the models timed round-robin so a
+with `fedprune_app.structural.routing.compile_model`. Measured in one process, with the models timed round-robin so a
 change in machine load hits all of them alike:
   prefill   — one forward over a `--prefill`-token prompt, batch 1, with the KV cache and the last token's
               logits only (what `generate` does); `full-logits` — the same forward with logits for every token;
@@ -50,17 +50,17 @@ for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_k, "1")
 
 from fedprune_app.llm.models import load_base_model  # noqa: E402
-from fedprune_app.methods.sftp.routing import (  # noqa: E402
+from fedprune_app.structural.routing import (  # noqa: E402
     MASK_NAMES,
     CompiledMLP,
     LayerMasks,
     compile_model,
     install_routing,
     kept_parameters,
+    masked,
     prunable_parameters,
-    set_masks,
 )
-from fedprune_app.methods.sftp.speed import CLOCKS, flop_ceiling, lane_widths, speed_table  # noqa: E402
+from fedprune_app.structural.speed import CLOCKS, flop_ceiling, lane_widths, speed_table  # noqa: E402
 
 TASKS = (("prefill", "prefill"), ("full-logits", "all logits"), ("generate", "generate"))
 
@@ -186,12 +186,11 @@ def main(argv: list[str] | None = None) -> None:
     for name, masks in masks_of.items():
         if name.endswith(" before"):
             continue
-        set_masks(dense, masks)
+        with torch.no_grad(), masked(dense, masks):
+            routed = dense(short).logits
         with torch.no_grad():
-            masked = dense(short).logits
-            diff = (models[name](short).logits - masked).abs().max().item()
-        print(f"check {name}: max |compiled - masked| logits = {diff:.2e} (|logits| max {masked.abs().max():.1f})")
-    set_masks(dense, None)
+            diff = (models[name](short).logits - routed).abs().max().item()
+        print(f"check {name}: max |compiled - masked| logits = {diff:.2e} (|logits| max {routed.abs().max():.1f})")
 
     table = speed_table(models, int(config.vocab_size), config.eos_token_id, prefill=args.prefill,
                         new_tokens=args.new_tokens, repeats=args.repeats, full_logits=True, seed=args.seed,
@@ -242,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
                   "load-average": {"start": load_start, "end": load_end}, "machine": platform.processor()
                   or platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
                   "ceiling": "FLOPs(dense) / FLOPs(compiled) of the same workload, every matmul counted "
-                             "(fedprune_app.methods.sftp.speed.workload_flops; attention 'full': every query against "
+                             "(fedprune_app.structural.speed.workload_flops; attention 'full': every query against "
                              "every key, as the CPU kernels run it; '*-ceiling-causal': only the pairs the causal "
                              "mask keeps)",
                   "seconds": round(time.perf_counter() - start, 1), "models": table}

@@ -25,7 +25,7 @@ from benchmarks.render import finish_record, start_record
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.runtime import quiet_libraries
 from fedprune_app.llm.models import load_base_model
-from fedprune_app.methods.sftp.speed import flop_ceiling, lane_widths, set_ceiling, speed_table, workload_flops
+from fedprune_app.structural.speed import flop_ceiling, lane_widths, set_ceiling, speed_table, workload_flops
 from fedprune_cli.rescore_accuracy import models_of
 from fedprune_cli.runfiles import read_config
 

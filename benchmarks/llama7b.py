@@ -8,7 +8,7 @@ working set fits a 24 GiB machine. Calibration / training input: one sequence of
   reply encoded as the client encodes it (`core.encoding.encode_sparse`, fp32 and bf16); the server folds
   `--clients` replies (the real one and random-mask copies) into `L0Sum` (decode + add_kept) and expands the
   masks (Eq. 5–7), as `FedSpaLLMStrategy.absorb` / `aggregate` do.
-- sftp: mask generator h_Θ(e_k) → ReinMax gates → routed forward/backward (`set_masks`) with LoRA, Eq. 13's
+- sftp: mask generator h_Θ(e_k) → ReinMax gates → routed forward/backward (`masked`) with LoRA, Eq. 13's
   objective, one AdamW step; server: FedAvg of `--clients` generator + LoRA states.
 - fedit / fedtpa / flexlora: one LoRA step (`add_lora`, the run-config defaults: rank 16 on q_proj, v_proj);
   server: FedAvg (fedit), LCWA (fedtpa, Eq. 8), Σ p_i·ΔW_i + SVD back to rank 16 per adapted matrix (flexlora).
@@ -148,9 +148,9 @@ def lora_step(model: Any, ids: torch.Tensor, method: str) -> tuple[Any, dict[str
             get_generator_state,
             layer_masks,
             reinmax_binary,
-            sftp_objective,
         )
-        from fedprune_app.methods.sftp.routing import install_routing, kept_parameters, prunable_parameters, set_masks
+        from fedprune_app.methods.sftp.objective import sftp_objective
+        from fedprune_app.structural.routing import install_routing, kept_parameters, masked, prunable_parameters
 
         install_routing(peft_model)
         generator = generator_for(cfg, model.config, seed=0)
@@ -164,8 +164,8 @@ def lora_step(model: Any, ids: torch.Tensor, method: str) -> tuple[Any, dict[str
         if generator is not None:
             gates = reinmax_binary(generator(embedding), 1.0, 3.0, torch.Generator().manual_seed(0))
             masks = layer_masks(gates)
-            set_masks(peft_model, masks)
-            clm = peft_model(input_ids=ids, labels=ids).loss
+            with masked(peft_model, masks):
+                clm = peft_model(input_ids=ids, labels=ids).loss
             loss, _ = sftp_objective(clm, kept_parameters(model.config, masks), 0.5,
                                      prunable_parameters(model.config), 16.0)
         else:
@@ -176,7 +176,6 @@ def lora_step(model: Any, ids: torch.Tensor, method: str) -> tuple[Any, dict[str
         peft_model.eval()
         state = {k: v.numpy() for k, v in get_adapter_state(peft_model).items()}
         if generator is not None:
-            set_masks(peft_model, None)
             state |= {k: v.numpy() for k, v in get_generator_state(generator).items()}
         return state
 

@@ -30,8 +30,7 @@ from fedprune_app.methods.fedflap.importance import (
     importance_scores,
     masks_from_arrays,
 )
-from fedprune_app.methods.sftp.generator import model_kept_ratios
-from fedprune_app.methods.sftp.routing import set_masks
+from fedprune_app.structural.routing import masked, model_kept_ratios
 
 
 @register_client("fedflap")
@@ -45,17 +44,14 @@ class FedFLAPClient(StatisticsThenRecoveryClient, FedITClient):
 
     @contextmanager
     def recovery_model(self, arrays: dict[str, Any]) -> Iterator[Recovery]:
-        """The routed model with the message's LoRA loaded and its masks set (none: dense); the masks are
-        taken off the cached model again on leaving."""
+        """The routed model with the message's LoRA loaded, routed by its masks (none: dense)
+        inside the block."""
         model, tokenizer = fedflap_model_for(self.cfg)
         model.eval()
         set_adapter_state(model, {k: v for k, v in arrays.items() if not k.startswith(MASK_PREFIX)})
         masks = masks_from_arrays(arrays, model_device(model))
-        set_masks(model, masks)
-        try:
+        with masked(model, masks):
             yield Recovery(model, tokenizer, model_kept_ratios(model, masks), masks is not None)
-        finally:
-            set_masks(model, None)
 
     def statistics(self, server_round: int) -> tuple[dict[str, np.ndarray], dict[str, float | int]]:
         """Round 1: the importance arrays and num-examples (no activations, no text)."""

@@ -27,7 +27,7 @@ from fedprune_app.methods.llmpruner.config import LLMPrunerConfig
 from fedprune_app.methods.llmpruner.importance import IMPORTANCE_PREFIX, client_importance
 from fedprune_app.methods.llmpruner.models import dense_model, keep_from_arrays, pruned_model_for
 from fedprune_app.methods.llmpruner.structure import KEEP_PREFIX, kept_parameters
-from fedprune_app.methods.sftp.routing import prunable_parameters
+from fedprune_app.structural.routing import prunable_parameters
 
 
 @register_client("llmpruner")

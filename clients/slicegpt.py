@@ -23,11 +23,11 @@ from fedprune_app.core.registry import register_client
 from fedprune_app.llm.data import training_batches
 from fedprune_app.llm.layers import dense_model
 from fedprune_app.llm.models import set_adapter_state
-from fedprune_app.methods.sftp.routing import prunable_parameters
 from fedprune_app.methods.slicegpt.config import SliceGPTConfig
 from fedprune_app.methods.slicegpt.models import bases_from_arrays, sliced_model_for
 from fedprune_app.methods.slicegpt.pca import BASIS_PREFIX, COVARIANCE_PREFIX, covariance_sums
 from fedprune_app.methods.slicegpt.sliced import sliced_parameters
+from fedprune_app.structural.routing import prunable_parameters
 
 
 @register_client("slicegpt")

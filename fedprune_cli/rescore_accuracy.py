@@ -45,7 +45,7 @@ from fedprune_app.llm.evaluation import (  # noqa: E402
     local_mc_task,
 )
 from fedprune_app.llm.models import load_base_model, load_run, load_tokenizer  # noqa: E402
-from fedprune_app.methods.sftp.routing import compile_model, load_compiled, per_layer_masks  # noqa: E402
+from fedprune_app.structural.routing import compile_model, load_compiled, per_layer_masks  # noqa: E402
 
 
 def evaluated_clients(run_dir: Path) -> list[int]:

@@ -8,7 +8,7 @@ as bool arrays `fedflap-mask.<name>` (layers × d) in the global arrays and neve
 
 References in one run: round 0 = dense, round 1 = "post hoc" (the cut masks, zero LoRA, no training), the last
 round = fedflap. `save_final` writes `compiled/` (LoRA merged, sliced:
-`fedprune_app.methods.sftp.routing.load_compiled`),
+`fedprune_app.structural.routing.load_compiled`),
 `adapter/`, `masks.npz`, `masks.json`, `importance.npz` and `fedflap.json` (per client: dense / post hoc / fedflap).
 """
 
@@ -38,16 +38,16 @@ from fedprune_app.methods.fedflap.importance import (
     single_keep_ratio,
     standardise,
 )
-from fedprune_app.methods.sftp.generator import held_open
-from fedprune_app.methods.sftp.routing import (
+from fedprune_app.structural.held import held_coordinates
+from fedprune_app.structural.routing import (
     MASK_NAMES,
+    MaskedModel,
     compile_model,
     coordinate_costs,
     mask_statistics,
     per_layer_masks,
     prunable_parameters,
     save_compiled,
-    set_masks,
 )
 
 # --- pure server-side functions (tests call them without Flower or a model) ---------------------------------
@@ -126,7 +126,7 @@ class FedFLAPStrategy(StatisticsThenRecovery):
         mean = average_importance([{k[len(IMPORTANCE_PREFIX):]: v for k, v in s.items()} for s in states], weights)
         model, tokenizer = fedflap_model_for(self.cfg)
         target = self.keep_ratio * prunable_parameters(model.config)
-        held = held_open(self.cfg, model, tokenizer)
+        held = held_coordinates(self.cfg, model, tokenizer)
         normalised = {n: standardise(v) for n, v in mean.items()}
         self.importance = {n: v.astype(np.float32) for n, v in mean.items()}
         self.masks = cut_masks(normalised, coordinate_costs(model.config), target,
@@ -149,18 +149,22 @@ class FedFLAPStrategy(StatisticsThenRecovery):
                     k: float(v) for k, v in m.items() if k in ("acc", "acc_norm", "ppl", "kept-ratio-prunable")}
         return super().aggregate_evaluate(server_round, replies)
 
-    def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
-        """The routed model with the global LoRA and the global masks set (none before round 1: dense)."""
+    def load(self, arrays: ArrayRecord) -> tuple[Any, Any]:
+        """The routed model (dense outside a `masked` block) with the global LoRA loaded."""
         model, tokenizer = fedflap_model_for(self.cfg)
         model.eval()
-        state = arrays.to_torch_state_dict()
-        set_adapter_state(model, self.lora_state(state))
-        set_masks(model, masks_from_arrays(state, model_device(model)))
+        set_adapter_state(model, self.lora_state(arrays.to_torch_state_dict()))
         return model, tokenizer
 
+    def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
+        """The routed model with the global LoRA, routed by the global masks (none before round 1:
+        dense)."""
+        model, tokenizer = self.load(arrays)
+        masks = masks_from_arrays(arrays.to_torch_state_dict(), model_device(model))
+        return MaskedModel(model, masks), tokenizer
+
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        model, tokenizer = self.global_model(arrays)
-        set_masks(model, None)
+        model, tokenizer = self.load(arrays)
         save_adapter(model, out_dir / "adapter", out_dir / "merged" if self.cfg.save_merged else None, tokenizer)
         artefacts = {"adapter": "adapter"} | ({"merged": "merged"} if self.cfg.save_merged else {})
         table = self.reference_table()

@@ -50,7 +50,7 @@ from fedprune_app.methods.llmpruner.structure import (
     save_pruned,
     shrink_,
 )
-from fedprune_app.methods.sftp.routing import prunable_parameters
+from fedprune_app.structural.routing import prunable_parameters
 
 log = logging.getLogger("flwr")
 
@@ -166,7 +166,7 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
         """`phase: compiled` rows for the dense and the pruned model: parameters, MB, kept ratio of the prunable
         projections, the server's held-out perplexity, and (`llmpruner-speed-prefill` > 0) prefill latency and
         generation speed against the dense model, each beside its FLOP ceiling (`structure.pruned_ceiling`)."""
-        from fedprune_app.methods.sftp.speed import compiled_rows
+        from fedprune_app.structural.speed import compiled_rows
 
         dense, _ = dense_model(self.cfg)
         kept = {"dense": 1.0, "llmpruner": kept_parameters(dense.config, self.keep) / prunable_parameters(dense.config)}

@@ -6,7 +6,7 @@ At the last round each client's evaluate reply carries its hard masks; `save_fin
 - `generator/` Θ (`generator.safetensors`) + `config.json`; `adapter/` Φ (peft `save_pretrained`, with +A);
 - `compiled/client-<k>/` the deployable model of client k (LoRA merged, sliced by its masks; the global Φ, or under
   `sftp-deploy-state = "local"` the Φ_k of the client's last train reply, the one its final evaluation used):
-  `fedprune_app.methods.sftp.routing.load_compiled("<run>/compiled/client-0")`;
+  `fedprune_app.structural.routing.load_compiled("<run>/compiled/client-0")`;
 - `masks.npz` (`client-<k>/<mask>`: bool, layers × d), `masks.json` (per-layer density per client and cross-client
   agreement per layer: Fig. 3/5), `kept_ratio.json` + `plots/kept-ratio.png` (kept ratio per client per round:
   Fig. 4b).
@@ -43,22 +43,20 @@ from fedprune_app.methods.sftp.generator import (
     deterministic_mask,
     generator_for,
     get_generator_state,
-    held_open,
-    hold_open,
     layer_masks,
-    model_kept_ratios,
-    routed_model_for,
-    routed_model_with,
 )
-from fedprune_app.methods.sftp.routing import (
+from fedprune_app.methods.sftp.models import load_pair, routed_model
+from fedprune_app.structural.held import force_open, held_coordinates
+from fedprune_app.structural.routing import (
     MASK_NAMES,
+    MaskedModel,
     compile_model,
     kept_parameters,
     mask_statistics,
+    model_kept_ratios,
     per_layer_masks,
     prunable_parameters,
     save_compiled,
-    set_masks,
 )
 
 
@@ -75,7 +73,7 @@ class SFTPStrategy(FederatedStrategy):
 
     def initial_arrays(self) -> ArrayRecord:
         """Θ^(0) (seeded by `seed`; all-ones initial masks) and, with adapters, Φ^(0) (B = 0: the dense model)."""
-        model, _ = routed_model_for(self.cfg)
+        model, _ = routed_model(self.cfg)
         state = get_generator_state(generator_for(self.cfg, model.config, seed=self.cfg.seed))
         if self.cfg.section(SFTPConfig).sftp_adapters:
             state |= initial_adapter_state(model)
@@ -126,8 +124,9 @@ class SFTPStrategy(FederatedStrategy):
         return super().aggregate_evaluate(server_round, replies)
 
     def load(self, arrays: ArrayRecord) -> tuple[Any, Any, Any]:
-        """The routed model with the global Φ, and h_Θ with the global Θ."""
-        return routed_model_with(self.cfg, arrays.to_torch_state_dict())
+        """The routed model (dense outside a `masked` block) with the global Φ, and h_Θ with the
+        global Θ."""
+        return load_pair(self.cfg, arrays.to_torch_state_dict())
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
         """The model the server scores every round: backbone + the global Φ, routed by h_Θ's 0.5-rounded mask
@@ -143,9 +142,8 @@ class SFTPStrategy(FederatedStrategy):
         model, tokenizer, generator = self.load(arrays)
         with torch.no_grad():
             logits = generator(generator.shared_input)
-        held = held_open(self.cfg, model, tokenizer)
-        masks = layer_masks(hold_open(deterministic_mask(logits, sftp_cfg.sftp_gate_bias), held))
-        set_masks(model, masks)
+        held = held_coordinates(self.cfg, model, tokenizer)
+        masks = layer_masks(force_open(deterministic_mask(logits, sftp_cfg.sftp_gate_bias), held))
         if sftp_cfg.sftp_conditioning:
             label = ("the backbone with the global Φ, routed by h_Θ(0), the generator at the zero input. Under +C "
                      "client k's mask is h_Θ(e_k) with its private e_k, so this is no client's model, and its kept "
@@ -159,14 +157,13 @@ class SFTPStrategy(FederatedStrategy):
                      "gates before its deployed mask fills its budget (sftp-deploy-mask 'budget'); the deployed "
                      "models are scored under 'Compiled models' below")
         self.global_model_notes = {"model": label, **model_kept_ratios(model, masks)}
-        return model, tokenizer
+        return MaskedModel(model, masks), tokenizer
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
         sftp_cfg = self.cfg.section(SFTPConfig)
         from safetensors.torch import save_file
 
         model, tokenizer, generator = self.load(arrays)
-        set_masks(model, None)
         artefacts: dict[str, str] = {}
         (out_dir / "generator").mkdir(parents=True, exist_ok=True)
         save_file(get_generator_state(generator), str(out_dir / "generator" / "generator.safetensors"))
@@ -218,10 +215,10 @@ class SFTPStrategy(FederatedStrategy):
         `server-eval-data` source, as the per-round server evaluation scores it; with `tokenizer` and
         `eval-ppl-tokens` > 0): the server's score of the model each client deploys; and (`sftp-speed-prefill`
         > 0) its prefill latency and generation speed against the dense model, each beside its FLOP ceiling
-        (`fedprune_app.methods.sftp.speed.speed_table`, timed round-robin in this process). results.md tables
-        them."""
+        (`fedprune_app.structural.speed.speed_table`, timed round-robin in this process).
+        results.md tables them."""
         from fedprune_app.llm.models import load_base_model
-        from fedprune_app.methods.sftp.speed import compiled_rows
+        from fedprune_app.structural.speed import compiled_rows
 
         dense = load_base_model(self.cfg.model_name, self.cfg.model_dtype, "none", self.cfg.device)
         for row in compiled_rows(self.cfg, {"dense": dense, **compiled}, tokenizer, dict(kept or {}),

@@ -37,7 +37,6 @@ from fedprune_app.core.strategy import Recorder, log
 from fedprune_app.llm.data import client_data, training_batches
 from fedprune_app.llm.layers import dense_model
 from fedprune_app.llm.models import initial_adapter_state, save_adapter, set_adapter_state
-from fedprune_app.methods.sftp.routing import prunable_parameters
 from fedprune_app.methods.slicegpt.config import SliceGPTConfig
 from fedprune_app.methods.slicegpt.models import bases_from_arrays, sliced_flops, sliced_model_for
 from fedprune_app.methods.slicegpt.pca import (
@@ -48,6 +47,7 @@ from fedprune_app.methods.slicegpt.pca import (
     sum_covariances,
 )
 from fedprune_app.methods.slicegpt.sliced import num_points, save_sliced, sliced_parameters, sliced_width
+from fedprune_app.structural.routing import prunable_parameters
 
 
 def budget(config: Any, keep_ratio: float) -> dict[str, Any]:
@@ -188,7 +188,7 @@ class SliceGPTStrategy(StatisticsThenRecovery):
         head counted), held-out perplexity (`server-eval-data`), and (`slicegpt-speed-prefill` > 0) prefill and
         generation timed round-robin against the dense model, beside the FLOP ceiling (`sliced_flops`)."""
         from fedprune_app.llm.models import load_base_model
-        from fedprune_app.methods.sftp.speed import compiled_rows, workload_flops
+        from fedprune_app.structural.speed import compiled_rows, workload_flops
 
         dense = load_base_model(self.cfg.model_name, self.cfg.model_dtype, "none", self.cfg.device)
         prefill, dims = self.options.slicegpt_speed_prefill, list(compiled.config.slicegpt_dims)

@@ -22,7 +22,7 @@ def peft(model):
 
 
 def masks(model, seed: int):
-    from fedprune_app.methods.sftp.hf.configuration_fedprune_routed_llama import MASK_NAMES
+    from fedprune_app.structural.hf.configuration_fedprune_routed_llama import MASK_NAMES
 
     d, gen = model.config.hidden_size, torch.Generator().manual_seed(seed)
     return [{n: (torch.rand(d, generator=gen) < 0.6).float() for n in MASK_NAMES}
@@ -30,15 +30,14 @@ def masks(model, seed: int):
 
 
 def routed(model):
-    from fedprune_app.methods.sftp.routing import install_routing, set_masks
+    from fedprune_app.structural.routing import MaskedModel, install_routing
 
     install_routing(model)
-    set_masks(model, masks(model, 1))
-    return model.eval()
+    return MaskedModel(model, masks(model, 1)).eval()
 
 
 def compiled(model):
-    from fedprune_app.methods.sftp.routing import compile_model
+    from fedprune_app.structural.routing import compile_model
 
     return compile_model(model, masks(model, 2))
 

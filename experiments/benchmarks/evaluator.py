@@ -41,7 +41,7 @@ from fedprune_app.llm.data import source_splits
 from fedprune_app.llm.evaluation import local_mc_task
 from fedprune_app.llm.fast_eval import PackedChoicesLM
 from fedprune_app.llm.models import load_base_model, load_tokenizer
-from fedprune_app.methods.sftp.speed import forward_flops
+from fedprune_app.structural.speed import forward_flops
 
 
 def timed(cls: type) -> type:

@@ -5,8 +5,8 @@ Finding: Packed rows speed SFT-P's step 1.19× over the four clients (1.04–1.4
 Record: docs/bench/packing.json (and docs/bench/packing-20261128.json, the same command on another day); quoted in
   docs/running.md and docs/notes/2026-11-sftp-investigations.md.
 
-For each client of the preset's data, SFT-P's local training (`clients.sftp.local_training`: the real step, gates,
-penalty and LoRA) runs `--steps` steps from the same Θ, e_k, Φ and gate seed, once on padded rows and once on
+For each client of the preset's data, SFT-P's local training (`methods/sftp/local.py` `local_round`: the real step,
+gates, penalty and LoRA) runs `--steps` steps from the same Θ, e_k, Φ and gate seed, once on padded rows and once on
 packed rows, alternating `--repeats` times (round-robin, so load on a shared machine hits both alike). Reported per
 client: seconds per step (CPU time of this process's one torch thread, `time.thread_time`, or wall time),
 the tokens a step computes (padded: rows × the longest example; packed: the real tokens), the speed-up, and the
@@ -27,13 +27,14 @@ import torch
 from torch import nn
 
 from benchmarks.render import finish_record, start_record
-from clients.sftp import local_training
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.runtime import quiet_libraries
 from fedprune_app.llm.data import client_data, training_batches
 from fedprune_app.llm.models import initial_adapter_state, set_adapter_state
 from fedprune_app.methods.sftp.config import SFTPConfig
-from fedprune_app.methods.sftp.generator import generator_for, routed_model_for
+from fedprune_app.methods.sftp.generator import generator_for
+from fedprune_app.methods.sftp.local import ClientState, RoundPlan, local_round
+from fedprune_app.methods.sftp.models import routed_model
 from fedprune_cli.launch import APP_DIR, merged_config
 
 
@@ -51,10 +52,11 @@ def one_run(cfg: RunConfig, model: nn.Module, tokenizer: Any, examples: list, cl
     generator = generator_for(cfg, model.config, seed=cfg.seed)
     embedding = nn.Parameter(torch.randn(cfg.section(SFTPConfig).sftp_embed_dim,
                                          generator=torch.Generator().manual_seed(cfg.seed + client)))
-    keep = float(cfg.section(SFTPConfig).sftp_keep_ratios.split(",")[0])
+    keep = float(str(cfg["sftp-keep-ratios"]).split(",")[0])
     start = clock()
-    report = local_training(model, tokenizer, generator, embedding, {}, examples, cfg, keep, cfg.seed, 1)
-    return (clock() - start) / cfg.local_steps, report.clm
+    report = local_round(cfg, model, tokenizer, generator, ClientState(embedding), examples,
+                         RoundPlan(1, cfg.seed, keep))
+    return (clock() - start) / cfg.local_steps, report.values["clm"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         APP_DIR, [*base, f"local-steps={args.steps} num-server-rounds=1 pack-sequences={str(packed).lower()}"]))
         for packed in (False, True)}
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
-    model, tokenizer = routed_model_for(configs[False])
+    model, tokenizer = routed_model(configs[False])
     rows = []
     for client in (int(c) for c in args.clients.split(",")):
         examples = client_data(configs[False], client, args.partitions).train

@@ -1,4 +1,6 @@
-"""Local training: a plain AdamW loop over the trainable (LoRA) parameters, and the validation loss."""
+"""Local training: one step loop (`train_steps`), by default plain AdamW on the trainable (LoRA)
+parameters and the model's own loss; a method brings its own optimiser and loss per step
+(`Optimisation`, `StepLoss`)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +22,31 @@ from fedprune_app.llm.models import model_device
 log = logging.getLogger(__name__)
 
 
+StepLoss = Callable[[nn.Module, dict[str, Any], int], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+"""(model, batch on the model's device, step t) -> (the loss to minimise, other per-step values to
+report)."""
+
+
+@dataclass
+class Optimisation:
+    """A method's own optimiser for `train_steps`: `params` are clipped together (in this order),
+    `schedule(t)` sets the learning rates before step t, and `lr_key` is the run-config key a
+    non-finite loss asks to lower."""
+
+    optimizer: torch.optim.Optimizer
+    params: list[torch.Tensor]
+    lr_key: str
+    schedule: Callable[[int], None] | None = None
+
+
 @dataclass
 class TrainReport:
-    """What a local training run did: per-step losses and wall time."""
+    """What a local training run did: per-step losses (and a `StepLoss`'s other values) and wall
+    time."""
 
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    values: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def mean_loss(self) -> float:
@@ -78,9 +99,9 @@ MIXED_PRECISION = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @contextlib.contextmanager
 def mixed_precision(model: nn.Module, mode: str) -> Iterator[None]:
-    """`torch.autocast` on the model's device for a training forward pass: matrix products in `mode`'s
-    dtype ('bf16', 'fp16'), the weights, their gradients and the optimizer state in the model's own dtype
-    (as `accelerate`'s `mixed_precision`); 'no' runs everything in the model's dtype."""
+    """`torch.autocast` on the model's device for a training step's forward: matrix products in
+    `mode`'s dtype ('bf16', 'fp16'), the weights, their gradients and the optimizer state in the
+    model's own dtype (as `accelerate`'s `mixed_precision`); 'no' runs everything in the model's dtype."""
     dtype = MIXED_PRECISION[mode]
     if dtype is None:
         yield
@@ -102,28 +123,52 @@ def optimizer_step(loss: torch.Tensor, params: Sequence[torch.Tensor], opt: torc
     opt.zero_grad(set_to_none=True)
 
 
-def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: RunConfig, seed: int,
-                steps: int | None = None) -> TrainReport:
-    """`steps` (default `local-steps`) AdamW steps on the parameters that require grad.
+def model_loss(model: nn.Module, batch: dict[str, Any], t: int
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The default `StepLoss`: the model's own (causal LM) loss on the batch."""
+    return model(**batch).loss, {}
 
-    A fresh optimizer each call, as FedIT does each round (the optimizer state is not federated). Batches go
-    to the model's device, packed in one row each under `pack-sequences` (`packed_training`).
+
+def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: RunConfig,
+                seed: int, steps: int | None = None, *, optimisation: Optimisation | None = None,
+                step_loss: StepLoss = model_loss, targets: str = "answer") -> TrainReport:
+    """`steps` (default `local-steps`) optimiser steps on `step_loss` over batches of `examples`
+    (`targets`: which tokens carry labels, `training_batches`).
+
+    Without `optimisation`: a fresh AdamW (`learning-rate`, `weight-decay`) on the parameters that
+    require grad, each call, as FedIT does each round (the optimizer state is not federated).
+    Batches go to the model's device, packed in one row each under `pack-sequences`
+    (`packed_training`); each step's forward runs under `mixed-precision` (`mixed_precision`).
+    The model trains in train mode, with the global RNG (dropout) seeded by
+    `seed`, and is left in eval mode.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters (did you add LoRA adapters?)")
-    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    if optimisation is None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no trainable parameters "
+                             "(did you add LoRA adapters?)")
+        adamw = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        optimisation = Optimisation(adamw, params, "learning-rate")
     report = TrainReport()
     start = time.perf_counter()
     device = model_device(model)
     model.train()
     torch.manual_seed(seed)
-    for batch in training_batches(examples, tokenizer, cfg.batch_size, int(steps or cfg.local_steps),
-                                  cfg.seq_len, seed, packed=packed_training(model, tokenizer, cfg)):
-        with mixed_precision(model, cfg.mixed_precision):
-            loss = model(**to_device(batch, device)).loss
-        optimizer_step(loss, params, opt, cfg.max_grad_norm, "learning-rate")
-        report.losses.append(loss.item())
-    model.eval()
+    try:
+        for t, batch in enumerate(training_batches(examples, tokenizer, cfg.batch_size,
+                                                   int(steps or cfg.local_steps), cfg.seq_len, seed,
+                                                   targets=targets,
+                                                   packed=packed_training(model, tokenizer, cfg))):
+            if optimisation.schedule is not None:
+                optimisation.schedule(t)
+            with mixed_precision(model, cfg.mixed_precision):
+                loss, values = step_loss(model, to_device(batch, device), t)
+            optimizer_step(loss, optimisation.params, optimisation.optimizer, cfg.max_grad_norm,
+                           optimisation.lr_key)
+            report.losses.append(loss.item())
+            for name, value in values.items():
+                report.values.setdefault(name, []).append(value.item())
+    finally:
+        model.eval()
     report.seconds = time.perf_counter() - start
     return report

@@ -11,7 +11,7 @@ from torch import nn
 
 from benchmarks.compiled import BREAKDOWN, random_masks, time_breakdown
 from fedprune_app.llm.models import load_base_model
-from fedprune_app.methods.sftp.routing import CompiledAttention, CompiledMLP, compile_model
+from fedprune_app.structural.routing import CompiledAttention, CompiledMLP, compile_model
 
 
 def projection_weights(model: nn.Module) -> int:

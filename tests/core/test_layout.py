@@ -44,6 +44,8 @@ RULES = {
     "core and llm import no method, strategy or client": (
         ("fedprune_app/core", "fedprune_app/llm"), ("fedprune_app.methods", "strategies", "clients")),
     "the LLM library imports no flwr": (("fedprune_app/llm",), ("flwr",)),
+    "the structural library imports no method, strategy, client or flwr": (
+        ("fedprune_app/structural",), ("fedprune_app.methods", "strategies", "clients", "flwr")),
     "method packages import no side": (("fedprune_app/methods",), ("strategies", "clients", "fedprune_app.server_app",
                                                                    "fedprune_app.client_app")),
 }
@@ -65,9 +67,117 @@ def test_the_rule_checker_sees_function_level_imports(tmp_path: Path) -> None:
 
 
 
+# --- the method rules: no method uses another's package; masks are a scoped value -----------------
+
+METHODS = sorted(p.name for p in (ROOT / "fedprune_app" / "methods").iterdir()
+                 if p.is_dir() and (p / "__init__.py").is_file())
+
+
+def method_files(method: str) -> list[Path]:
+    """A method's own code: its package, its strategy and its client."""
+    own = [ROOT / "strategies" / f"{method}.py", ROOT / "clients" / f"{method}.py"]
+    return [*files(f"fedprune_app/methods/{method}"), *(p for p in own if p.is_file())]
+
+
+def cross_method_imports(method: str, paths: list[Path]) -> list[str]:
+    """Imports of another method's package (`fedprune_app.methods.<other>`) in `paths`."""
+    others = tuple(f"fedprune_app.methods.{m}" for m in METHODS if m != method)
+    return offenders(paths, others)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_method_imports_another_methods_package(method: str) -> None:
+    """What two methods share lives in a library (`fedprune_app.structural`, `llm`, `core`), not in
+    one of them."""
+    assert method_files(method)
+    assert cross_method_imports(method, method_files(method)) == []
+
+
+def test_the_cross_method_check_fails_on_a_borrowed_module(tmp_path: Path) -> None:
+    bad = tmp_path / "fedflap.py"
+    bad.write_text("def f():\n    from fedprune_app.methods.sftp.generator import MaskGenerator\n")
+    assert cross_method_imports("fedflap", [bad]) and not cross_method_imports("sftp", [bad])
+
+
+MUTABLE = ("dict", "list", "set", "defaultdict", "OrderedDict")
+CACHES = {  # module-level mutable objects that are no model state, each with its reason
+    "fedprune_app/structural/routing.py:_ROUTED_CLASSES": "one routed subclass per layer class",
+    "fedprune_app/structural/speed.py:CLOCKS": "a constant table of clock functions",
+    "fedprune_app/methods/slicegpt/models.py:_CACHE": "the sliced models a process loaded",
+    "fedprune_app/methods/llmpruner/models.py:_pruned": "the pruned model a process loaded",
+}
+
+
+def module_state(path: Path) -> list[str]:
+    """`path:name` of every module-level binding to a mutable container ({}, [], set(), dict(), ...)
+    and every module-level function cached by `functools.lru_cache`/`cache` (`__all__` aside)."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        targets, value = [], None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        elif isinstance(node, ast.FunctionDef):
+            names = {ast.unparse(d.func if isinstance(d, ast.Call) else d).split(".")[-1]
+                     for d in node.decorator_list}
+            if names & {"lru_cache", "cache"}:
+                found.append(node.name)
+            continue
+        literal = ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp
+        mutable = isinstance(value, literal) or (
+            isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in MUTABLE)
+        found += [t.id for t in targets
+                  if mutable and isinstance(t, ast.Name) and t.id != "__all__"]
+    rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return [f"{rel}:{name}" for name in found]
+
+
+def test_no_module_level_mask_or_model_state_in_the_methods() -> None:
+    """Masks are scoped (`structural.routing.masked`) and the routed models live in one cache object
+    (`structural.models.ROUTED_MODELS`): no other module-level state in the library, the methods and
+    their sides but the listed caches."""
+    paths = files("fedprune_app/structural", "fedprune_app/methods", "strategies", "clients")
+    found = [s for p in paths for s in module_state(p)]
+    assert sorted(set(found) - set(CACHES)) == []
+    assert set(CACHES) <= set(found)  # a listed cache that is gone leaves the list
+
+
+def test_the_state_check_sees_dicts_and_lru_caches(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from functools import lru_cache\n_HELD: dict[str, list[int]] = {}\n"
+                   "KEPT = dict()\n@lru_cache(maxsize=2)\ndef model_for(name): ...\n"
+                   "NAMES = ('a', 'b')\n")
+    assert [s.split(":")[-1] for s in module_state(bad)] == ["_HELD", "KEPT", "model_for"]
+
+
+def set_masks_callers(paths: list[Path]) -> list[str]:
+    """`path:line` of every call of a function named `set_masks`."""
+    return [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}:{node.lineno}" for p in paths
+            for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "set_masks"]
+
+
+def test_masks_are_set_only_by_the_context_manager() -> None:
+    """`routing.set_masks` has one caller, `routing.masked` (which restores the previous masks on
+    leaving); everything else routes a model inside a `with masked(model, masks):` block."""
+    paths = files("fedprune_app", "strategies", "clients", "benchmarks", "experiments",
+                  "fedprune_cli")
+    callers = set_masks_callers(paths)
+    home = "fedprune_app/structural/routing.py:"
+    assert callers and all(c.startswith(home) for c in callers), callers
+
+
+def test_the_set_masks_check_sees_a_hand_paired_call(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(model, masks):\n    routing.set_masks(model, masks)\n"
+                   "    set_masks(model, None)\n")
+    assert len(set_masks_callers([bad])) == 2
+
+
 def test_the_wheel_installs_no_package_named_tools_and_the_command_line_is_in_it() -> None:
-    """The wheel's top-level packages have names of their own (`tools` collides in a user's environment), and
-    the `fedprune` script points into one of them."""
+    """The wheel's top-level packages have names of their own (`tools` collides in a user's
+    environment), and the `fedprune` script points into one of them."""
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -80,8 +190,9 @@ def test_the_wheel_installs_no_package_named_tools_and_the_command_line_is_in_it
 
 @pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")
 def test_the_app_bundle_holds_the_app_alone() -> None:
-    """`flwr run` ships a bundle (FAB) built from pyproject's `fab-include`: the app's three packages, not the
-    docs' run records, experiments or tests, so it stays far below Flower's 10 MB limit as records grow."""
+    """`flwr run` ships a bundle (FAB) built from pyproject's `fab-include`: the app's three
+    packages, not the docs' run records, experiments or tests, so it stays far below Flower's 10 MB
+    limit as records grow."""
     import io
     import zipfile
 
@@ -94,6 +205,7 @@ def test_the_app_bundle_holds_the_app_alone() -> None:
 
 
 def test_the_app_unpickles_nothing() -> None:
-    """No code path of the app or its Flower sides imports pickle: every file it reads is parsed as data
-    (core/statefile.py); converting an old trusted pickle is the user's explicit command line."""
+    """No code path of the app or its Flower sides imports pickle: every file it reads is parsed as
+    data (core/statefile.py); converting an old trusted pickle is the user's explicit command
+    line."""
     assert offenders(files("fedprune_app", "strategies", "clients"), ("pickle", "dill", "cloudpickle")) == []

@@ -17,7 +17,7 @@ from experiments.grids.sftp.cells import BASELINES, KEEP_KEYS, MIXED, preset_of,
 from experiments.grids.sftp.figures import FIG3, FIG4B, FIG5
 from fedprune_app.core.config import RunConfig, per_client
 from fedprune_app.methods.sftp.config import SFTPConfig
-from fedprune_app.methods.sftp.routing import MASK_NAMES, mask_statistics
+from fedprune_app.structural.routing import MASK_NAMES, mask_statistics
 from fedprune_cli.launch import merged_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,7 +140,7 @@ def test_cells_use_valid_presets_once_each() -> None:
         assert cell.supernodes == cfg.min_nodes == 4
         rounds, steps, lora_lr = sftp_schedule(s["budget"])
         if s["method"] == "sftp":
-            assert cfg.section(SFTPConfig).sftp_keep_ratios == keep_ratios(cell)
+            assert cfg["sftp-keep-ratios"] == keep_ratios(cell)
             assert (cfg.section(SFTPConfig).sftp_conditioning, cfg.section(SFTPConfig).sftp_adapters) == (
                 s["variant"].startswith("c-"), s["variant"].endswith("-a"))
             assert (cfg.num_server_rounds, cfg.local_steps) == (rounds, steps)

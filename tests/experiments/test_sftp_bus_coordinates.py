@@ -7,14 +7,14 @@ from pathlib import Path
 import torch
 
 from experiments.probes.sftp.bus_coordinates import coordinate_magnitude, masks_without
-from fedprune_app.methods.sftp.generator import routed_model_for
-from fedprune_app.methods.sftp.routing import MASK_NAMES
+from fedprune_app.methods.sftp.models import routed_model
+from fedprune_app.structural.routing import MASK_NAMES
 from tests.conftest import small_config
 
 
 def test_masks_drop_exactly_the_coordinates_and_magnitude_is_per_coordinate(tiny_model_dir: Path) -> None:
     cfg = small_config(tiny_model_dir, method="sftp")
-    model, tokenizer = routed_model_for(cfg)
+    model, tokenizer = routed_model(cfg)
     masks = masks_without(model, [1, 5])
     d = model.config.hidden_size
     assert len(masks) == model.config.num_hidden_layers

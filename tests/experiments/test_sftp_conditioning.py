@@ -19,7 +19,7 @@ from experiments.probes.sftp.conditioning import (
     train,
 )
 from fedprune_app.methods.sftp.generator import layer_masks
-from fedprune_app.methods.sftp.routing import kept_parameters, prunable_parameters
+from fedprune_app.structural.routing import kept_parameters, prunable_parameters
 
 
 def tiny_config(layers: int = 1, hidden: int = 4) -> LlamaConfig:

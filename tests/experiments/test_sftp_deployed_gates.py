@@ -83,7 +83,8 @@ def test_reads_back_the_model_the_client_deployed(tiny_model_dir: Path, tmp_path
           str(run), "--fit", "--out", str(out)])
     record = json.loads(out.read_text())["clients"]["0"]
     assert record["keep-target"] == 0.5
-    assert record["embedding-norm"] == pytest.approx(float(client.embedding()[0].norm()), rel=1e-6)  # the saved e_k
+    saved = client.client_state().embedding  # the saved e_k
+    assert record["embedding-norm"] == pytest.approx(float(saved.norm()), rel=1e-6)
     assert record["kept-share"] == pytest.approx(float(evaluated["kept-ratio-prunable"]), abs=0.15)  # coordinates vs
     # parameters: close, not equal; the scored deployed model is the evaluated one, to float precision:
     deployed = record["scored"]["deployed (its mask, global Φ)"]
@@ -125,7 +126,8 @@ def test_partial_reads_a_stopped_run_at_its_checkpoint_round(tiny_model_dir: Pat
     main([str(run), "--state-dir", str(tmp_path / "state"), "--partial", "--out", str(out)])
     record = json.loads(out.read_text())
     assert record["round"] == 1 and list(record["clients"]) == ["0"]
-    assert record["clients"]["0"]["embedding-norm"] == pytest.approx(float(client.embedding()[0].norm()), rel=1e-6)
+    saved = client.client_state().embedding
+    assert record["clients"]["0"]["embedding-norm"] == pytest.approx(float(saved.norm()), rel=1e-6)
     assert record["embedding-distances"] == [[0.0]]
 
 

@@ -8,13 +8,13 @@ import torch
 
 from experiments.probes.sftp.lora_lr import adapter_movement, measure
 from fedprune_app.llm.models import initial_adapter_state, set_adapter_state
-from fedprune_app.methods.sftp.generator import routed_model_for
+from fedprune_app.methods.sftp.models import routed_model
 from tests.methods.sftp.test_sftp import sftp_config
 
 
 def test_adapter_movement_against_peft_delta_weight(tiny_model_dir: Path) -> None:
     cfg = sftp_config(tiny_model_dir)
-    model, _ = routed_model_for(cfg)
+    model, _ = routed_model(cfg)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for module in model.modules():

@@ -18,8 +18,9 @@ import clients.sftp
 import fedprune_app.llm.evaluation
 import fedprune_app.llm.training
 import fedprune_app.methods.fedspallm.pruners
-import fedprune_app.methods.sftp.generator
-import fedprune_app.methods.sftp.speed
+import fedprune_app.methods.sftp.models
+import fedprune_app.structural.held
+import fedprune_app.structural.speed
 from fedprune_app.core.config import ConfigError, RunConfig
 from fedprune_app.llm import models
 from fedprune_app.llm.data import Example, instruction_example, text_example
@@ -81,12 +82,12 @@ def test_asking_for_cuda_without_cuda_fails_at_load(tiny_model_dir: Path, monkey
     """The clear error comes from the model loaders (CUDA's absence faked, so a GPU machine runs the same test),
     not from config parsing."""
     from fedprune_app.llm.layers import dense_model
-    from fedprune_app.methods.sftp.generator import routed_model_for
+    from fedprune_app.methods.sftp.models import routed_model
 
     fake_cuda(monkeypatch, 0)
     cfg = small_config(tiny_model_dir, device="cuda")  # parses
     for load in (lambda: load_base_model(str(tiny_model_dir), device="cuda"), lambda: peft_model_for(cfg),
-                 lambda: dense_model(cfg), lambda: routed_model_for(cfg.replace(method="sftp"))):
+                 lambda: dense_model(cfg), lambda: routed_model(cfg.replace(method="sftp"))):
         with pytest.raises(ConfigError, match="'device' is 'cuda' but this process sees no CUDA device"):
             load()
 
@@ -140,7 +141,8 @@ def inputs_recorded(model: nn.Module, monkeypatch: pytest.MonkeyPatch) -> Iterat
         return META
 
     for module in (fedprune_app.llm.training, fedprune_app.llm.evaluation, fedprune_app.methods.fedspallm.pruners,
-                   fedprune_app.methods.sftp.generator, fedprune_app.methods.sftp.speed, clients.fedtpa, clients.sftp):
+                   fedprune_app.methods.sftp.models, fedprune_app.structural.held, fedprune_app.structural.speed,
+                   clients.fedtpa, clients.sftp):
         monkeypatch.setattr(module, "model_device", spy)
 
     def hook(_module: nn.Module, args: tuple) -> None:
@@ -187,10 +189,11 @@ def test_training_and_evaluation_inputs_go_to_the_models_device(tiny_model_dir: 
 
 def test_pruning_and_sftp_inputs_go_to_the_models_device(tiny_model_dir: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from clients.sftp import local_training
     from fedprune_app.llm.layers import calibration_batches, dense_model
     from fedprune_app.methods.fedspallm.pruners import prune_sequentially, pruner_for
-    from fedprune_app.methods.sftp.generator import generator_for, routed_model_for
+    from fedprune_app.methods.sftp.generator import generator_for
+    from fedprune_app.methods.sftp.local import ClientState, RoundPlan, local_round
+    from fedprune_app.methods.sftp.models import routed_model
 
     cfg = small_config(tiny_model_dir, device="cpu")
     model, tok = dense_model(cfg)
@@ -200,10 +203,10 @@ def test_pruning_and_sftp_inputs_go_to_the_models_device(tiny_model_dir: Path,
     assert asked == [model] and received == [META]
 
     cfg = small_config(tiny_model_dir, device="cpu", method="sftp", sftp_conditioning=False)
-    model, tok = routed_model_for(cfg)
+    model, tok = routed_model(cfg)
     generator = generator_for(cfg, model.config, seed=0)
     with inputs_recorded(model, monkeypatch) as (asked, received), pytest.raises(_Seen):
-        local_training(model, tok, generator, None, {}, examples(), cfg, 0.5, 0, 1)
+        local_round(cfg, model, tok, generator, ClientState(None), examples(), RoundPlan(1, 0, 0.5))
     assert asked and all(m is model for m in asked) and received and set(received) == {META}  # probe included
 
 
@@ -211,7 +214,7 @@ def test_speed_table_times_each_model_on_its_device(tiny_model_dir: Path, monkey
     """The compiled-models table (SFT-P, LLM-Pruner, SliceGPT) builds its prompt on the CPU: it must move it to
     each model's device (found on an H200: a CPU prompt into a CUDA model raised in the embedding's index_select)."""
     from fedprune_app.llm.layers import dense_model
-    from fedprune_app.methods.sftp.speed import speed_table
+    from fedprune_app.structural.speed import speed_table
 
     model, _ = dense_model(small_config(tiny_model_dir, device="cpu"))
     with inputs_recorded(model, monkeypatch) as (asked, received), pytest.raises(_Seen):
@@ -247,8 +250,9 @@ def test_contribution_ema_lives_on_the_adapters_device() -> None:
 
 
 def test_sftp_masks_budget_and_routing_follow_the_hidden_states() -> None:
-    from fedprune_app.methods.sftp.generator import budget_penalty, generator_for
-    from fedprune_app.methods.sftp.routing import MASK_NAMES, kept_parameters, merge, route
+    from fedprune_app.methods.sftp.generator import generator_for
+    from fedprune_app.methods.sftp.objective import budget_penalty
+    from fedprune_app.structural.routing import MASK_NAMES, kept_parameters, merge, route
 
     config = type("Config", (), {"hidden_size": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
                                  "intermediate_size": 8, "num_hidden_layers": 1})()

@@ -19,7 +19,6 @@ from fedprune_app.core.replies import to_record
 from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers
 from fedprune_app.llm.models import load_base_model
 from fedprune_app.methods.flexlora.svd import svd_factors
-from fedprune_app.methods.sftp.routing import set_masks
 from strategies.fedit import FedITStrategy
 from strategies.fedtpa import FedTPAStrategy
 from strategies.flexlora import FlexLoRAStrategy
@@ -69,8 +68,7 @@ def test_final_adapter_loads_with_peft_and_equals_the_runs_model(method: str, ti
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, ALPHA, "LORA")  # r_g, r_max: 4
     if method == "sftp":  # Φ on the dense backbone: the routed model with no masks
-        model, _, _ = strategy.load(arrays)
-        set_masks(model, None)
+        model, _, _ = strategy.load(arrays)  # dense outside a `masked` block
     else:
         model, _ = strategy.global_model(arrays)
     expected = _logits(model)

@@ -1,6 +1,6 @@
 """Packed training (`pack-sequences`): a step's examples in one row give the padded batch's loss and gradients on
 every model variant that trains here; a model that ignores the restarting positions trains padded; the local
-training loops (FedIT's `train_steps`, SFT-P's `local_training`) follow the same trajectory either way."""
+training loops (FedIT's `train_steps`, SFT-P's `local_round`) follow the same trajectory either way."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import numpy as np
 from experiments.grids import Cell
 from experiments.grids.sftp.cells import BUDGET_TOLERANCE, budget_label, tag_of
 from experiments.grids.sftp.records import kept_series, read_masks, read_stats
-from fedprune_app.methods.sftp.routing import mask_statistics
+from fedprune_app.structural.routing import mask_statistics
 
 FIG3, FIG4B, FIG5 = "fig3-sftp-mask-agreement.png", "fig4b-sftp-kept-ratio.png", "fig5-sftp-layer-density.png"
 HEATMAP_LAYER, HEATMAP_MASK = 1, "attn-in"  # the paper's Fig. 3 shows layer 1

@@ -1,5 +1,5 @@
 """Table 1's size and speed columns: each deployed model's parameters and its measured speed-up against its FLOP
-ceiling, read from the `compiled` rows the runs wrote (`fedprune_app.methods.sftp.speed.speed_table`: dense and
+ceiling, read from the `compiled` rows the runs wrote (`fedprune_app.structural.speed.speed_table`: dense and
 compiled timed round-robin in the server process at the end of the run, medians of 3).
 
 SFT-P deploys one compiled model per client; LLM-Pruner (FL) and SliceGPT (FL) one global model. fedflap's run

@@ -46,7 +46,7 @@ from fedprune_app.llm.models import load_base_model, load_tokenizer
 from fedprune_app.methods.fedflap.compensation import compensated, pooled_means
 from fedprune_app.methods.fedflap.config import FedFLAPConfig
 from fedprune_app.methods.fedflap.importance import bus_moments
-from fedprune_app.methods.sftp.routing import install_routing, per_layer_masks
+from fedprune_app.structural.routing import install_routing, per_layer_masks
 from fedprune_cli.rescore_accuracy import evaluated_clients, held_out
 
 FORMS = {"post-hoc": (), "comp-out": ("out",), "comp-in-out": ("in", "out")}

@@ -6,7 +6,8 @@ Finding: One client reaches p within 0.01 in 48 steps at the paper's λ 16 as at
 Record: docs/bench/sftp-budget-lam64.json (and 10 more sftp-budget-*.json); quoted in
   docs/notes/2026-11-sftp-investigations.md.
 
-Runs `local_training` (clients/sftp.py: ReinMax gates of h_Θ(e_k), CLM + λ·R(T, pT), AdamW on Θ, e_k and LoRA)
+Runs `local_round` (fedprune_app/methods/sftp/local.py: ReinMax gates of h_Θ(e_k), CLM + λ·R(T, pT), AdamW on
+Θ, e_k and LoRA)
 for `num-server-rounds` rounds of `local-steps` on one client's data, carrying Θ, e_k and e_k's optimiser state
 from round to round as a client does (Θ is not averaged with other clients: a single-client view), and prints per
 round the mean CLM loss, the budget penalty at the first and last step (sampled gates; the record keeps both per
@@ -27,22 +28,21 @@ import argparse
 import torch
 
 from benchmarks.render import finish_record, start_record
-from clients.sftp import local_training
 from fedprune_app.core.config import RunConfig
 from fedprune_app.llm.data import client_data
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     deterministic_mask,
     generator_for,
-    held_open,
-    hold_open,
     initial_embedding,
-    keep_ratio_of,
     layer_masks,
     mask_rounding,
-    routed_model_for,
 )
-from fedprune_app.methods.sftp.routing import kept_parameters, prunable_parameters
+from fedprune_app.methods.sftp.local import ClientState, RoundPlan, local_round
+from fedprune_app.methods.sftp.models import routed_model
+from fedprune_app.methods.sftp.schedules import keep_ratio_of
+from fedprune_app.structural.held import force_open, held_coordinates
+from fedprune_app.structural.routing import kept_parameters, prunable_parameters
 from fedprune_cli.launch import APP_DIR, merged_config
 
 SETTING_KEYS = ("sftp-lambda", "sftp-generator-lr", "sftp-gate-tau", "sftp-gate-bias", "sftp-conditioning",
@@ -63,11 +63,11 @@ def main() -> None:
     cfg = RunConfig.from_flower(merged_config(APP_DIR, [args.preset, *([args.run_config] if args.run_config else [])]))
     sftp_cfg = cfg.section(SFTPConfig)
     torch.set_num_threads(cfg.torch_threads)
-    model, tokenizer = routed_model_for(cfg)
+    model, tokenizer = routed_model(cfg)
     data = client_data(cfg, args.client, args.partitions)
     generator = generator_for(cfg, model.config, seed=cfg.seed)
-    embedding = torch.nn.Parameter(initial_embedding(cfg, cfg.seed + args.client))
-    state: dict[str, torch.Tensor] = {}
+    state = ClientState(torch.nn.Parameter(initial_embedding(cfg, cfg.seed + args.client)))
+    embedding = state.embedding
     p = keep_ratio_of(cfg, args.client, args.partitions)
     total = prunable_parameters(model.config)
     print(f"client {args.client}: p = {p}, lambda = {sftp_cfg.sftp_lambda}, "
@@ -79,20 +79,21 @@ def main() -> None:
                           **{k: getattr(sftp_cfg, k.replace("-", "_")) for k in SETTING_KEYS}}
     record["rounds"] = []
     for r in range(1, cfg.num_server_rounds + 1):
-        report = local_training(model, tokenizer, generator, embedding, state, data.train, cfg, p, cfg.seed + r, r)
+        report = local_round(cfg, model, tokenizer, generator, state, data.train, RoundPlan(r, cfg.seed + r, p))
+        clm, penalty = report.values["clm"], report.values["penalty"]
         with torch.no_grad():
-            mask = layer_masks(hold_open(deterministic_mask(generator(embedding), sftp_cfg.sftp_gate_bias),
-                                         held_open(cfg, model, tokenizer)))
+            mask = layer_masks(force_open(deterministic_mask(generator(embedding), sftp_cfg.sftp_gate_bias),
+                                          held_coordinates(cfg, model, tokenizer)))
             kept = float(kept_parameters(model.config, mask)) / total
-            logits, held = generator(embedding), held_open(cfg, model, tokenizer)
+            logits, held = generator(embedding), held_coordinates(cfg, model, tokenizer)
             if held is not None:  # a held gate reads 1: its π is 1
                 logits = torch.where(held.bool(), torch.full_like(logits, 1e4), logits)
             rounding = mask_rounding(logits, sftp_cfg.sftp_gate_bias, model.config)
-        record["rounds"].append({"round": r, "clm": sum(report.clm) / len(report.clm), "penalty-first":
-                                 report.penalty[0], "penalty-last": report.penalty[-1], "seconds": report.seconds,
-                                 "clm-steps": list(report.clm), "penalty-steps": list(report.penalty), **rounding})
-        print(f"round {r}: clm {sum(report.clm) / len(report.clm):.3f}  penalty {report.penalty[0]:.3f} -> "
-              f"{report.penalty[-1]:.3f}  deterministic kept {kept:.3f}  expected {rounding['expected']:.3f}  "
+        record["rounds"].append({"round": r, "clm": sum(clm) / len(clm), "penalty-first":
+                                 penalty[0], "penalty-last": penalty[-1], "seconds": report.seconds,
+                                 "clm-steps": list(clm), "penalty-steps": list(penalty), **rounding})
+        print(f"round {r}: clm {sum(clm) / len(clm):.3f}  penalty {penalty[0]:.3f} -> "
+              f"{penalty[-1]:.3f}  deterministic kept {kept:.3f}  expected {rounding['expected']:.3f}  "
               f"unsaturated {rounding['unsaturated']:.3f}  ({report.seconds:.0f} s)", flush=True)
     finish_record(record, args.out)
 

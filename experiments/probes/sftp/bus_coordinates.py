@@ -31,8 +31,8 @@ from fedprune_app.core.runtime import quiet_libraries
 from fedprune_app.llm.data import client_data, collate, encode
 from fedprune_app.llm.evaluation import mean_loss
 from fedprune_app.llm.layers import decoder_layers
-from fedprune_app.methods.sftp.generator import routed_model_for
-from fedprune_app.methods.sftp.routing import MASK_NAMES, set_masks
+from fedprune_app.methods.sftp.models import routed_model
+from fedprune_app.structural.routing import MASK_NAMES, masked
 from fedprune_cli.launch import APP_DIR, merged_config
 
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = RunConfig.from_flower(merged_config(APP_DIR, [args.preset]))
     quiet_libraries()
     start = time.perf_counter()
-    model, tokenizer = routed_model_for(cfg)
+    model, tokenizer = routed_model(cfg)
     model.eval()
     rows = []
     for k in range(args.partitions):
@@ -74,12 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         rand = random.Random(k).sample([c for c in range(model.config.hidden_size) if c not in top], args.top)
 
         def nll(coords: list[int], test: list = test) -> float:
-            set_masks(model, masks_without(model, coords) if coords else None)
-            try:
-                with torch.no_grad():
-                    return mean_loss(model, tokenizer, test, cfg.seq_len)
-            finally:
-                set_masks(model, None)
+            with masked(model, masks_without(model, coords) if coords else None), torch.no_grad():
+                return mean_loss(model, tokenizer, test, cfg.seq_len)
 
         row = {"client": k, "data": data.eval_source, "untouched": nll([]),
                "top": [{"coordinate": c, "mean-abs": float(magnitude[c]), "nll": nll([c])} for c in top],

@@ -50,9 +50,9 @@ from fedprune_app.methods.sftp.generator import (
     deployed_gates,
     layer_masks,
     reinmax_binary,
-    sftp_objective,
 )
-from fedprune_app.methods.sftp.routing import (
+from fedprune_app.methods.sftp.objective import sftp_objective
+from fedprune_app.structural.routing import (
     MASK_NAMES,
     coordinate_costs,
     fill_budget,
@@ -121,7 +121,7 @@ def captured(w: Tensor, deployed: Tensor, own: Tensor, common: Tensor) -> float:
 
 def local_steps(generator: MaskGenerator, embedding: nn.Parameter, embedding_state: dict[str, Tensor], w: Tensor,
                 config: Any, keep_ratio: float, settings: Mapping[str, Any], rng: torch.Generator) -> None:
-    """One round of a client on Θ and e_k as clients/sftp.py `local_training` runs it (no Φ, no held gates):
+    """One round of a client on Θ and e_k as `methods/sftp/local.py` `local_round` runs it (no Φ, no held gates):
     ReinMax gates, Eq. 13 with the surrogate in place of L_CLM, AdamW, the joint gradient clipped. `noise` σ > 0
     stands in for the minibatch: each step sees w · exp(σ ε − σ²/2), ε ~ N(0, I) (the same w in expectation)."""
     groups: list[dict[str, Any]] = [{"params": list(generator.parameters())}, {"params": [embedding]}]
@@ -201,7 +201,7 @@ def settings_of(cfg: RunConfig, rounds: int | None, steps: int | None) -> dict[s
     return {"rounds": rounds or cfg.num_server_rounds, "steps": steps or cfg.local_steps, "lr": s.sftp_generator_lr,
             "weight-decay": s.sftp_generator_weight_decay, "tau": s.sftp_gate_tau, "bias": s.sftp_gate_bias,
             "lambda": s.sftp_lambda, "embed-dim": s.sftp_embed_dim, "hidden": s.sftp_generator_hidden,
-            "max-grad-norm": cfg.max_grad_norm, "keep-ratio": float(s.sftp_keep_ratios.split(",")[0])}
+            "max-grad-norm": cfg.max_grad_norm, "keep-ratio": float(str(cfg["sftp-keep-ratios"]).split(",")[0])}
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ For each client of a finished run (`--partial`: of the round a stopped or runnin
 π = σ(h_Θ(e_k) + c) (Eq. 12) from the Θ the client deploys and its private e_k as its device saved it
 (`<state-dir>/<run key>/partition-<k>/round-<last>.pb`, written by every Flower client of a run with
 `checkpoint-every` > 0). The deployed (Θ, Φ) is the checkpoint's global pair, or under `sftp-deploy-state =
-"local"` the client's own pair of its last local steps, also in its saved state (`SFTPClient.deployed_state`).
+"local"` the client's own pair of its last local steps, also in its saved state (`SFTPClient.deployed_pair`).
 Then how the budget rule (`deployed_gates`) cut it: the share of gates with π > 0.5 / 0.9 / 0.99, the lowest π
 kept and the highest π dropped. When the highest dropped π is near 1 the budget cut falls inside gates the
 generator holds fully open, so which of them are dropped is not something the training chose. Also |e_k| and the
@@ -33,6 +33,7 @@ import json
 import shlex
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +52,12 @@ from fedprune_app.llm.data import collate, encode
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     MASK_NAMES,
-    held_open,
     sampled_masks,
     stacked_masks,
 )
-from fedprune_app.methods.sftp.routing import per_layer_masks, set_masks
+from fedprune_app.methods.sftp.models import load_pair
+from fedprune_app.structural.held import held_coordinates
+from fedprune_app.structural.routing import masked, per_layer_masks
 
 
 def gate_stats(pi: np.ndarray, deployed: np.ndarray) -> dict[str, float]:
@@ -99,8 +101,9 @@ def client_at_end(cfg: RunConfig, arrays: ArrayRecord, last: int, run_key: str, 
     if not saved.is_file():
         raise SystemExit(f"client {k}'s private state {saved} is missing (pass --state-dir where its device kept it)")
     client.context.state = read_records(saved)
-    model, tokenizer, generator = client.load_deployed(message(arrays, last))
-    embedding = client.embedding()[0]
+    state = client.client_state()
+    model, tokenizer, generator = load_pair(cfg, client.deployed_pair(message(arrays, last), state))
+    embedding = state.embedding
     return client, model, tokenizer, generator, embedding
 
 
@@ -113,14 +116,10 @@ def sequence_nll(model: Any, tokenizer: Any, rows: list[Any], seq_len: int, mask
         batch = collate([encode(tokenizer, r, seq_len, "sequence") for r in rows[i:i + batch_size]],
                         tokenizer.pad_token_id)
         n = int((batch["labels"][:, 1:] != -100).sum())
-        if masks is not None:  # None: the model as it is (a plain HF model too)
-            set_masks(model, masks() if callable(masks) else masks)
-        try:
-            with torch.no_grad():
-                total += float(model(**batch).loss) * n
-        finally:
-            if masks is not None:
-                set_masks(model, None)
+        routing = nullcontext() if masks is None else \
+            masked(model, masks() if callable(masks) else masks)  # None: the model as it is (a plain HF model too)
+        with routing, torch.no_grad():
+            total += float(model(**batch).loss) * n
         count += n
     return total / count
 
@@ -129,7 +128,7 @@ def fit(client: Any, model: Any, tokenizer: Any, generator: Any, e: Any, masks: 
     """{split: {model: {"sequence-clm", "answer-nll"}}} on the client's first `n` train / val rows, for the
     deployed mask, masks sampled from π as in training (seeded), and the untouched model (`--fit`)."""
     cfg, sftp_cfg = client.cfg, client.cfg.section(SFTPConfig)
-    held, rng = held_open(cfg, model, tokenizer), torch.Generator().manual_seed(0)
+    held, rng = held_coordinates(cfg, model, tokenizer), torch.Generator().manual_seed(0)
 
     def sampled() -> Any:
         with torch.no_grad():

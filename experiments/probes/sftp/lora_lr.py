@@ -4,7 +4,7 @@ Finding: At the paper's LoRA lr 2e-5, 150 steps move Φ by 0.06% of the weights 
   2.27 at 2e-4 (5e-4: 2.60), so the presets raise the LoRA rate to 2e-4.
 Record: docs/runs/sftp-trajectory/lora-lr.json; quoted in docs/notes/2026-11-sftp-investigations.md.
 
-For each `--lrs` value, one client runs SFT-P's local training (`clients.sftp.local_training`: the recipe of the
+For each `--lrs` value, one client runs SFT-P's local training (`methods/sftp/local.py` `local_round`: the recipe of the
 preset, cosine LoRA schedule over `--steps`) from the fresh adapters with every gate held open
 (`sftp-hold-open='all'`), so only Φ decides the outcome. Reported per learning rate: ‖ΔW‖_F / ‖W‖_F averaged over
 the adapted projections (ΔW = s·B·A, s = alpha / r), the largest |ΔW_ij| relative to that projection's RMS weight,
@@ -28,15 +28,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from clients.sftp import local_training
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.runtime import quiet_libraries
 from fedprune_app.llm.data import client_data
 from fedprune_app.llm.evaluation import mean_loss
 from fedprune_app.llm.models import initial_adapter_state, set_adapter_state
 from fedprune_app.methods.sftp.config import SFTPConfig
-from fedprune_app.methods.sftp.generator import generator_for, routed_model_for
-from fedprune_app.methods.sftp.routing import set_masks
+from fedprune_app.methods.sftp.generator import generator_for
+from fedprune_app.methods.sftp.local import ClientState, RoundPlan, local_round
+from fedprune_app.methods.sftp.models import routed_model
 from fedprune_cli.launch import APP_DIR, merged_config
 
 
@@ -57,18 +57,17 @@ def adapter_movement(model: nn.Module) -> dict[str, float]:
 
 def measure(cfg: RunConfig, client: int, partitions: int, examples: int) -> dict[str, Any]:
     """One learning rate (cfg's sftp-lora-lr): train from fresh adapters, then score the dense model with Φ."""
-    model, tokenizer = routed_model_for(cfg)
+    model, tokenizer = routed_model(cfg)
     set_adapter_state(model, initial_adapter_state(model))
     data = client_data(cfg, client, partitions)
     generator = generator_for(cfg, model.config, seed=cfg.seed)
     embedding = nn.Parameter(torch.randn(cfg.section(SFTPConfig).sftp_embed_dim,
                                          generator=torch.Generator().manual_seed(cfg.seed + client)))
-    report = local_training(model, tokenizer, generator, embedding, {}, data.train, cfg, 1.0, cfg.seed, 1)
-    set_masks(model, None)
-    model.eval()
+    report = local_round(cfg, model, tokenizer, generator, ClientState(embedding), data.train,
+                         RoundPlan(1, cfg.seed, 1.0))
     with torch.no_grad():
         nll = mean_loss(model, tokenizer, data.test[:examples], cfg.seq_len)
-    clm = report.clm
+    clm = report.values["clm"]
     return {"lora-lr": cfg.section(SFTPConfig).sftp_lora_lr, "answer-nll": nll,
             "clm-first": sum(clm[:10]) / len(clm[:10]), "clm-last": sum(clm[-10:]) / len(clm[-10:]),
             "train-seconds": report.seconds, **adapter_movement(model)}
@@ -104,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for cfg in configs:
         torch.set_num_threads(cfg.torch_threads or 1)
         if not rows:
-            model, tokenizer = routed_model_for(cfg)
-            set_masks(model, None)
+            model, tokenizer = routed_model(cfg)
             with torch.no_grad(), model.disable_adapter():
                 untouched = mean_loss(model.eval(), tokenizer,
                                       client_data(cfg, args.client, args.partitions).test[:args.examples], cfg.seq_len)

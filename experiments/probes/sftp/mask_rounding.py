@@ -33,7 +33,7 @@ from transformers import AutoConfig
 from benchmarks.render import finish_record, start_record
 from fedprune_app.llm.models import resolve_model_path
 from fedprune_app.methods.sftp.generator import MaskGenerator, mask_rounding, set_generator_state
-from fedprune_app.methods.sftp.routing import MASK_NAMES, kept_parameters, prunable_parameters
+from fedprune_app.structural.routing import MASK_NAMES, kept_parameters, prunable_parameters
 
 
 def model_config(run: Path) -> object:

@@ -14,7 +14,7 @@ messaging, no Ray):
 
 After every round, each client's deployed model (`SFTPClient.own_masks`: by default the top-π gates of h_Θ(e_k)
 that fit its budget, on the (Θ, Φ) it deploys: the global pair, or under `sftp-deploy-state = "local"` its own
-pair of its last local steps (`SFTPClient.deployed_state`); the structure the server compiles) is scored by the
+pair of its last local steps (`SFTPClient.deployed_pair`); the structure the server compiles) is scored by the
 mean answer NLL over its first `--eval-examples` test examples, and `--unused-examples` more of its task that
 no split of the run reads (`data.unused_tail`, as `fedprune rescore accuracy` adds them: 30 test questions resolve
 ~0.3 nats at best); round 0 is the untouched dense model. Also per round: the kept share of the prunable
@@ -48,8 +48,8 @@ from fedprune_app.llm.data import Example, unused_tail
 from fedprune_app.llm.evaluation import answer_scores
 from fedprune_app.llm.intervals import TokenScores
 from fedprune_app.llm.models import model_device
-from fedprune_app.methods.sftp.generator import GENERATOR_PREFIX, model_kept_ratios
-from fedprune_app.methods.sftp.routing import set_masks
+from fedprune_app.methods.sftp.generator import GENERATOR_PREFIX
+from fedprune_app.structural.routing import masked, model_kept_ratios
 from fedprune_cli.launch import APP_DIR, merged_config
 from fedprune_cli.rescore_accuracy import question_digest
 from strategies.sftp import SFTPStrategy
@@ -80,14 +80,9 @@ def scored_questions(client: SFTPClient, examples: int, unused: int) -> list[Exa
 
 
 def masked_answer_scores(model: Any, tokenizer: Any, rows: list[Example], masks: Any, seq_len: int) -> TokenScores:
-    """Per-question answer NLL and token counts of the routed model under `masks` (None = dense), masks cleared
-    after."""
-    set_masks(model, masks)
-    try:
-        with torch.no_grad():
-            return answer_scores(model, tokenizer, rows, seq_len)
-    finally:
-        set_masks(model, None)
+    """Per-question answer NLL and token counts of the routed model under `masks` (None = dense)."""
+    with masked(model, masks), torch.no_grad():
+        return answer_scores(model, tokenizer, rows, seq_len)
 
 
 def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, rows: list[Example]) -> dict[str, Any]:
@@ -96,7 +91,7 @@ def deployed(client: SFTPClient, arrays: ArrayRecord, server_round: int, rows: l
     the same questions (one client, seed and question counts) can be paired by `probes.sftp.trajectory_compare`."""
     model, tokenizer, generator = client.load(message(arrays, server_round))
     masks = None if server_round == 0 else client.own_masks(model, tokenizer, generator,
-                                                                  client.embedding(model_device(model))[0])
+                                                                  client.client_state(model_device(model)).embedding)
     scores = masked_answer_scores(model, tokenizer, rows, masks, client.cfg.seq_len)
     return {"answer-nll": scores.mean_nll, "questions": question_digest(rows),
             "kept": model_kept_ratios(model, masks)["kept-ratio-prunable"],
@@ -141,7 +136,8 @@ def trajectory(cfg: RunConfig, partitions: int, alone: list[int], examples: int,
             replies = [client.train(message(arrays, rnd)) for client in federated]
             arrays = server.aggregate(rnd, replies)
             for client, reply in zip(federated, replies, strict=True):  # the pair it deploys: global or its own
-                add("federated", client, rnd, client.deployed_state(message(arrays, rnd)), reply)
+                pair = client.deployed_pair(message(arrays, rnd), client.client_state())
+                add("federated", client, rnd, ArrayRecord(pair), reply)
         for k, client in by_itself.items():
             reply = client.train(message(own[k], rnd))
             own[k] = servers[k].aggregate(rnd, [reply])

@@ -2,6 +2,6 @@
 
 from fedprune_app.core.registry import register_method
 from fedprune_app.methods.fedflap.config import FedFLAPConfig
-from fedprune_app.methods.sftp.config import SFTPConfig
+from fedprune_app.structural.config import BusConfig
 
-register_method("fedflap", config=(FedFLAPConfig, SFTPConfig))
+register_method("fedflap", config=(FedFLAPConfig, BusConfig))

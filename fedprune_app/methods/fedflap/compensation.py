@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from fedprune_app.llm.layers import decoder_layers
 from fedprune_app.methods.fedflap.importance import Moments
-from fedprune_app.methods.sftp.routing import MASK_NAMES, LayerMasks, set_masks
+from fedprune_app.structural.routing import MASK_NAMES, LayerMasks, masked
 
 LANES = ("in", "out")
 
@@ -48,13 +48,14 @@ def pooled_means(per_client: Sequence[Sequence[dict[str, Moments]]]) -> list[dic
 @contextmanager
 def compensated(model: nn.Module, masks: Sequence[LayerMasks], means: Sequence[dict[str, Tensor]],
                 lanes: Sequence[str] = LANES) -> Iterator[nn.Module]:
-    """`model` (routed) with `masks` set and FLAP's compensation on `lanes` (module docstring); masks cleared and
-    hooks removed on exit. `lanes` = () is the plain masked form."""
+    """`model` (routed) with `masks` set and FLAP's compensation on `lanes` (module docstring); the
+    previous masks
+    back and hooks removed on exit. `lanes` = () is the plain masked form."""
     unknown = set(lanes) - set(LANES)
     if unknown:
         raise ValueError(f"compensation lanes must be among {LANES}, got {sorted(unknown)}")
     handles = []
-    set_masks_to = []
+    routed_by = []
     for layer, g, mu in zip(decoder_layers(model), masks, means, strict=True):
         g_set = dict(g)
         for m, module in (("attn", layer.self_attn), ("ffn", layer.mlp)):
@@ -67,14 +68,13 @@ def compensated(model: nn.Module, masks: Sequence[LayerMasks], means: Sequence[d
                 reads = ((module.q_proj, module.k_proj, module.v_proj) if m == "attn"
                          else (module.gate_proj, module.up_proj))
                 handles += [r.register_forward_pre_hook(_in_hook(fill)) for r in reads]
-        set_masks_to.append(g_set)
-    set_masks(model, set_masks_to)
+        routed_by.append(g_set)
     try:
-        yield model
+        with masked(model, routed_by):
+            yield model
     finally:
         for h in handles:
             h.remove()
-        set_masks(model, None)
 
 
 def _out_hook(g_out: Tensor, fill: Tensor) -> Callable[..., Any]:

@@ -1,4 +1,6 @@
-"""fedflap's run-config keys (its budgets are SFT-P's `sftp-keep-ratios`)."""
+"""fedflap's own run-config keys; its budget and held coordinates are the masked bus's
+(`fedprune_app.structural.config.BusConfig`: `sftp-keep-ratios`, `sftp-hold-open`,
+`sftp-massive-factor`)."""
 
 from __future__ import annotations
 

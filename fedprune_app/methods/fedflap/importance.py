@@ -14,14 +14,14 @@ from fedprune_app.core.config import ConfigError, RunConfig, split_list
 from fedprune_app.core.replies import weighted_average
 from fedprune_app.llm.layers import decoder_layers
 from fedprune_app.llm.models import model_device
-from fedprune_app.methods.sftp.config import SFTPConfig
-from fedprune_app.methods.sftp.generator import routed_model_for
-from fedprune_app.methods.sftp.routing import (
+from fedprune_app.structural.config import BusConfig
+from fedprune_app.structural.models import ROUTED_MODELS
+from fedprune_app.structural.routing import (
     MASK_NAMES,
     LayerMasks,
     fill_budget,
+    masked,
     per_layer_masks,
-    set_masks,
 )
 
 MASK_PREFIX = "fedflap-mask."  # the global masks in the arrays the server sends: bool (layers, d) per mask name
@@ -31,8 +31,10 @@ IMPORTANCE_PREFIX = "importance."  # a round-1 reply: float32 (layers, d) per ma
 
 
 def fedflap_model_for(cfg: RunConfig) -> tuple[nn.Module, Any]:
-    """The process's cached routed backbone + LoRA (lora-* keys) and tokenizer; callers set masks and adapters."""
-    return routed_model_for(cfg.replace(sftp_adapters=True))
+    """The process's cached routed backbone + LoRA (lora-* keys) and tokenizer; callers load the
+    adapters and
+    route it by masks in a `masked` block."""
+    return ROUTED_MODELS.routed(cfg, adapters=True)
 
 
 def _base_weight(module: nn.Module) -> Tensor:
@@ -81,11 +83,10 @@ def bus_moments(model: nn.Module, batches: list[dict[str, Tensor]]) -> list[dict
 
     handles = [sources[name](layer).register_forward_hook(hook(moments[i][name]))
                for i, layer in enumerate(layers) for name in MASK_NAMES]
-    set_masks(model, None)
     device = model_device(model)
     try:
         context = model.disable_adapter() if hasattr(model, "disable_adapter") else torch.no_grad()
-        with context:
+        with context, masked(model, None):
             for batch in batches:
                 keep[:] = [batch["attention_mask"].reshape(-1).bool().to(device)]
                 model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
@@ -127,7 +128,8 @@ def importance_scores(model: nn.Module, batches: list[dict[str, Tensor]]) -> dic
 
 
 def masks_from_arrays(arrays: dict[str, Tensor], device: torch.device) -> list[LayerMasks] | None:
-    """The global masks in a message's arrays as `set_masks` input (float 0/1 on `device`), None when absent."""
+    """The global masks in a message's arrays as `masked` takes them (float 0/1 on `device`),
+    None when absent."""
     if MASK_PREFIX + MASK_NAMES[0] not in arrays:
         return None
     return per_layer_masks({name: arrays[MASK_PREFIX + name].to(device, torch.float32) for name in MASK_NAMES})
@@ -174,8 +176,8 @@ def cut_masks(scores: Mapping[str, np.ndarray], costs: Mapping[str, int], target
 
 def single_keep_ratio(cfg: RunConfig) -> float:
     """The one budget p of `sftp-keep-ratios` (several equal values are accepted); ConfigError otherwise."""
-    values = {float(v) for v in split_list(cfg.section(SFTPConfig).sftp_keep_ratios)}
+    values = {float(v) for v in split_list(cfg.section(BusConfig).sftp_keep_ratios)}
     if len(values) != 1:
         raise ConfigError("method 'fedflap' cuts one global mask: run-config key 'sftp-keep-ratios' must hold a "
-                          f"single keep ratio, got {cfg.section(SFTPConfig).sftp_keep_ratios!r}")
+                          f"single keep ratio, got {cfg.section(BusConfig).sftp_keep_ratios!r}")
     return values.pop()

@@ -1,7 +1,7 @@
 """LLM-Pruner's cut and its compiled model: which kv groups and MLP channels each layer keeps at a parameter budget,
 and the really smaller LLaMA model with them removed (Ma et al. 2023, §3.1 "structural pruning", block-wise).
 
-Budget: SFT-P's accounting (`fedprune_app.methods.sftp.routing.prunable_parameters`): the q/k/v/o/gate/up/down
+Budget: SFT-P's accounting (`fedprune_app.structural.routing.prunable_parameters`): the q/k/v/o/gate/up/down
 weights of every decoder layer; a kv group costs d·head_dim·(2G + 2) of them, an MLP channel 3d. The cut keeps at
 most p of them. LLM-Pruner's block-wise recipe prunes every layer of a range by one ratio r (its LLaMA-7B recipe:
 layers 4..29 of 32, the others dense); here r is the ratio that removes (1 − p) of ALL prunable weights from the
@@ -244,7 +244,7 @@ def load_pruned(out_dir: Path) -> FedprunePrunedLlamaForCausalLM:
 
 def pruned_forward_flops(config: Any, keep: Mapping[str, np.ndarray] | None, tokens: int, past: int = 0,
                          logits: int = 1) -> int:
-    """Matmul FLOPs of one batch-1 forward, counted as `fedprune_app.methods.sftp.speed.forward_flops` ('full'
+    """Matmul FLOPs of one batch-1 forward, counted as `fedprune_app.structural.speed.forward_flops` ('full'
     attention) counts the dense model, for the model with the structures `keep` (None = dense)."""
     s = dims(config)
     d, hd, g = s["d"], s["head_dim"], s["groups"]

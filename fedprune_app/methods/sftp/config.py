@@ -1,4 +1,5 @@
-"""SFT-P's run-config keys (Table 4 of the paper unless a key says otherwise)."""
+"""SFT-P's run-config keys (Table 4 of the paper unless a key says otherwise); its budgets and held
+coordinates are the masked bus's (`fedprune_app.structural.config.BusConfig`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedprune_app.core.config import ConfigError, ConfigSection, RunConfig, key, split_list
+from fedprune_app.structural.config import BusConfig
 
 
 @dataclass(frozen=True)
@@ -14,11 +16,6 @@ class SFTPConfig(ConfigSection):
 
     title: ClassVar[str] = "SFT-P"
 
-    sftp_keep_ratios: str = key(
-        "0.5",
-        "SFT-P per-client target keep ratio p in (0, 1] of the prunable projections "
-        "(0.8 = '20% pruning'); one value for all clients or one per partition, e.g. '0.8,0.8,0.5,0.5'.",
-    )
     sftp_conditioning: bool = key(
         True,
         "SFT-P client conditioning (+C): the generator reads the client's private "
@@ -37,19 +34,6 @@ class SFTPConfig(ConfigSection):
     )
     sftp_lambda: float = key(16.0, "SFT-P budget regulariser weight lambda (Eq. 13).", minimum=0.0)
     sftp_gate_bias: float = key(3.0, "SFT-P gate bias c in pi0 = sigmoid(s + c) (Eq. 12).", minimum=-20.0, maximum=20.0)
-    sftp_hold_open: str = key(
-        "massive",
-        "SFT-P gates fixed at 1 in every mask (counted as kept by the budget): 'massive' = the residual bus's "
-        "massive-activation coordinates (mean |h| above sftp-massive-factor x the median coordinate's on a fixed "
-        "probe text; dropping SmolLM2's coordinate 507 alone takes answer NLL from 2-6 to 14-17 nats, "
-        "docs/methods/sftp.md); 'none' = the paper's gates on every coordinate; 'all' = every gate open: the dense "
-        "model trained by the same recipe (the ceiling reference).",
-        choices=("massive", "none", "all"),
-    )
-    sftp_massive_factor: float = key(
-        10.0, "SFT-P: a bus coordinate is massive when its mean |h| exceeds this many times the median's.",
-        minimum=1.0,
-    )
     sftp_deploy_mask: str = key(
         "budget",
         "SFT-P deployed mask (evaluation and the compiled models): 'budget' = the gates in descending "
@@ -145,9 +129,10 @@ class SFTPConfig(ConfigSection):
 
     def advice(self, cfg: RunConfig) -> list[str]:
         """SFT-P cut before the model could adapt: fewer local steps than the working presets at this budget."""
-        if cfg.method != "sftp" or self.sftp_hold_open == "all":
+        bus = cfg.section(BusConfig)
+        if cfg.method != "sftp" or bus.sftp_hold_open == "all":
             return []
-        keep = min(float(v) for v in split_list(self.sftp_keep_ratios))
+        keep = min(float(v) for v in split_list(bus.sftp_keep_ratios))
         steps = cfg.num_server_rounds * cfg.local_steps
         need = next((n for p, n in self.KNOWN_SCHEDULES if keep >= p), self.KNOWN_SCHEDULES[-1][1])
         if steps >= need:
@@ -159,15 +144,6 @@ class SFTPConfig(ConfigSection):
                 "model before it adapts and the deployed models are likely broken (docs/methods/sftp.md)."]
 
     def check(self, cfg: RunConfig) -> None:
-        try:
-            ratios = [float(v) for v in split_list(self.sftp_keep_ratios)]
-        except ValueError:
-            ratios = []
-        if not ratios or not all(0 < r <= 1 for r in ratios):
-            raise ConfigError(
-                "run-config key 'sftp-keep-ratios' must be comma-separated keep ratios in (0, 1] "
-                f"(one, or one per client), got {self.sftp_keep_ratios!r}"
-            )
         if self.sftp_recovery_rounds and not self.sftp_adapters:
             raise ConfigError("run-config key 'sftp-recovery-rounds' trains Phi only: it needs sftp-adapters = true "
                               f"(got sftp-recovery-rounds = {self.sftp_recovery_rounds}, sftp-adapters = false)")

@@ -1,25 +1,21 @@
-"""SFT-P's mask side (§3.2–3.3): ReinMax binary gates (Eq. 12), the client-conditioned mask generator h_Θ
-(Eq. 10–11), the budget penalty and objective (Eq. 13–14), and the routed models both sides of `sftp` use.
-
-Pure tensor functions first (tests call them without Flower or a model), then the model helpers.
+"""SFT-P's mask side (§3.2–3.3): ReinMax binary gates (Eq. 12) and the client-conditioned mask
+generator h_Θ (Eq. 10–11), tensor functions that tests call without Flower or a model. The objective
+(Eq. 13–14) is in `objective`, the schedules in `schedules`, the routed model in `models`.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Mapping, Sequence
-from functools import lru_cache
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedprune_app.core.config import RunConfig, split_list
-from fedprune_app.llm.models import model_device, set_adapter_state
+from fedprune_app.core.config import RunConfig
 from fedprune_app.methods.sftp.config import SFTPConfig
-from fedprune_app.methods.sftp.routing import (
+from fedprune_app.structural.held import force_open
+from fedprune_app.structural.routing import (
     MASK_NAMES,
     LayerMasks,
     coordinate_costs,
@@ -34,11 +30,13 @@ GENERATOR_PREFIX = "mask-generator."  # Θ's tensors in a message; Φ (LoRA) kee
 # --- gates (Eq. 12) -------------------------------------------------------------------------------------
 
 class _ReinMaxBinary(torch.autograd.Function):
-    """B ~ Bernoulli(σ(a)) forward; ReinMax's closed-form surrogate for the logits [a, 0], channel 0, backward."""
+    """B ~ Bernoulli(σ(a)) forward; ReinMax's closed-form surrogate for the logits [a, 0], channel
+    0, backward."""
 
     @staticmethod
     def forward(ctx: Any, a: Tensor, tau: float, generator: torch.Generator | None) -> Tensor:
-        # drawn on the generator's device (a seeded CPU generator gives the same gates on any model device)
+        # drawn on the generator's device (a seeded CPU generator gives the same gates on any model
+        # device)
         probs = torch.sigmoid(a)
         b = torch.bernoulli(probs if generator is None else probs.to(generator.device),
                             generator=generator).to(a.device)
@@ -55,20 +53,24 @@ class _ReinMaxBinary(torch.autograd.Function):
 
 
 def reinmax_binary(s: Tensor, tau: float, c: float, generator: torch.Generator | None = None) -> Tensor:
-    """Eq. 12: hard gates g ∈ {0,1} with g ~ Bernoulli(π0), π0 = σ(s + c); ReinMax gradient (Liu et al. 2023).
+    """Eq. 12: hard gates g ∈ {0,1} with g ~ Bernoulli(π0), π0 = σ(s + c); ReinMax gradient (Liu et
+    al. 2023).
 
-    ReinMax on the two-class logits θ = [s + c, 0] keeping channel 0, with D the one-hot sample, π0 = softmax(θ),
-    π1 = ½(softmax(θ/τ) + D) and upstream gradient G = ∂L/∂g, gives (its two components are ±, so the
-    reference's mean subtraction is a no-op) ∂L/∂s = G · [2 π1(1 − π1) − ½ π0(1 − π0)], with π1 = ½(σ((s+c)/τ) + g).
+    ReinMax on the two-class logits θ = [s + c, 0] keeping channel 0, with D the one-hot sample, π0
+    = softmax(θ), π1 = ½(softmax(θ/τ) + D) and upstream gradient G = ∂L/∂g, gives (its two
+    components are ±, so the reference's mean subtraction is a no-op) ∂L/∂s = G · [2 π1(1 − π1) − ½
+    π0(1 − π0)], with π1 = ½(σ((s+c)/τ) + g).
 
-    τ: the reference implementation (microsoft/ReinMax) refuses τ < 1, while SFT-P (Table 4) uses τ = 0.4. We
-    accept any τ > 0 and default to the paper's 0.4. What τ changes here: averaged over the sample, the surrogate
-    equals the true derivative σ'(s + c) exactly when τ = 1 (E_g[2π1(1−π1)] = 3/2·π0(1−π0)); with τ < 1 the sharper
-    σ((s+c)/τ) shrinks it at saturated gates (at s + c = 3, τ = 0.4: mean 0.0016 instead of 0.045, and of the
-    wrong sign whenever g = 1), i.e. slower, noisier movement away from the all-ones start. It keeps the right
-    sign in expectation, and the paper reports its budgets reached with it, so we follow the paper. Measured on a
-    budget-only toy (4 layers × 4 masks × 64 gates, generator + AdamW, p = 0.5): τ = 0.4 reaches p in ~500 steps
-    at lr 1e-3 (τ = 1: ~100), and at lr 1e-2 stalls at 0.76 with saturated gates; τ = 1 at lr 1e-2 takes ~40.
+    τ: the reference implementation (microsoft/ReinMax) refuses τ < 1, while SFT-P (Table 4) uses τ
+    = 0.4. We accept any τ > 0 and default to the paper's 0.4. What τ changes here: averaged over
+    the sample, the surrogate equals the true derivative σ'(s + c) exactly when τ = 1
+    (E_g[2π1(1−π1)] = 3/2·π0(1−π0)); with τ < 1 the sharper σ((s+c)/τ) shrinks it at saturated gates
+    (at s + c = 3, τ = 0.4: mean 0.0016 instead of 0.045, and of the wrong sign whenever g = 1),
+    i.e. slower, noisier movement away from the all-ones start. It keeps the right sign in
+    expectation, and the paper reports its budgets reached with it, so we follow the paper. Measured
+    on a budget-only toy (4 layers × 4 masks × 64 gates, generator + AdamW, p = 0.5): τ = 0.4
+    reaches p in ~500 steps at lr 1e-3 (τ = 1: ~100), and at lr 1e-2 stalls at 0.76 with saturated
+    gates; τ = 1 at lr 1e-2 takes ~40.
     """
     if not tau > 0:
         raise ValueError(f"ReinMax temperature tau must be > 0, got {tau}")
@@ -76,21 +78,24 @@ def reinmax_binary(s: Tensor, tau: float, c: float, generator: torch.Generator |
 
 
 def deterministic_mask(s: Tensor, c: float) -> Tensor:
-    """1[σ(s + c) > 0.5] (in s's dtype, no gradient): the mask used for evaluation and compilation."""
+    """1[σ(s + c) > 0.5] (in s's dtype, no gradient): the mask used for evaluation and
+    compilation."""
     return (torch.sigmoid(s.detach() + c) > 0.5).to(s.dtype)
 
 
 def deployed_gates(s: Tensor, c: float, held: Tensor | None, config: Any, keep_ratio: float | None,
                    rule: str = "budget") -> Tensor:
-    """The hard gates a client deploys (evaluation, the masks the server compiles), (layers, 4, d) 0/1.
+    """The hard gates a client deploys (evaluation, the masks the server compiles), (layers, 4, d)
+    0/1.
 
-    'threshold': 1[π > 0.5], π = σ(s + c), with the held gates at 1. 'budget' (default; the paper is silent on
-    the deployment rule): the gates in descending π that fit p · T_total (`fill_budget`, held gates first), so
-    the compiled model's kept ratio is p to one bus coordinate's cost whatever rounding 1[π > 0.5] would add;
-    the gates it drops or adds are those whose π is nearest to the threshold. `keep_ratio` None = 'threshold'.
+    'threshold': 1[π > 0.5], π = σ(s + c), with the held gates at 1. 'budget' (default; the paper is
+    silent on the deployment rule): the gates in descending π that fit p · T_total (`fill_budget`,
+    held gates first), so the compiled model's kept ratio is p to one bus coordinate's cost whatever
+    rounding 1[π > 0.5] would add; the gates it drops or adds are those whose π is nearest to the
+    threshold. `keep_ratio` None = 'threshold'.
     """
     if rule == "threshold" or keep_ratio is None:
-        return hold_open(deterministic_mask(s, c), held)
+        return force_open(deterministic_mask(s, c), held)
     if rule != "budget":
         raise ValueError(f"deployed mask rule must be 'budget' or 'threshold', got {rule!r}")
     pi = torch.sigmoid(s.detach().float() + c).cpu().numpy()
@@ -105,100 +110,29 @@ def deployed_gates(s: Tensor, c: float, held: Tensor | None, config: Any, keep_r
 
 
 def mask_rounding(s: Tensor, c: float, config: Any) -> dict[str, float]:
-    """How far the deployed mask is from what training's budget penalty saw: the kept ratio T/T_total of the
-    prunable projections under the deterministic mask 1[π > 0.5] and in expectation over the sampled gates
-    g ~ Bernoulli(π), π = σ(s + c) (T is linear in each gate, so E[T(g)] = T(π)), and the share of gates with
-    0.1 < π < 0.9 (not yet saturated). s: logits (layers, 4, d)."""
+    """How far the deployed mask is from what training's budget penalty saw: the kept ratio
+    T/T_total of the prunable projections under the deterministic mask 1[π > 0.5] and in expectation
+    over the sampled gates g ~ Bernoulli(π), π = σ(s + c) (T is linear in each gate, so E[T(g)] =
+    T(π)), and the share of gates with 0.1 < π < 0.9 (not yet saturated). s: logits (layers, 4,
+    d)."""
     total, pi = prunable_parameters(config), torch.sigmoid(s.detach().float() + c)
     return {"deterministic": float(kept_parameters(config, layer_masks(deterministic_mask(s, c)))) / total,
             "expected": float(kept_parameters(config, layer_masks(pi))) / total,
             "unsaturated": float(((pi > 0.1) & (pi < 0.9)).float().mean())}
 
 
-# --- gates held open (not in the paper; see `sftp-hold-open`) -------------------------------------------
-
-PROBE_TEXT = ("The committee met on Tuesday to discuss the budget. After a long debate, they agreed to fund the new "
-              "library, the park and two bus lines. Question: What did the committee fund? Answer: a library, a "
-              "park and two bus lines.")
-
-
-def massive_coordinates(model: nn.Module, tokenizer: Any, factor: float) -> list[int]:
-    """Residual-bus coordinates whose mean |h| (over every decoder layer's output and the tokens of PROBE_TEXT)
-    exceeds `factor` × the median coordinate's: the "massive activations" of Sun et al. (2024), few, fixed per
-    model and input-agnostic. Scored on the backbone (adapters disabled, masks off) so every process agrees."""
-    from contextlib import nullcontext
-
-    from fedprune_app.methods.sftp.routing import set_masks
-
-    ids = tokenizer(PROBE_TEXT, return_tensors="pt").to(model_device(model))
-    set_masks(model, None)
-    off = model.disable_adapter() if hasattr(model, "disable_adapter") else nullcontext()
-    with torch.no_grad(), off:
-        states = model(**ids, output_hidden_states=True).hidden_states[1:]
-    magnitude = torch.stack([h[0].float().abs().mean(0) for h in states]).mean(0)
-    return sorted(int(i) for i in torch.nonzero(magnitude > factor * magnitude.median()).flatten())
-
-
-_HELD: dict[tuple[str, float, int], list[int]] = {}
-
-
-def held_open(cfg: RunConfig, model: nn.Module, tokenizer: Any) -> Tensor | None:
-    """`sftp-hold-open` as a (d,) 0/1 vector of the gates fixed at 1 in every mask (None = none held): the
-    massive coordinates (cached per model name), or all of them for the dense-with-the-same-recipe ceiling."""
-    sftp_cfg = cfg.section(SFTPConfig)
-    d = int(model.config.hidden_size)
-    if sftp_cfg.sftp_hold_open == "none":
-        return None
-    held = torch.ones(d)
-    if sftp_cfg.sftp_hold_open == "massive":
-        cache_key = (cfg.model_name, sftp_cfg.sftp_massive_factor, d)
-        if cache_key not in _HELD:
-            _HELD[cache_key] = massive_coordinates(model, tokenizer, sftp_cfg.sftp_massive_factor)
-        held = torch.zeros(d)
-        held[_HELD[cache_key]] = 1.0
-    return held
-
-
-def hold_open(gates: Tensor, held: Tensor | None) -> Tensor:
-    """g·(1 − h) + h: the held gates read 1 (and pass no gradient to their logits); the others are unchanged.
-    `gates` (layers, 4, d), `held` (d,) or None."""
-    if held is None:
-        return gates
-    held = held.to(gates.device, gates.dtype)
-    return gates * (1 - held) + held
-
-
-# --- budget (Eq. 13–14) ---------------------------------------------------------------------------------
-
-def budget_penalty(kept: Tensor, target: float | Tensor) -> Tensor:
-    """Eq. 14: R(T, pT_total) = log(max(T, pT) / min(T, pT)), differentiable in T."""
-    target = torch.as_tensor(target, dtype=kept.dtype, device=kept.device)
-    return torch.log(torch.maximum(kept, target) / torch.minimum(kept, target))
-
-
-def sftp_objective(clm_loss: Tensor, kept: Tensor, keep_ratio: float, total: int, lam: float
-                   ) -> tuple[Tensor, Tensor]:
-    """Eq. 13: (L_k, R) with L_k = L_CLM + λ·R(T(g_k), p·T_total) and R the budget penalty of Eq. 14 (returned
-    too: the client reports it). The client's local training minimises exactly this L_k."""
-    penalty = budget_penalty(kept, keep_ratio * total)
-    return clm_loss + lam * penalty, penalty
-
-
-def kept_ratios(kept: float, prunable_total: int, model_total: int) -> dict[str, float]:
-    """Kept share of the prunable projections, T/T_total, and of the whole model, 1 − (T_total − T)/N."""
-    return {"kept-ratio-prunable": kept / prunable_total, "kept-ratio-model": 1 - (prunable_total - kept) / model_total}
-
-
 # --- the generator (Eq. 10–11) --------------------------------------------------------------------------
 
 class MaskGenerator(nn.Module):
-    """h_Θ: (e_k, l) ↦ logits s_{k,l}^{m,in/out} ∈ R^d for the 4 masks (MASK_NAMES) of every layer l.
+    """h_Θ: (e_k, l) ↦ logits s_{k,l}^{m,in/out} ∈ R^d for the 4 masks (MASK_NAMES) of every layer
+    l.
 
-    A 2-layer MLP (hidden `hidden`, GELU; Table 4) over [e_k ; u_l], where u_l is a learned layer embedding
-    of e_k's dimension (part of Θ, so it is federated); the output layer has 4·d units, one head per mask.
-    Without client conditioning (NOC) the generator ignores e_k and reads a fixed zero vector instead, so
-    every client gets the same masks. The output layer starts at N(0, 0.01²) weights and zero bias: the
-    logits start near 0 and, with the gate bias c > 0, every initial deterministic mask is all ones.
+    A 2-layer MLP (hidden `hidden`, GELU; Table 4) over [e_k ; u_l], where u_l is a learned layer
+    embedding of e_k's dimension (part of Θ, so it is federated); the output layer has 4·d units,
+    one head per mask. Without client conditioning (NOC) the generator ignores e_k and reads a fixed
+    zero vector instead, so every client gets the same masks. The output layer starts at N(0, 0.01²)
+    weights and zero bias: the logits start near 0 and, with the gate bias c > 0, every initial
+    deterministic mask is all ones.
     """
 
     def __init__(self, num_layers: int, hidden_size: int, embed_dim: int = 16, hidden: int = 32,
@@ -214,7 +148,8 @@ class MaskGenerator(nn.Module):
         self.register_buffer("shared_input", torch.zeros(embed_dim), persistent=False)
 
     def forward(self, embedding: Tensor | None = None) -> Tensor:
-        """Logits of shape (layers, 4, hidden_size); `embedding` is e_k (ignored and optional under NOC)."""
+        """Logits of shape (layers, 4, hidden_size); `embedding` is e_k (ignored and optional under
+        NOC)."""
         if self.conditioning and embedding is None:
             raise ValueError("a client-conditioned generator needs the client embedding e_k")
         e = embedding if self.conditioning else self.shared_input
@@ -229,9 +164,9 @@ class MaskGenerator(nn.Module):
 
 def initial_embedding(cfg: RunConfig, seed: int) -> Tensor:
     """A client's e_k^(0) ~ N(0, std² I) (Alg. 1, Init: "each client k initializes e_k^(0)"; std =
-    `sftp-embed-init-std`, 1 by default), drawn on the CPU from `seed`. At 0, +C starts with NOC's logits and e_k
-    grows from the client's own gradient (an ablation knob: docs/methods/sftp.md, "+C cuts to the budget
-    sooner")."""
+    `sftp-embed-init-std`, 1 by default), drawn on the CPU from `seed`. At 0, +C starts with NOC's
+    logits and e_k grows from the client's own gradient (an ablation knob: docs/methods/sftp.md, "+C
+    cuts to the budget sooner")."""
     sftp_cfg = cfg.section(SFTPConfig)
     draw = torch.randn(sftp_cfg.sftp_embed_dim, generator=torch.Generator().manual_seed(seed))
     return sftp_cfg.sftp_embed_init_std * draw
@@ -239,8 +174,9 @@ def initial_embedding(cfg: RunConfig, seed: int) -> Tensor:
 
 def generator_for(cfg: RunConfig, model_config: Any, seed: int | None = None,
                   device: torch.device | str = "cpu") -> MaskGenerator:
-    """The generator for a model config and the `sftp-*` keys (initialised on the CPU from `seed` if given, so
-    the same seed gives the same Θ on any device), then moved to `device` (the routed model's)."""
+    """The generator for a model config and the `sftp-*` keys (initialised on the CPU from `seed` if
+    given, so the same seed gives the same Θ on any device), then moved to `device` (the routed
+    model's)."""
     sftp_cfg = cfg.section(SFTPConfig)
     with torch.random.fork_rng():
         if seed is not None:
@@ -258,7 +194,8 @@ def get_generator_state(generator: MaskGenerator) -> dict[str, Tensor]:
 
 
 def set_generator_state(generator: MaskGenerator, state: Mapping[str, Tensor]) -> None:
-    """Load Θ from a mapping that holds every `mask-generator.*` tensor (other entries are ignored)."""
+    """Load Θ from a mapping that holds every `mask-generator.*` tensor (other entries are
+    ignored)."""
     own = generator.state_dict()
     theta = {k[len(GENERATOR_PREFIX):]: torch.as_tensor(v) for k, v in state.items() if k.startswith(GENERATOR_PREFIX)}
     missing = sorted(set(own) - set(theta))
@@ -272,107 +209,18 @@ def set_generator_state(generator: MaskGenerator, state: Mapping[str, Tensor]) -
 
 
 def layer_masks(gates: Tensor) -> list[LayerMasks]:
-    """(layers, 4, d) gates -> one {mask name: (d,) tensor} per decoder layer (what `set_masks` takes)."""
+    """(layers, 4, d) gates -> one {mask name: (d,) tensor} per decoder layer (what `masked`
+    takes)."""
     return [{name: gates[layer, i] for i, name in enumerate(MASK_NAMES)} for layer in range(gates.shape[0])]
 
 
 def sampled_masks(s: Tensor, tau: float, c: float, held: Tensor | None,
                   generator: torch.Generator | None = None) -> list[LayerMasks]:
     """The masks of one training step: ReinMax gates of the scores s (Eq. 12), the held gates at 1
-    (`hold_open`), one LayerMasks per decoder layer."""
-    return layer_masks(hold_open(reinmax_binary(s, tau, c, generator), held))
+    (`force_open`), one LayerMasks per decoder layer."""
+    return layer_masks(force_open(reinmax_binary(s, tau, c, generator), held))
 
 
 def stacked_masks(masks: list[LayerMasks]) -> dict[str, Tensor]:
     """The inverse view for storage: {mask name: (layers, d)}."""
     return {name: torch.stack([m[name] for m in masks]) for name in MASK_NAMES}
-
-
-# --- routed models (client training/evaluation, server evaluation) --------------------------------------
-
-@lru_cache(maxsize=2)
-def _cached_routed_model(model_name: str, dtype: str, quantization: str, lora_key: str,
-                         device: str = "auto") -> tuple[nn.Module, Any]:
-    from fedprune_app.llm.models import add_lora, load_base_model, load_tokenizer
-    from fedprune_app.methods.sftp.routing import install_routing
-
-    model = load_base_model(model_name, dtype, quantization, device)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    if lora_key:
-        model = add_lora(model, RunConfig.from_flower(json.loads(lora_key)), seed=int(json.loads(lora_key)["seed"]))
-    install_routing(model)
-    return model, load_tokenizer(model_name)
-
-
-def routed_model_for(cfg: RunConfig) -> tuple[nn.Module, Any]:
-    """The process's cached (routed backbone [+ LoRA when `sftp-adapters`], tokenizer); callers set the masks
-    and the adapter state before every use. The backbone is frozen."""
-    keys = ("lora-rank", "lora-alpha", "lora-dropout", "lora-target-modules", "seed")
-    lora_key = json.dumps({k: cfg[k] for k in keys}, sort_keys=True) if cfg.section(SFTPConfig).sftp_adapters else ""
-    return _cached_routed_model(cfg.model_name, cfg.model_dtype, cfg.model_quantization, lora_key,
-                                cfg.device)
-
-
-def routed_model_with(cfg: RunConfig, state: Mapping[str, Tensor]) -> tuple[nn.Module, Any, MaskGenerator]:
-    """The routed model (`routed_model_for`, in eval mode) with Φ from `state` when `sftp-adapters`, and h_Θ with
-    the Θ (`mask-generator.*`) of `state`, on the model's device: what a client loads from a message and the
-    server from the global arrays."""
-    model, tokenizer = routed_model_for(cfg)
-    model.eval()  # dropout off outside local training, whatever an earlier use left
-    generator = generator_for(cfg, model.config, device=model_device(model))
-    set_generator_state(generator, state)
-    if cfg.section(SFTPConfig).sftp_adapters:
-        set_adapter_state(model, {k: v for k, v in state.items() if not k.startswith(GENERATOR_PREFIX)})
-    return model, tokenizer, generator
-
-
-def backbone_parameters(model: nn.Module) -> int:
-    """N: parameters of the backbone (LoRA tensors excluded, tied weights counted once)."""
-    return sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
-
-
-def model_kept_ratios(model: nn.Module, masks: Sequence[LayerMasks] | None) -> dict[str, float]:
-    """`kept_ratios` of a routed model under `masks` (None = dense): what SFT-P's and fedflap's clients report."""
-    total = prunable_parameters(model.config)
-    kept = float(total if masks is None else kept_parameters(model.config, masks))
-    return kept_ratios(kept, total, backbone_parameters(model))
-
-
-def highest_keep_ratio(cfg: RunConfig) -> float | None:
-    """p_max of `sftp-keep-ratios` when the warm-up keeps the budgets' gaps (`sftp-budget-warmup-start` 'gap'),
-    else None (each client's ramp starts at 1)."""
-    sftp_cfg = cfg.section(SFTPConfig)
-    if sftp_cfg.sftp_budget_warmup_start != "gap":
-        return None
-    return max(float(v) for v in split_list(sftp_cfg.sftp_keep_ratios))
-
-
-def keep_ratio_of(cfg: RunConfig, partition_id: int, num_partitions: int) -> float:
-    """p of client `partition_id` from `sftp-keep-ratios` (one value for all clients or one per client)."""
-    from fedprune_app.core.config import per_client
-
-    return per_client(cfg.section(SFTPConfig).sftp_keep_ratios, num_partitions, float, "sftp-keep-ratios")[partition_id]
-
-
-def cosine_lr(base: float, step: int, total: int) -> float:
-    """Cosine annealing from `base` to 0 over `total` steps (Table 4's LoRA schedule)."""
-    return base * 0.5 * (1 + math.cos(math.pi * min(step, total) / max(1, total)))
-
-
-def ramped_keep_ratio(keep_ratio: float, step: int, warmup: int, highest: float | None = None) -> float:
-    """The budget target p_t of Eq. 13 at global local step `step` (0-based, (round−1)·E + t): with r_t =
-    min(1, (t+1)/W), p + (1 − p_max)·(1 − r_t) over the first W = `warmup` steps (`sftp-budget-warmup-steps`), then
-    p; W = 0 is the paper's constant p. p_max = `highest` (the largest client budget, `sftp-budget-warmup-start`
-    'gap') shifts every client's target by the same amount, so mixed budgets keep their gaps from the first step;
-    p_max = p (the default, 'one') is the ramp 1 − (1 − p)·r_t from 1.
-    Not in the paper: the target's linear warm-up of Sheared-LLaMA's pruning stage (Xia et al., 2024), so that the
-    gates close as fast as the LM loss can choose which, instead of all at once in the first steps."""
-    if warmup <= 0:
-        return keep_ratio
-    top = keep_ratio if highest is None else highest
-    if top < keep_ratio:
-        raise ValueError(f"the highest budget ({top}) is below this client's ({keep_ratio})")
-    ramp = min(1.0, (step + 1) / warmup)
-    return 1.0 - (1.0 - keep_ratio) * ramp - (top - keep_ratio) * (1.0 - ramp)  # = p + (1 − p_max)(1 − r_t)
-

@@ -53,9 +53,9 @@ def sliced_model_for(cfg: RunConfig, bases: list[Tensor]) -> tuple[nn.Module, An
 
 def sliced_flops(config: Any, dims: list[int], task: str, prefill: int = 512, new_tokens: int = 32,
                  prompt: int = 32) -> int:
-    """Matmul FLOPs of `speed_table`'s task on the sliced model: SFT-P's count (`sftp.speed.workload_flops`) with
+    """Matmul FLOPs of `speed_table`'s task on the sliced model: SFT-P's count (`structural.speed.workload_flops`) with
     every lane k_p wide, plus the two shortcut matmuls per layer and token, with the LM head at k_2L, not d."""
-    from fedprune_app.methods.sftp.speed import workload_flops
+    from fedprune_app.structural.speed import workload_flops
 
     layers = int(config.num_hidden_layers)
     lanes = [{"attn-in": dims[2 * i], "attn-out": dims[2 * i + 1], "ffn-in": dims[2 * i + 1],

@@ -13,7 +13,7 @@ from fedprune_app.llm.layers import decoder_layers
 from fedprune_app.llm.models import load_base_model
 from fedprune_app.methods.fedflap.compensation import compensated, lane_means, pooled_means
 from fedprune_app.methods.fedflap.importance import bus_moments
-from fedprune_app.methods.sftp.routing import MASK_NAMES, install_routing, route, set_masks
+from fedprune_app.structural.routing import MASK_NAMES, install_routing, masked, route
 
 
 def _setup(tiny_model_dir: Path):
@@ -29,9 +29,8 @@ def _setup(tiny_model_dir: Path):
 @torch.no_grad()
 def test_zero_means_give_the_masked_form(tiny_model_dir: Path) -> None:
     model, masks, batch = _setup(tiny_model_dir)
-    set_masks(model, masks)
-    plain = model(input_ids=batch["input_ids"]).logits
-    set_masks(model, None)
+    with masked(model, masks):
+        plain = model(input_ids=batch["input_ids"]).logits
     zeros = [{n: torch.zeros(model.config.hidden_size) for n in MASK_NAMES} for _ in masks]
     with compensated(model, masks, zeros) as m:
         assert torch.allclose(m(input_ids=batch["input_ids"]).logits, plain, atol=1e-5)
@@ -62,7 +61,6 @@ def test_removed_coordinates_carry_the_dense_means(tiny_model_dir: Path) -> None
     assert torch.allclose(seen["write"][..., ~g_out], means[0]["attn-out"][~g_out].expand_as(
         seen["write"][..., ~g_out]))
     # and the mean really is the dense write's mean: layer 0 reads the embeddings in both models
-    set_masks(model, None)
     dense = {}
     h = layer.self_attn.o_proj.register_forward_hook(lambda _m, _a, out: dense.__setitem__("y", out))
     model(input_ids=batch["input_ids"])

@@ -24,14 +24,14 @@ from fedprune_app.methods.fedflap.importance import (
     masks_from_arrays,
     standardise,
 )
-from fedprune_app.methods.sftp.routing import (
+from fedprune_app.structural.routing import (
     MASK_NAMES,
     coordinate_costs,
     kept_parameters,
     load_compiled,
+    masked,
     per_layer_masks,
     prunable_parameters,
-    set_masks,
 )
 from strategies.fedflap import FedFLAPStrategy
 from tests.conftest import small_config
@@ -41,7 +41,6 @@ from tests.local_grid import LocalGrid, run_server
 @pytest.fixture()
 def model(tiny_model_dir: Path) -> Any:
     model, _ = fedflap_model_for(small_config(tiny_model_dir))
-    set_masks(model, None)
     return model
 
 
@@ -207,12 +206,11 @@ def test_whole_tiny_run(tiny_model_dir: Path, tmp_path: Path, flower_ids: None) 
     assert "| post-hoc (1) |" in (run / "fedflap.md").read_text()
     # the compiled model = the masked model with the final LoRA
     set_adapter_state(model, {k: v for k, v in final.items() if not k.startswith(MASK_PREFIX)})
-    set_masks(model, masks_from_arrays(final, torch.device("cpu")))
     ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), masked(model, masks_from_arrays(final, torch.device("cpu"))):
+        routed = model(input_ids=ids).logits
     with torch.no_grad():
-        masked = model(input_ids=ids).logits
         compiled = load_compiled(run / "compiled")(input_ids=ids).logits
-    set_masks(model, None)
-    torch.testing.assert_close(compiled, masked, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(compiled, routed, atol=1e-4, rtol=1e-4)
     assert sum(p.numel() for p in load_compiled(run / "compiled").parameters()) < sum(
         p.numel() for n, p in model.named_parameters() if "lora_" not in n)

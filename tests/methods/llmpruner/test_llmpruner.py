@@ -35,8 +35,8 @@ from fedprune_app.methods.llmpruner.structure import (
     structure_costs,
     zero_pruned_,
 )
-from fedprune_app.methods.sftp.routing import prunable_parameters
-from fedprune_app.methods.sftp.speed import forward_flops
+from fedprune_app.structural.routing import prunable_parameters
+from fedprune_app.structural.speed import forward_flops
 from tests.local_grid import LocalGrid, method_config, run_server
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from torch import Tensor
 
-import clients.sftp
+import fedprune_app.methods.sftp.local as local
 from fedprune_app.core.config import ConfigError, RunConfig
-from fedprune_app.methods.sftp.generator import ramped_keep_ratio
+from fedprune_app.methods.sftp.schedules import ramped_keep_ratio
 from strategies.sftp import SFTPStrategy
 from tests.methods.sftp.test_sftp import content, make_client, sftp_config
 
@@ -53,13 +53,13 @@ def test_a_highest_budget_below_the_clients_is_refused() -> None:
 def _record_targets(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The keep-ratio target each local step hands to Eq. 13 (`sftp_objective` as the client calls it)."""
     seen: list[float] = []
-    objective = clients.sftp.sftp_objective
+    objective = local.sftp_objective
 
     def recording(clm: Tensor, kept: Tensor, keep_ratio: float, total: int, lam: float) -> tuple[Tensor, Tensor]:
         seen.append(keep_ratio)
         return objective(clm, kept, keep_ratio, total, lam)
 
-    monkeypatch.setattr(clients.sftp, "sftp_objective", recording)
+    monkeypatch.setattr(local, "sftp_objective", recording)
     return seen
 
 

@@ -12,8 +12,9 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from clients.sftp import LOCAL_STATE_RECORD
 from fedprune_app.core.config import ConfigError, RunConfig
 from fedprune_app.core.replies import to_record
-from fedprune_app.methods.sftp.generator import GENERATOR_PREFIX, routed_model_with
-from fedprune_app.methods.sftp.routing import MASK_NAMES, load_compiled, set_masks
+from fedprune_app.methods.sftp.generator import GENERATOR_PREFIX
+from fedprune_app.methods.sftp.models import load_pair
+from fedprune_app.structural.routing import MASK_NAMES, load_compiled, masked
 from strategies.sftp import SFTPStrategy
 from tests.fake_grid import FakeGrid
 from tests.methods.sftp.test_sftp import ROUNDS, content, make_client, sftp_config
@@ -53,13 +54,10 @@ def _replies(strategy: SFTPStrategy, states: dict[int, dict[str, np.ndarray]]) -
 
 def _logits(model: torch.nn.Module, masks: dict[str, np.ndarray] | None, ids: torch.Tensor) -> torch.Tensor:
     layers = model.config.num_hidden_layers
-    set_masks(model, None if masks is None else
-              [{n: torch.from_numpy(masks[n][i]).float() for n in MASK_NAMES} for i in range(layers)])
-    try:
-        with torch.no_grad():
-            return model(input_ids=ids).logits
-    finally:
-        set_masks(model, None)
+    routing = None if masks is None else \
+        [{n: torch.from_numpy(masks[n][i]).float() for n in MASK_NAMES} for i in range(layers)]
+    with masked(model, routing), torch.no_grad():
+        return model(input_ids=ids).logits
 
 
 @pytest.mark.parametrize("deploy_state", ["global", "local"])
@@ -76,7 +74,7 @@ def test_the_compiled_model_carries_the_deployed_phi(deploy_state: str, tiny_mod
     aggregate = strategy.aggregate(ROUNDS, _replies(strategy, states))
     resumed = SFTPStrategy(cfg)
     resumed.load_state_dict(strategy.state_dict())
-    config = routed_model_with(cfg, aggregate.to_torch_state_dict())[0].config
+    config = load_pair(cfg, aggregate.to_torch_state_dict())[0].config
     layers, d = config.num_hidden_layers, config.hidden_size
     masks = {pid: {n: rng.random((layers, d)) < 0.6 for n in MASK_NAMES} for pid in (0, 1)}
     sent = list(resumed.configure_evaluate(ROUNDS, aggregate, ConfigRecord(), FakeGrid([10, 11])))
@@ -89,9 +87,9 @@ def test_the_compiled_model_carries_the_deployed_phi(deploy_state: str, tiny_mod
     compiled = load_compiled(tmp_path / "compiled" / "client-1")
     with torch.no_grad():
         deployed = compiled(input_ids=ids).logits
-    with_global = _logits(routed_model_with(cfg, aggregate.to_torch_state_dict())[0], masks[1], ids)
+    with_global = _logits(load_pair(cfg, aggregate.to_torch_state_dict())[0], masks[1], ids)
     own_phi = {k: torch.from_numpy(v) for k, v in states[1].items() if not k.startswith(GENERATOR_PREFIX)}
-    with_own = _logits(routed_model_with(cfg, aggregate.to_torch_state_dict() | own_phi)[0], masks[1], ids)
+    with_own = _logits(load_pair(cfg, aggregate.to_torch_state_dict() | own_phi)[0], masks[1], ids)
     expected, other = (with_own, with_global) if deploy_state == "local" else (with_global, with_own)
     torch.testing.assert_close(deployed, expected, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(deployed, other, rtol=1e-4, atol=1e-4)

@@ -10,8 +10,9 @@ from transformers import LlamaConfig
 
 from fedprune_app.core.config import ConfigError, RunConfig
 from fedprune_app.methods.fedflap.importance import cut_masks
-from fedprune_app.methods.sftp.generator import deployed_gates, deterministic_mask, hold_open, layer_masks
-from fedprune_app.methods.sftp.routing import (
+from fedprune_app.methods.sftp.generator import deployed_gates, deterministic_mask, layer_masks
+from fedprune_app.structural.held import force_open
+from fedprune_app.structural.routing import (
     MASK_NAMES,
     coordinate_costs,
     fill_budget,
@@ -76,14 +77,14 @@ def test_budget_rule_meets_the_budget_with_the_most_probable_gates(p: float) -> 
     on, off = pi[(gates == 1) & free], pi[(gates == 0) & free]
     assert on.min() >= off.max()  # top-π: no dropped gate is more probable than a kept one
     # the threshold rule can miss the budget by its rounding; the budget rule does not
-    loose = float(kept_parameters(CONFIG, layer_masks(hold_open(deterministic_mask(s, 3.0), held)))) / total
+    loose = float(kept_parameters(CONFIG, layer_masks(force_open(deterministic_mask(s, 3.0), held)))) / total
     assert abs(loose - p) > abs(kept - p)
 
 
 def test_threshold_rule_and_no_budget_are_one_half_rounding() -> None:
     s, held = pi_spread(1), torch.zeros(16)
     held[0] = 1.0
-    expected = hold_open(deterministic_mask(s, 3.0), held)
+    expected = force_open(deterministic_mask(s, 3.0), held)
     assert torch.equal(deployed_gates(s, 3.0, held, CONFIG, 0.5, "threshold"), expected)
     assert torch.equal(deployed_gates(s, 3.0, held, CONFIG, None, "budget"), expected)
     with pytest.raises(ValueError, match="'budget' or 'threshold'"):

@@ -9,20 +9,23 @@ import torch
 
 from fedprune_app.methods.sftp.generator import (
     MaskGenerator,
-    budget_penalty,
-    cosine_lr,
     deterministic_mask,
     get_generator_state,
     initial_embedding,
-    kept_ratios,
     layer_masks,
     mask_rounding,
     reinmax_binary,
     set_generator_state,
-    sftp_objective,
     stacked_masks,
 )
-from fedprune_app.methods.sftp.routing import MASK_NAMES, kept_parameters, prunable_parameters
+from fedprune_app.methods.sftp.objective import budget_penalty, sftp_objective
+from fedprune_app.methods.sftp.schedules import cosine_lr
+from fedprune_app.structural.routing import (
+    MASK_NAMES,
+    kept_parameters,
+    kept_ratios,
+    prunable_parameters,
+)
 
 
 def reinmax_reference(logits: torch.Tensor, one_hot: torch.Tensor, grad_sample: torch.Tensor, tau: float

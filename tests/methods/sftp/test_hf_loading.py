@@ -14,16 +14,16 @@ import torch
 from torch import nn
 
 from fedprune_app.llm.models import load_base_model
-from fedprune_app.methods.sftp.hf.configuration_fedprune_routed_llama import decode_lane, encode_lane
-from fedprune_app.methods.sftp.routing import (
+from fedprune_app.structural.hf.configuration_fedprune_routed_llama import decode_lane, encode_lane
+from fedprune_app.structural.routing import (
     MASK_NAMES,
     FedpruneRoutedLlamaForCausalLM,
     LayerMasks,
     compile_model,
     install_routing,
     load_compiled,
+    masked,
     save_compiled,
-    set_masks,
 )
 from tests.methods.hf_checks import load_without_fedprune, modules_cache  # noqa: F401 (a fixture)
 
@@ -52,14 +52,12 @@ def saved(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     masks = _masks(seed=3)
     ids = torch.randint(0, 2000, (2, 9), generator=torch.Generator().manual_seed(1))
     install_routing(model)
-    set_masks(model, masks)
-    with torch.no_grad():
-        masked = model(input_ids=ids).logits
-    set_masks(model, None)
+    with masked(model, masks), torch.no_grad():
+        routed = model(input_ids=ids).logits
     compiled = compile_model(model, masks)
     out = tmp_path_factory.mktemp("compiled") / "client-0"
     save_compiled(compiled, out, AutoTokenizer.from_pretrained(tiny_model_dir))
-    return {"dir": out, "ids": ids, "masked": masked, "compiled": compiled, "base": model, "masks": masks}
+    return {"dir": out, "ids": ids, "masked": routed, "compiled": compiled, "base": model, "masks": masks}
 
 
 def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:

@@ -9,20 +9,17 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from clients.sftp import local_training
 from fedprune_app.core.config import ConfigError
 from fedprune_app.methods.sftp.generator import (
-    PROBE_TEXT,
     deterministic_mask,
     generator_for,
-    held_open,
-    hold_open,
     layer_masks,
-    massive_coordinates,
     reinmax_binary,
-    routed_model_for,
 )
-from fedprune_app.methods.sftp.routing import MASK_NAMES, install_routing, kept_parameters, prunable_parameters
+from fedprune_app.methods.sftp.local import RoundPlan, local_round
+from fedprune_app.methods.sftp.models import routed_model
+from fedprune_app.structural.held import PROBE_TEXT, force_open, held_coordinates, massive_coordinates
+from fedprune_app.structural.routing import MASK_NAMES, install_routing, kept_parameters, prunable_parameters
 from strategies.sftp import SFTPStrategy
 from tests.methods.sftp.test_sftp import content, make_client, sftp_config
 
@@ -42,17 +39,17 @@ def planted_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     return out
 
 
-def test_hold_open_fixes_the_held_gates_and_blocks_only_their_gradient() -> None:
+def test_force_open_fixes_the_held_gates_and_blocks_only_their_gradient() -> None:
     s = torch.randn(2, len(MASK_NAMES), 8, requires_grad=True)
     held = torch.zeros(8)
     held[[1, 6]] = 1.0
-    g = hold_open(reinmax_binary(s, 1.0, -1.0, torch.Generator().manual_seed(0)), held)
+    g = force_open(reinmax_binary(s, 1.0, -1.0, torch.Generator().manual_seed(0)), held)
     assert torch.all(g[..., [1, 6]] == 1.0)
     free = reinmax_binary(s.detach(), 1.0, -1.0, torch.Generator().manual_seed(0))
     assert torch.equal(g[..., [0, 2, 3, 4, 5, 7]], free[..., [0, 2, 3, 4, 5, 7]])
     g.sum().backward()
     assert torch.all(s.grad[..., [1, 6]] == 0) and torch.all(s.grad[..., [0, 2, 3, 4, 5, 7]] != 0)
-    assert hold_open(free, None) is free
+    assert force_open(free, None) is free
 
 
 def test_massive_coordinates_against_the_hidden_states(planted_dir: Path) -> None:
@@ -70,11 +67,11 @@ def test_massive_coordinates_against_the_hidden_states(planted_dir: Path) -> Non
         assert massive_coordinates(model, tokenizer, factor) == expected
 
 
-def test_held_open_per_setting(planted_dir: Path) -> None:
+def test_held_coordinates_per_setting(planted_dir: Path) -> None:
     for setting, expected in (("none", None), ("all", torch.ones(64)), ("massive", torch.eye(64)[PLANTED])):
         cfg = sftp_config(planted_dir, sftp_hold_open=setting)
-        model, tokenizer = routed_model_for(cfg)
-        held = held_open(cfg, model, tokenizer)
+        model, tokenizer = routed_model(cfg)
+        held = held_coordinates(cfg, model, tokenizer)
         assert (held is None) if expected is None else torch.equal(held, expected), setting
 
 
@@ -93,7 +90,7 @@ def test_a_closed_generator_deploys_exactly_the_held_gates(planted_dir: Path, fl
         model, tokenizer, generator = client.load(content(strategy.initial_arrays(), 1))
         with torch.no_grad():
             generator.fc2.bias.fill_(-50.0)
-        masks = client.own_masks(model, tokenizer, generator, client.embedding()[0])
+        masks = client.own_masks(model, tokenizer, generator, client.client_state().embedding)
         for layer in masks:
             for name in MASK_NAMES:
                 expected = torch.ones(64) if setting == "all" else torch.eye(64)[PLANTED]
@@ -108,12 +105,13 @@ def test_training_never_drops_a_held_coordinate(planted_dir: Path) -> None:
         cfg = sftp_config(planted_dir, sftp_gate_tau=1.0, sftp_generator_lr=3e-2, local_steps=20, batch_size=1,
                           seq_len=16, sftp_hold_open=setting)
         client = make_client(cfg)
-        model, tokenizer = routed_model_for(cfg)
+        model, tokenizer = routed_model(cfg)
         generator = generator_for(cfg, model.config, seed=0)
-        embedding, state = client.embedding()
-        local_training(model, tokenizer, generator, embedding, state, client.data.train, cfg, 0.3, 0, 1)
+        state = client.client_state()
+        local_round(cfg, model, tokenizer, generator, state, client.data.train, RoundPlan(1, 0, 0.3))
+        embedding = state.embedding
         with torch.no_grad():
-            gates = hold_open(deterministic_mask(generator(embedding), 3.0), held_open(cfg, model, tokenizer))
+            gates = force_open(deterministic_mask(generator(embedding), 3.0), held_coordinates(cfg, model, tokenizer))
             free = deterministic_mask(generator(embedding), 3.0)
         assert torch.all(gates[..., PLANTED] == 1.0)
         ratio = kept_parameters(model.config, layer_masks(gates)).item() / prunable_parameters(model.config)

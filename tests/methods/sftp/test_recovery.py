@@ -40,7 +40,7 @@ def test_a_recovery_round_trains_phi_on_the_deployed_mask(tiny_model_dir: Path, 
     seen.clear()
     second = client.train(content(sent, 2))
     model, tokenizer, generator = client.load(content(sent, 2))
-    deployed = client.own_masks(model, tokenizer, generator, client.embedding()[0])
+    deployed = client.own_masks(model, tokenizer, generator, client.client_state().embedding)
     assert len(seen) == 4  # three steps, then the validation loss
     for step in seen:
         assert all(torch.equal(a[k], b[k]) for a, b in zip(step, deployed, strict=True) for k in a)
@@ -84,23 +84,24 @@ def test_bad_recovery_rounds_name_the_key(overrides: dict[str, object], match: s
 def test_local_training_is_reproducible_whatever_ran_before(tiny_model_dir: Path) -> None:
     """LoRA dropout draws from torch's global generator; a client's round must not depend on what else the process
     (a Ray worker, the trajectory tool) drew before it: the same seed gives the same Θ, e_k and Φ."""
-    from clients.sftp import local_training
-    from fedprune_app.methods.sftp.generator import generator_for, routed_model_for
+    from fedprune_app.methods.sftp.generator import generator_for
+    from fedprune_app.methods.sftp.local import RoundPlan, local_round
+    from fedprune_app.methods.sftp.models import routed_model
 
     results = []
     for noise in (1, 2):
         cfg = sftp_config(tiny_model_dir, local_steps=3, batch_size=1, seq_len=16, lora_dropout=0.5,
                           sftp_gate_tau=1.0, sftp_generator_lr=1e-2)
         client = make_client(cfg)
-        model, tokenizer = routed_model_for(cfg)
+        model, tokenizer = routed_model(cfg)
         generator = generator_for(cfg, model.config, seed=0)
         lora = [p for p in model.parameters() if p.requires_grad]
         start = [p.detach().clone() for p in lora]
-        embedding, state = client.embedding()
+        state = client.client_state()
         torch.manual_seed(noise)
         torch.rand(noise * 7)  # another history of the global generator
-        local_training(model, tokenizer, generator, embedding, state, client.data.train, cfg, 0.5, 11, 1)
-        results.append([p.detach().clone() for p in (*lora, *generator.parameters(), embedding)])
+        local_round(cfg, model, tokenizer, generator, state, client.data.train, RoundPlan(1, 11, 0.5))
+        results.append([p.detach().clone() for p in (*lora, *generator.parameters(), state.embedding)])
         with torch.no_grad():
             for p, p0 in zip(lora, start, strict=True):  # the routed model is cached: put Φ back
                 p.copy_(p0)

@@ -11,7 +11,7 @@ from torch import nn
 
 from fedprune_app.llm.layers import decoder_layers
 from fedprune_app.llm.models import add_lora, load_base_model
-from fedprune_app.methods.sftp.routing import (
+from fedprune_app.structural.routing import (
     MASK_NAMES,
     CompiledDecoderLayer,
     LayerMasks,
@@ -19,11 +19,11 @@ from fedprune_app.methods.sftp.routing import (
     install_routing,
     kept_parameters,
     load_compiled,
+    masked,
     merge,
     prunable_parameters,
     route,
     save_compiled,
-    set_masks,
 )
 from tests.conftest import small_config
 
@@ -96,11 +96,29 @@ def test_no_masks_and_all_ones_masks_equal_the_original(model: nn.Module) -> Non
     reference = _logits(model, ids)
     install_routing(model)
     assert torch.equal(_logits(model, ids), reference)
-    set_masks(model, [{k: torch.ones(D) for k in MASK_NAMES}] * 2)
-    torch.testing.assert_close(_logits(model, ids), reference, atol=1e-5, rtol=1e-5)
-    set_masks(model, random_masks(2, uniform(0.5), seed=0))
-    assert not torch.allclose(_logits(model, ids), reference, atol=1e-2)
-    set_masks(model, None)
+    with masked(model, [{k: torch.ones(D) for k in MASK_NAMES}] * 2):
+        torch.testing.assert_close(_logits(model, ids), reference, atol=1e-5, rtol=1e-5)
+        with masked(model, random_masks(2, uniform(0.5), seed=0)):
+            assert not torch.allclose(_logits(model, ids), reference, atol=1e-2)
+            with masked(model, None):
+                assert torch.equal(_logits(model, ids), reference)
+        torch.testing.assert_close(_logits(model, ids), reference, atol=1e-5, rtol=1e-5)  # the outer masks back
+    assert torch.equal(_logits(model, ids), reference)  # dense outside every block
+
+
+def test_masked_restores_the_previous_masks_on_an_error(model: nn.Module) -> None:
+    install_routing(model)
+    ids = _ids()
+    reference = _logits(model, ids)
+    outer = random_masks(2, uniform(0.5), seed=1)
+    with masked(model, outer):
+        routed = _logits(model, ids)
+        bad = [random_masks(1, uniform(0.3), seed=3)[0], {"attn-in": torch.ones(D)}]  # the second layer's
+        with pytest.raises(KeyError, match="exactly the keys"), masked(model, bad):
+            pass
+        with pytest.raises(RuntimeError, match="inner"), masked(model, random_masks(2, uniform(0.3), seed=2)):
+            raise RuntimeError("inner")
+        assert torch.equal(_logits(model, ids), routed)
     assert torch.equal(_logits(model, ids), reference)
 
 
@@ -124,14 +142,15 @@ def test_masked_equals_compiled(model: nn.Module, case: str, attn: str) -> None:
     padding = torch.ones_like(ids)
     padding[1, :4] = 0  # left padding in the second row exercises the attention mask
     install_routing(model)
-    set_masks(model, masks)
-    masked = _logits(model, ids, padding)
-    compiled = compile_model(model, masks)
-    assert all(isinstance(layer, CompiledDecoderLayer) for layer in compiled.model.layers)
-    torch.testing.assert_close(_logits(compiled, ids, padding), masked, atol=1e-4, rtol=1e-5)
-    assert torch.equal(_logits(model, ids, padding), masked)  # the input model is untouched
+    with masked(model, masks):
+        routed = _logits(model, ids, padding)
+        compiled = compile_model(model, masks)
+        assert all(isinstance(layer, CompiledDecoderLayer) for layer in compiled.model.layers)
+        torch.testing.assert_close(_logits(compiled, ids, padding), routed, atol=1e-4, rtol=1e-5)
+        assert torch.equal(_logits(model, ids, padding), routed)  # the input model is untouched
     bool_masks = [{k: v.bool() for k, v in g.items()} for g in masks]
-    torch.testing.assert_close(_logits(compile_model(model, bool_masks), ids, padding), masked, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(_logits(compile_model(model, bool_masks), ids, padding), routed, atol=1e-4,
+                               rtol=1e-5)
 
 
 def test_compiled_autograd_path_equals_the_inference_path(model: nn.Module) -> None:
@@ -177,11 +196,11 @@ def test_gradients_reach_the_masks_and_match_finite_differences(model: nn.Module
     model.double()
     install_routing(model)
     masks = [{k: v.double().requires_grad_() for k, v in g.items()} for g in random_masks(2, uniform(0.6), seed=5)]
-    set_masks(model, masks)
     ids = _ids(batch=1, seq=8)
 
     def loss() -> torch.Tensor:  # next-token CE in float64 (HF's loss upcasts only to float32)
-        logits = model(input_ids=ids).logits[0, :-1]
+        with masked(model, masks):
+            logits = model(input_ids=ids).logits[0, :-1]
         return nn.functional.cross_entropy(logits, ids[0, 1:])
 
     loss().backward()
@@ -199,9 +218,9 @@ def test_gradients_reach_the_masks_and_match_finite_differences(model: nn.Module
                 masks[layer][name][i] += eps
             torch.testing.assert_close((up - down) / (2 * eps), grad[i], rtol=1e-3, atol=1e-4)
     surrogate = [{k: v * 1.0 for k, v in g.items()} for g in masks]  # non-leaf, as a straight-through gate gives
-    set_masks(model, surrogate)
-    masked = _logits(model, ids)
-    torch.testing.assert_close(_logits(compile_model(model, surrogate), ids), masked, atol=1e-8, rtol=1e-8)
+    with masked(model, surrogate):
+        routed = _logits(model, ids)
+        torch.testing.assert_close(_logits(compile_model(model, surrogate), ids), routed, atol=1e-8, rtol=1e-8)
 
 
 def test_lora_model_routes_and_compiles_with_merged_adapters(model: nn.Module, tiny_model_dir: Path) -> None:
@@ -213,14 +232,14 @@ def test_lora_model_routes_and_compiles_with_merged_adapters(model: nn.Module, t
     ids = _ids()
     reference = _logits(peft_model, ids)
     install_routing(peft_model)
-    set_masks(peft_model, [{k: torch.ones(D) for k in MASK_NAMES}] * 2)
-    torch.testing.assert_close(_logits(peft_model, ids), reference, atol=1e-5, rtol=1e-5)
+    with masked(peft_model, [{k: torch.ones(D) for k in MASK_NAMES}] * 2):
+        torch.testing.assert_close(_logits(peft_model, ids), reference, atol=1e-5, rtol=1e-5)
     masks = random_masks(2, uniform(0.5), seed=11)
-    set_masks(peft_model, masks)
-    masked = _logits(peft_model, ids)
+    with masked(peft_model, masks):
+        routed = _logits(peft_model, ids)
     compiled = compile_model(peft_model, masks)
     assert not any("lora" in n for n, _ in compiled.named_parameters())
-    torch.testing.assert_close(_logits(compiled, ids), masked, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(_logits(compiled, ids), routed, atol=1e-4, rtol=1e-5)
     assert any("lora" in n for n, _ in peft_model.named_parameters())  # the adapters stay on the input model
 
 
@@ -237,10 +256,10 @@ def test_projection_biases_and_empty_lanes_agree(tiny_model_dir: Path) -> None:
                 p.normal_(0.0, 1.0)
     masks = random_masks(2, {"attn-in": 0.0, "attn-out": 0.5, "ffn-in": 0.0, "ffn-out": 0.7}, seed=2)
     install_routing(biased)
-    set_masks(biased, masks)
     ids = _ids(seq=9) % 500
-    masked = _logits(biased, ids)
-    torch.testing.assert_close(_logits(compile_model(biased, masks), ids), masked, atol=1e-4, rtol=1e-5)
+    with masked(biased, masks):
+        routed = _logits(biased, ids)
+    torch.testing.assert_close(_logits(compile_model(biased, masks), ids), routed, atol=1e-4, rtol=1e-5)
 
 
 def test_save_load_round_trip(model: nn.Module, tmp_path: Path) -> None:
@@ -268,16 +287,15 @@ def test_a_fully_skipped_layer_compiles_saves_and_loads(model: nn.Module, tmp_pa
         masks[0][name].zero_()
     ids = _ids()
     install_routing(model)
-    set_masks(model, masks)
-    masked = _logits(model, ids)
-    set_masks(model, None)
+    with masked(model, masks):
+        routed = _logits(model, ids)
     compiled = compile_model(model, masks)
     assert compiled.model.layers[0].self_attn is None and compiled.model.layers[0].mlp is None
     assert decoder_layers(compiled) is compiled.model.layers
     save_compiled(compiled, tmp_path / "compiled")
     loaded = load_compiled(tmp_path / "compiled")
     assert loaded.model.layers[0].self_attn is None and loaded.model.layers[0].mlp is None
-    torch.testing.assert_close(_logits(loaded, ids), masked, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(_logits(loaded, ids), routed, atol=1e-4, rtol=1e-5)
 
 
 def _greedy_without_cache(model: nn.Module, ids: torch.Tensor, steps: int) -> torch.Tensor:
@@ -292,13 +310,13 @@ def test_compiled_generate_equals_masked_greedy(model: nn.Module) -> None:
     masks = random_masks(2, uniform(0.6), seed=9)
     masks[0]["attn-in"].zero_()  # layer 0 attention skipped: the KV cache must still count its tokens
     install_routing(model)
-    set_masks(model, masks)
     prompt = _ids(batch=1, seq=6, seed=3)
-    expected = _greedy_without_cache(model, prompt, steps=8)
+    with masked(model, masks):
+        expected = _greedy_without_cache(model, prompt, steps=8)
+        generated = model.generate(prompt, max_new_tokens=8, do_sample=False, min_new_tokens=8)
     assert len(set(expected[0, 6:].tolist())) > 1  # not a degenerate repetition
-    masked = model.generate(prompt, max_new_tokens=8, do_sample=False, min_new_tokens=8)
     compiled = compile_model(model, masks).generate(prompt, max_new_tokens=8, do_sample=False, min_new_tokens=8)
-    assert torch.equal(masked, expected)
+    assert torch.equal(generated, expected)
     assert torch.equal(compiled, expected)
 
 
@@ -345,17 +363,17 @@ def test_prefill_sized_inputs_split_gate_and_up_and_still_equal_the_masked_form(
         model: nn.Module, attn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """From `SPLIT_GATE_UP_ROWS` tokens on, gate and up run as two products on the halves of the stored weight:
     the same logits as the fused product and as the masked form."""
-    import fedprune_app.methods.sftp.hf.modeling_fedprune_routed_llama as routing  # where CompiledMLP reads it
+    import fedprune_app.structural.hf.modeling_fedprune_routed_llama as routing  # where CompiledMLP reads it
 
     model.set_attn_implementation(attn)
     masks = random_masks(2, CASES["attn dense-ish, ffn sparse"], seed=13)
     ids = _ids(batch=2, seq=80, seed=5)  # 160 rows ≥ SPLIT_GATE_UP_ROWS
     assert ids.numel() >= routing.SPLIT_GATE_UP_ROWS
     install_routing(model)
-    set_masks(model, masks)
-    masked = _logits(model, ids)
+    with masked(model, masks):
+        routed = _logits(model, ids)
     compiled = compile_model(model, masks)
     split = _logits(compiled, ids)
-    torch.testing.assert_close(split, masked, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(split, routed, atol=1e-4, rtol=1e-5)
     monkeypatch.setattr(routing, "SPLIT_GATE_UP_ROWS", 10**9)
     torch.testing.assert_close(_logits(compiled, ids), split, atol=1e-6, rtol=1e-6)

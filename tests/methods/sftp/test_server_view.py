@@ -19,8 +19,8 @@ from fedprune_app.llm.evaluation import held_out_text, perplexity
 from fedprune_app.llm.models import load_base_model, load_tokenizer
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import deterministic_mask, generator_for, set_generator_state
-from fedprune_app.methods.sftp.routing import MASK_NAMES, load_compiled
 from fedprune_app.server_app import server_evaluation
+from fedprune_app.structural.routing import MASK_NAMES, load_compiled
 from strategies.sftp import SFTPStrategy
 from tests.conftest import small_config
 from tests.fake_grid import FakeGrid

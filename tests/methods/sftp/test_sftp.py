@@ -12,7 +12,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
-from clients.sftp import EMBEDDING_RECORD, SFTPClient, local_training
+from clients.sftp import EMBEDDING_RECORD, SFTPClient
 from fedprune_app.core.config import ConfigError, RunConfig
 from fedprune_app.core.replies import to_record
 from fedprune_app.core.rundir import render_compiled
@@ -22,17 +22,18 @@ from fedprune_app.methods.sftp.generator import (
     deployed_gates,
     deterministic_mask,
     generator_for,
-    held_open,
     layer_masks,
-    routed_model_for,
 )
-from fedprune_app.methods.sftp.routing import (
+from fedprune_app.methods.sftp.local import RoundPlan, local_round
+from fedprune_app.methods.sftp.models import routed_model
+from fedprune_app.structural.held import held_coordinates
+from fedprune_app.structural.routing import (
     MASK_NAMES,
     kept_parameters,
     load_compiled,
     mask_statistics,
+    masked,
     prunable_parameters,
-    set_masks,
 )
 from strategies.sftp import SFTPStrategy
 from tests.conftest import record_training_batches, small_config
@@ -61,18 +62,18 @@ def private_tensors(client: SFTPClient) -> dict[str, np.ndarray]:
 
 
 def record_set_masks(monkeypatch: pytest.MonkeyPatch) -> list[list[dict[str, torch.Tensor]]]:
-    """A copy of every mask list the SFT-P client sets on its model (None, the dense model, is not recorded)."""
-    import clients.sftp as sftp_client
+    """A copy of every mask list the SFT-P client routes its model by (the dense model is not recorded)."""
+    import fedprune_app.structural.routing as routing
 
     seen: list[list[dict[str, torch.Tensor]]] = []
-    real = sftp_client.set_masks
+    real = routing.set_masks
 
     def recording(model: torch.nn.Module, masks: list | None) -> None:
-        if masks is not None:
+        if masks is not None and any(g is not None for g in masks):
             seen.append([{k: v.detach().clone() for k, v in g.items()} for g in masks])
         real(model, masks)
 
-    monkeypatch.setattr(sftp_client, "set_masks", recording)
+    monkeypatch.setattr(routing, "set_masks", recording)
     return seen
 
 
@@ -112,7 +113,7 @@ def test_initial_state_is_theta_and_phi_and_routes_dense(setup) -> None:
     assert any(k.startswith(GENERATOR_PREFIX) for k in initial) and any("lora_B" in k for k in initial)
     client = make_client(cfg)
     model, _, generator = client.load(content(initial, 1))
-    embedding, _ = client.embedding()
+    embedding = client.client_state().embedding
     with torch.no_grad():
         assert deterministic_mask(generator(embedding), cfg.section(SFTPConfig).sftp_gate_bias).min() == 1.0
 
@@ -162,15 +163,16 @@ def test_local_training_moves_the_kept_ratio_to_the_budget(tiny_model_dir: Path)
     cfg = sftp_config(tiny_model_dir, sftp_gate_tau=1.0, sftp_generator_lr=1e-2, local_steps=30, batch_size=1,
                       seq_len=16)
     client = make_client(cfg)
-    model, tokenizer = routed_model_for(cfg)
+    model, tokenizer = routed_model(cfg)
     generator = generator_for(cfg, model.config, seed=0)
-    embedding, state = client.embedding()
-    report = local_training(model, tokenizer, generator, embedding, state, client.data.train, cfg, 0.5, 0, 1)
+    state = client.client_state()
+    report = local_round(cfg, model, tokenizer, generator, state, client.data.train, RoundPlan(1, 0, 0.5))
     with torch.no_grad():
-        masks = layer_masks(deterministic_mask(generator(embedding), 3.0))
+        masks = layer_masks(deterministic_mask(generator(state.embedding), 3.0))
     ratio = kept_parameters(model.config, masks).item() / prunable_parameters(model.config)
     assert abs(ratio - 0.5) < 0.15, ratio
-    assert np.mean(report.penalty[-5:]) < 0.5 * np.mean(report.penalty[:5])
+    penalty = report.values["penalty"]
+    assert np.mean(penalty[-5:]) < 0.5 * np.mean(penalty[:5])
     assert all(layer.routing_masks is None for layer in model.base_model.model.model.layers)  # left dense
 
 
@@ -179,14 +181,14 @@ def _one_local_step(tiny_model_dir: Path, **overrides: Any) -> tuple[torch.Tenso
     whatever `overrides` change), at generator lr 1e-2."""
     cfg = sftp_config(tiny_model_dir, sftp_generator_lr=1e-2, local_steps=1, batch_size=1, seq_len=16, **overrides)
     client = make_client(cfg)
-    model, tokenizer = routed_model_for(cfg)
+    model, tokenizer = routed_model(cfg)
     generator = generator_for(cfg, model.config, seed=0)
     theta = torch.cat([p.detach().clone().flatten() for p in generator.parameters()])
-    embedding, state = client.embedding()
-    start = embedding.detach().clone()
-    local_training(model, tokenizer, generator, embedding, state, client.data.train, cfg, 0.5, 0, 1)
+    state = client.client_state()
+    start = state.embedding.detach().clone()
+    local_round(cfg, model, tokenizer, generator, state, client.data.train, RoundPlan(1, 0, 0.5))
     moved = torch.cat([p.detach().flatten() for p in generator.parameters()]) - theta
-    return start, embedding.detach().clone(), moved
+    return start, state.embedding.detach().clone(), moved
 
 
 def test_embed_lr_scale_moves_e_k_at_its_own_rate(tiny_model_dir: Path) -> None:
@@ -224,12 +226,8 @@ def _eq13_by_hand(model: torch.nn.Module, masks: list[dict[str, torch.Tensor]], 
     routed model's logits under `masks` over the labelled tokens; R = |log(T(g) / (p·T_total))| (Eq. 13–14) with
     T counted from the weight shapes of the peft-wrapped LLaMA's projections (rows of q/k/v and gate/up per kept
     input lane, columns of o and down per kept output lane)."""
-    set_masks(model, masks)
-    try:
-        with torch.no_grad():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-    finally:
-        set_masks(model, None)
+    with masked(model, masks), torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     labels = batch["labels"][:, 1:].reshape(-1)
     clm = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels, ignore_index=-100)
     kept = total = 0
@@ -251,10 +249,10 @@ def test_the_reported_training_loss_is_eq_13(tiny_model_dir: Path, flower_ids: N
     """What the client reports as its training objective (one local step: the loss at the Θ, Φ, e_k it received)
     is Eq. 13, L = CLM + λ·R, recomputed here from the step's own sampled gates and batch, for two λ: a client
     that dropped λ, the penalty or the log ratio, or trained on another loss, reports another number."""
-    import clients.sftp as sftp_client
+    import fedprune_app.llm.training as training
 
     seen: dict[str, list] = {"masks": record_set_masks(monkeypatch),
-                             "batches": record_training_batches(sftp_client, monkeypatch)}
+                             "batches": record_training_batches(training, monkeypatch)}
     reported = {}
     for lam in (1.0, 16.0):
         cfg = sftp_config(tiny_model_dir, local_steps=1, lora_dropout=0.0, sftp_lambda=lam,
@@ -281,9 +279,9 @@ def test_the_client_trains_on_the_configured_targets(loss_on: str | None, tiny_m
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """L_CLM (Eq. 13) is on every token by default (§3.3's causal LM loss on the local corpus); `sftp-loss-on =
     'answer'` puts it on the responses only."""
-    import clients.sftp as sftp_client
+    import fedprune_app.llm.training as training
 
-    batches = record_training_batches(sftp_client, monkeypatch)
+    batches = record_training_batches(training, monkeypatch)
     cfg = sftp_config(tiny_model_dir, local_steps=2, pack_sequences=False,  # padded rows show which tokens are real
                       **({} if loss_on is None else {"sftp_loss_on": loss_on}))
     make_client(cfg).train(content(SFTPStrategy(cfg).initial_arrays(), 1))
@@ -323,9 +321,9 @@ def test_only_the_final_evaluation_carries_the_masks(round_one) -> None:
     assert {"acc", "acc_norm"} <= set(final.metric_records["metrics"])
     sent = final.array_records["masks"]
     model, tokenizer, generator = client.load(content(trained, ROUNDS))
-    embedding, _ = client.embedding()
+    embedding = client.client_state().embedding
     with torch.no_grad():
-        expected = deployed_gates(generator(embedding), 3.0, held_open(cfg, model, tokenizer),
+        expected = deployed_gates(generator(embedding), 3.0, held_coordinates(cfg, model, tokenizer),
                                   model.config, client.keep_ratio, "budget")
     assert set(sent) == set(MASK_NAMES)
     for i, name in enumerate(MASK_NAMES):
@@ -358,7 +356,7 @@ def test_final_masks_become_compiled_models(tiny_model_dir: Path, flower_ids: No
     rows: list[dict] = []
     strategy = SFTPStrategy(cfg, rows.append)
     initial = strategy.initial_arrays()
-    model, _ = routed_model_for(cfg)
+    model, _ = routed_model(cfg)
     layers, d = model.config.num_hidden_layers, model.config.hidden_size
     rng = np.random.default_rng(1)
     masks = {pid: {n: rng.random((layers, d)) < 0.6 for n in MASK_NAMES} for pid in (0, 1)}
@@ -374,12 +372,8 @@ def test_final_masks_become_compiled_models(tiny_model_dir: Path, flower_ids: No
     compiled = load_compiled(tmp_path / "compiled" / "client-1")
     per_layer = [{n: torch.from_numpy(masks[1][n][i]).float() for n in MASK_NAMES} for i in range(layers)]
     ids = torch.tensor([[1, 20, 300, 4000, 5]])
-    set_masks(model, per_layer)
-    try:
-        with torch.no_grad():
-            routed = model(input_ids=ids).logits
-    finally:
-        set_masks(model, None)
+    with masked(model, per_layer), torch.no_grad():
+        routed = model(input_ids=ids).logits
     with torch.no_grad():
         torch.testing.assert_close(compiled(input_ids=ids).logits, routed, rtol=1e-4, atol=1e-4)
     assert sum(p.numel() for p in compiled.parameters()) < sum(

@@ -15,9 +15,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedprune_app.llm.models import load_base_model
-from fedprune_app.methods.sftp import speed
-from fedprune_app.methods.sftp.routing import MASK_NAMES, LayerMasks, compile_model
-from fedprune_app.methods.sftp.speed import (
+from fedprune_app.structural import speed
+from fedprune_app.structural.routing import MASK_NAMES, LayerMasks, compile_model
+from fedprune_app.structural.speed import (
     compiled_rows,
     flop_ceiling,
     forward_flops,

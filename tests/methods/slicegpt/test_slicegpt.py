@@ -14,8 +14,6 @@ from transformers import AutoModelForCausalLM
 from fedprune_app.core.config import ConfigError
 from fedprune_app.llm.data import client_data, training_batches
 from fedprune_app.llm.models import load_tokenizer
-from fedprune_app.methods.sftp.routing import prunable_parameters
-from fedprune_app.methods.sftp.speed import workload_flops
 from fedprune_app.methods.slicegpt.models import sliced_flops
 from fedprune_app.methods.slicegpt.pca import (
     covariance_sums,
@@ -33,6 +31,8 @@ from fedprune_app.methods.slicegpt.sliced import (
     sliced_parameters,
     sliced_width,
 )
+from fedprune_app.structural.routing import prunable_parameters
+from fedprune_app.structural.speed import workload_flops
 from tests.conftest import small_config
 from tests.local_grid import LocalGrid, run_server
 

@@ -1,5 +1,5 @@
-"""SFT-P residual-safe routing (§3.1, Eq. 1–9; Appx. A.1, Eq. 16–18): masked training form, parameter
-accounting T(g), and the compiled deployable model.
+"""Residual-safe routing of the bus (SFT-P §3.1, Eq. 1–9; Appx. A.1, Eq. 16–18), shared by every structural
+method: the masked training form (`masked`), parameter accounting T(g), and the compiled deployable model.
 
 The residual bus stays d-wide. Per decoder layer and submodule m ∈ {attn, ffn} the masks g^{m,in}, g^{m,out}
 ∈ {0,1}^d (Eq. 7–9) pick the lanes π^{m,in}, π^{m,out}. Masked form (training, gradients reach g):
@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,11 @@ import torch
 from torch import Tensor, nn
 
 from fedprune_app.llm.layers import decoder_layers
-from fedprune_app.methods.sftp.hf.configuration_fedprune_routed_llama import (
+from fedprune_app.structural.hf.configuration_fedprune_routed_llama import (
     MASK_NAMES,
     FedpruneRoutedLlamaConfig,
 )
-from fedprune_app.methods.sftp.hf.modeling_fedprune_routed_llama import (  # noqa: F401 (re-exported)
+from fedprune_app.structural.hf.modeling_fedprune_routed_llama import (  # noqa: F401 (re-exported)
     SPLIT_GATE_UP_ROWS,
     CompiledAttention,
     CompiledDecoderLayer,
@@ -122,18 +123,59 @@ def install_routing(model: nn.Module) -> None:
 
 
 def set_masks(model: nn.Module, masks: Sequence[LayerMasks | None] | None) -> None:
-    """One LayerMasks per decoder layer (None, or a None entry = dense). The tensors are used as given, so
-    gradients flow from the loss into them (and through them to the gate surrogate)."""
+    """One LayerMasks per decoder layer (None, or a None entry = dense) put on the routed layers; only `masked`
+    calls it, so that every mask has a scope. The tensors are used as given, so gradients flow from the loss into
+    them (and through them to the gate surrogate)."""
     layers = decoder_layers(model)
     if not all(isinstance(layer, _RoutedLayer) for layer in layers):
-        raise RuntimeError("call install_routing(model) before set_masks")
+        raise RuntimeError("call install_routing(model) before routing it by masks")
     masks = [None] * len(layers) if masks is None else list(masks)
     if len(masks) != len(layers):
         raise ValueError(f"got masks for {len(masks)} layers, the model has {len(layers)}")
-    for layer, g in zip(layers, masks, strict=True):
+    for g in masks:  # every layer checked before any is changed
         if g is not None and set(g) != set(MASK_NAMES):
             raise KeyError(f"layer masks must have exactly the keys {MASK_NAMES}, got {sorted(g)}")
+    for layer, g in zip(layers, masks, strict=True):
         layer.routing_masks = g
+
+
+@contextmanager
+def masked(model: nn.Module, masks: Sequence[LayerMasks | None] | None) -> Iterator[nn.Module]:
+    """`model` routed by `masks` (one LayerMasks per decoder layer; None = dense) inside the block; on leaving,
+    also by an exception, the masks it had before, so blocks nest (as peft's `with model.disable_adapter():`).
+    Outside every block a routed model is dense. The masks' tensors are used as given: a loss computed inside
+    the block carries gradients to them (backward may run after the block)."""
+    layers = decoder_layers(model)
+    previous = [getattr(layer, "routing_masks", None) for layer in layers]
+    set_masks(model, masks)
+    try:
+        yield model
+    finally:
+        for layer, g in zip(layers, previous, strict=True):
+            layer.routing_masks = g
+
+
+class MaskedModel(nn.Module):
+    """A routed model whose every call runs under `masked(model, masks)`: what a strategy hands out as its global
+    model (server evaluation scores it like any model) without leaving the masks on the shared cached model.
+    Attributes other than `model` and `masks` (config, generation settings, ...) are the routed model's."""
+
+    def __init__(self, model: nn.Module, masks: Sequence[LayerMasks] | None) -> None:
+        super().__init__()
+        self.model, self.masks = model, masks
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The routed model's forward under the masks."""
+        with masked(self.model, self.masks):
+            return self.model(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "model":  # not set yet (a copy under construction)
+                raise
+            return getattr(self.model, name)
 
 
 # ---------------------------------------------------------------- parameter accounting T(g) (Eq. 13)
@@ -203,6 +245,24 @@ def prunable_parameters(config: Any) -> int:
     """T_total: `kept_parameters` at all-ones masks (q/k/v/o/gate/up/down weights of every decoder layer)."""
     d, attn_in, attn_out, ffn_in, ffn_out = bus_dims(config)
     return int(config.num_hidden_layers) * d * (attn_in + attn_out + ffn_in + ffn_out)
+
+
+def kept_ratios(kept: float, prunable_total: int, model_total: int) -> dict[str, float]:
+    """Kept share of the prunable projections, T/T_total, and of the whole model, 1 − (T_total − T)/N."""
+    return {"kept-ratio-prunable": kept / prunable_total,
+            "kept-ratio-model": 1 - (prunable_total - kept) / model_total}
+
+
+def backbone_parameters(model: nn.Module) -> int:
+    """N: parameters of the backbone (LoRA tensors excluded, tied weights counted once)."""
+    return sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
+
+
+def model_kept_ratios(model: nn.Module, masks: Sequence[LayerMasks] | None) -> dict[str, float]:
+    """`kept_ratios` of a routed model under `masks` (None = dense): what SFT-P's and fedflap's clients report."""
+    total = prunable_parameters(model.config)
+    kept = float(total if masks is None else kept_parameters(model.config, masks))
+    return kept_ratios(kept, total, backbone_parameters(model))
 
 
 # ---------------------------------------------------------------- compiled form (Appx. A.1, Eq. 16–18)

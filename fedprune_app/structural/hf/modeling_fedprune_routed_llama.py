@@ -1,6 +1,6 @@
 """SFT-P's compiled (routed) model (§3.1, Eq. 1–9; Appx. A.1, Eq. 16–18) as a Hugging Face model class.
 
-The one implementation of the compiled forward: `fedprune_app.methods.sftp.routing` builds these classes
+The one implementation of the compiled forward: `fedprune_app.structural.routing` builds these classes
 (`compile_model`) and loads them (`load_compiled`), and `save_pretrained` copies this file (and its relative import,
 the configuration) next to the weights, so that a compiled model directory loads anywhere with
 `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`. It therefore imports only torch and

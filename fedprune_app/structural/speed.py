@@ -146,7 +146,7 @@ def lane_widths(source: Any) -> list[dict[str, int]] | None:
     sequence of per-layer masks (`LayerMasks`, bool or 0/1, thresholded at 0.5 as `compile_model` does), or the
     stacked {mask name: (layers, d)} arrays of a client's final masks (numpy or torch)."""
     from fedprune_app.llm.layers import decoder_layers
-    from fedprune_app.methods.sftp.routing import MASK_NAMES, CompiledDecoderLayer
+    from fedprune_app.structural.routing import MASK_NAMES, CompiledDecoderLayer
 
     if isinstance(source, nn.Module):
         layers = decoder_layers(source)

@@ -1,0 +1,1 @@
+"""Tests of the structural-pruning library the methods share (`fedprune_app/structural/`)."""
