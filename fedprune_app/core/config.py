@@ -21,18 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from numbers import Integral
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from fedprune_app.llm.settings import DEVICE_PATTERN, DEVICE_TEXT, ConfigError, parse_partition_id, split_list
+from fedprune_app.llm.settings import per_client as per_client  # re-exported: the methods' configs parse with it
+
 Scalar = bool | int | float | str
-
-
-class ConfigError(ValueError):
-    """A run-config value is unknown, of the wrong type or out of range."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,6 @@ DEFAULT_CLIENT_DATA = (
     "bigbench:elementary_math_qa/question_only,bigbench:logical_deduction/three_objects"
 )
 
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # `device`: resolved to a torch.device at model load
 PERPLEXITY_SET_NAMES = ("wikitext2", "ptb", "c4")  # `ppl:<name>` in server-eval-data (data.PERPLEXITY_SETS)
 
 
@@ -209,7 +205,7 @@ class SharedConfig(ConfigSection):
         "its client-resources-num-gpus gave it), else cpu; 'cuda' / 'cuda:<n>' fail at model load where no GPU "
         "is visible. A quantized model (model-quantization) gets bitsandbytes' device map: 'auto' over the visible "
         "GPUs for auto/cuda, else the one device.",
-        allowed_text="'auto', 'cpu', 'cuda' or 'cuda:<index>'",
+        allowed_text=DEVICE_TEXT,
     )
     # --- the data ------------------------------------------------------------------------------------
     client_data: str = key(
@@ -332,23 +328,6 @@ def _coerce(key: Key, value: Any) -> Scalar:
     return value
 
 
-def per_client(value: str, n: int, cast: Callable[[str], Any], key: str) -> list[Any]:
-    """Parse a per-client list string ("0.2,0.2,0.5,0.5"): one value for all clients, or exactly n."""
-    items = [v.strip() for v in str(value).split(",") if v.strip()]
-    if len(items) not in (1, n):
-        raise ConfigError(f"run-config key '{key}' needs 1 or {n} comma-separated values, got {len(items)}: {value!r}")
-    try:
-        parsed = [cast(v) for v in items]
-    except ValueError as err:
-        raise ConfigError(f"run-config key '{key}': cannot parse {value!r} ({err})") from err
-    return parsed * n if len(parsed) == 1 else parsed
-
-
-def split_list(value: str) -> list[str]:
-    """Split a comma-separated string into its non-empty, stripped items."""
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
 def all_sections() -> list[type[ConfigSection]]:
     """`SharedConfig` and every registered method's section."""
     from fedprune_app.core import registry  # the registry imports this module
@@ -451,28 +430,6 @@ def _node_number(node_config: Mapping[str, Any], key: str, default: float | None
         return cast(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
         raise ConfigError(f"node-config key '{key}' must be {NODE_KEYS[key]}, got {value!r}") from None
-
-
-def parse_partition_id(value: Any, num_partitions: int | None = None, *, text: bool = False) -> int:
-    """A partition id, validated: an int, not a bool (with `text`, also an int written as a string, as Flower's
-    Ray proxy passes node-config values), in [0, num_partitions), or >= 0 where the number of partitions is not
-    known (a reply's `partition-id` metric, checked by the server). Raises ValueError saying what it accepts and
-    what it got. The one rule for a node's config and for the replies."""
-    allowed = "a non-negative int" if num_partitions is None else f"an int in [0, {num_partitions})"
-    problem = ValueError(f"'partition-id' must be {allowed}, got {value!r}")
-    if isinstance(value, Integral) and not isinstance(value, bool):
-        pid = int(value)
-    elif text and isinstance(value, str):
-        try:
-            pid = int(value.strip())
-        except ValueError:
-            raise problem from None
-    else:
-        raise problem
-    if pid < 0 or (num_partitions is not None and pid >= num_partitions):
-        raise problem
-    return pid
-
 
 
 @dataclass(frozen=True)

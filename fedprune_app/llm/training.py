@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedprune_app.core.config import RunConfig
 from fedprune_app.llm.data import Example, collate, pack, training_batches
 from fedprune_app.llm.models import model_device
+from fedprune_app.llm.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def packs_exactly(model: nn.Module, pad_id: int | None, tol: float = 1e-4) -> bo
     return ok
 
 
-def packed_training(model: nn.Module, tokenizer: Any, cfg: RunConfig) -> bool:
+def packed_training(model: nn.Module, tokenizer: Any, cfg: TrainSettings) -> bool:
     """`pack-sequences` and the model passes `packs_exactly`."""
     return bool(cfg.pack_sequences) and packs_exactly(model, tokenizer.pad_token_id)
 
@@ -85,7 +85,7 @@ def optimizer_step(loss: torch.Tensor, params: Sequence[torch.Tensor], opt: torc
     opt.zero_grad(set_to_none=True)
 
 
-def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: RunConfig, seed: int,
+def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: TrainSettings, seed: int,
                 steps: int | None = None) -> TrainReport:
     """`steps` (default `local-steps`) AdamW steps on the parameters that require grad.
 

@@ -44,6 +44,8 @@ RULES = {
     "core and llm import no method, strategy or client": (
         ("fedprune_app/core", "fedprune_app/llm"), ("fedprune_app.methods", "strategies", "clients")),
     "the LLM library imports no flwr": (("fedprune_app/llm",), ("flwr",)),
+    "the LLM library imports no core and no entry point: it stands alone": (
+        ("fedprune_app/llm",), ("fedprune_app.core", "fedprune_app.server_app", "fedprune_app.client_app")),
     "method packages import no side": (("fedprune_app/methods",), ("strategies", "clients", "fedprune_app.server_app",
                                                                    "fedprune_app.client_app")),
 }
@@ -62,6 +64,10 @@ def test_the_rule_checker_sees_function_level_imports(tmp_path: Path) -> None:
     bad.write_text("def f():\n    from strategies.sftp import SFTPStrategy\n    import flwr.app\n")
     assert offenders([bad], ("strategies",)) and offenders([bad], ("flwr",))
     assert not offenders([bad], ("clients",))
+    bad.write_text("from fedprune_app.core.config import RunConfig\n")
+    llm_rule = next(forbidden for name, (_, forbidden) in RULES.items() if "imports no core" in name)
+    assert offenders([bad], llm_rule) == [f"{bad} imports fedprune_app.core.config",
+                                          f"{bad} imports fedprune_app.core.config.RunConfig"]
 
 
 

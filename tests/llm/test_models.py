@@ -72,3 +72,28 @@ def test_saved_adapter_reloads_through_peft_and_load_run(tiny_model_dir: Path, t
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_the_library_loads_a_model_from_its_own_settings_without_the_app(tiny_model_dir: Path) -> None:
+    """Any object with the settings' attributes will do, and no run config is built on the way to
+    `from_pretrained`: the cache is keyed by the LoRA settings' value (`Lora`), not a JSON round trip."""
+    from types import SimpleNamespace
+
+    from fedprune_app.core.config import RunConfig
+    from fedprune_app.llm.models import Lora, cached_peft_model, peft_model_for
+
+    settings = SimpleNamespace(model_name=str(tiny_model_dir), model_dtype="float32", model_quantization="none",
+                               device="cpu", lora_rank=4, lora_alpha=8, lora_dropout=0.0,
+                               lora_target_modules="q_proj,v_proj", seed=3)
+    cached_peft_model.cache_clear()
+    built = RunConfig.from_flower
+    try:
+        RunConfig.from_flower = None  # type: ignore[assignment]  # a load that built a run config would fail
+        model, tokenizer = peft_model_for(settings)
+        again, _ = peft_model_for(SimpleNamespace(**{**vars(settings), "lora_alpha": 8.0}))
+    finally:
+        RunConfig.from_flower = built  # type: ignore[method-assign]
+    assert model.peft_config["default"].r == 4 and model.peft_config["default"].lora_alpha == 8.0
+    assert model.peft_config["default"].target_modules == {"q_proj", "v_proj"} and tokenizer.pad_token is not None
+    assert again is model and Lora.of(settings) == Lora(4, 8.0, 0.0, "q_proj,v_proj", 3)
+    cached_peft_model.cache_clear()
