@@ -38,8 +38,8 @@ log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --st
 def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
                       ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
     """Perplexity of the global model on the held-out text of each `server-eval-data` source, every round. A strategy
-    whose `global_model` is not simply "the" global model says what it built in `global_model_notes` (e.g. SFT-P
-    +C: a mask no client has, and its kept ratio); the rows carry those fields and results.md the label."""
+    whose `global_model` is not simply "the" global model says what it built in `global_model_notes` (e.g. a mask
+    no client has, and its kept ratio); the rows carry those fields and results.md the label."""
     sources = split_list(cfg.server_eval_data)
     if not sources or cfg.eval_ppl_tokens == 0:
         return None
@@ -47,7 +47,7 @@ def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirec
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model, tokenizer = strategy.global_model(arrays)
-        notes = dict(getattr(strategy, "global_model_notes", None) or {})
+        notes = dict(strategy.global_model_notes)
         metrics: dict[str, float] = {}
         for source, text in texts.items():
             start = time.perf_counter()
@@ -82,8 +82,9 @@ def main(grid: Grid, context: Context) -> None:
     seed_everything(cfg.seed)
     run = RunDirectory.create(cfg)
     log.info("[fedprune] %s: run directory %s", cfg.method, run.path)
+    report: FederatedStrategy | None = None  # adds the method's part of results.md once it exists
     try:
-        strategy = registry.strategy_class(cfg.method)(cfg, recorder=run.log)
+        strategy = report = registry.strategy_class(cfg.method)(cfg, recorder=run.log)
         strategy.run_key = checkpoint.run_key if checkpoint else run.path.name
         initial = strategy.initial_arrays()
         first_round = 1
@@ -115,12 +116,12 @@ def main(grid: Grid, context: Context) -> None:
         score_references(cfg, strategy, run)
         strategy.score_client_references(grid)
         summary = run.finish("completed", {"artefacts": artefacts,
-                                           "initial-state-seconds": round(initial_ready, 3)})
+                                           "initial-state-seconds": round(initial_ready, 3)}, report)
     except BaseException as err:
         error = traceback.format_exc()[-4000:]
         message = f"{type(err).__name__}: {err}".strip()  # what `fedprune run` prints as the run's error
         try:
-            run.finish("failed", {"error": error, "error-message": message})
+            run.finish("failed", {"error": error, "error-message": message}, report)
         finally:
             log.error("[fedprune] run failed: %s (see %s/summary.json)", message, run.path)
         raise
