@@ -53,7 +53,7 @@ def reference(msg: Message, context: Context) -> Message:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """`query` messages: `{"query": "identity"}` (every method, before round 0: partition id and resources) or the
-    method's own one-off question (FedTPA's mean feature vector)."""
+    method's own one-off question (e.g. a client's mean feature vector)."""
     client = make_client(context)
     config = msg.content.config_records.get("config")
     content: RecordDict = client.identity() if config and config.get("query") == "identity" \

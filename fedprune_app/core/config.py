@@ -6,7 +6,7 @@ dict stays the wire and CLI format. Here the keys are typed dataclass fields, gr
 - `SharedConfig` (this file): the keys every method reads (the run, faults and resume, model, data, LoRA and
   local training, evaluation); `RunConfig` is a `SharedConfig`, so `cfg.local_steps` is an int.
 - one `ConfigSection` per method package (`fedprune_app/methods/<m>/config.py`), registered with the method:
-  `cfg.section(SFTPConfig).sftp_lambda` is a float.
+  `cfg.section(MethodConfig).method_key` is typed as the section declares it.
 
 A field `local_steps` is the flat key `local-steps`; `key(default, help, ...)` gives its meaning and bounds.
 `RunConfig.from_flower` validates the flat dict *before* any model or data is touched: an unknown key, a wrong type
@@ -130,7 +130,7 @@ class SharedConfig(ConfigSection):
     title: ClassVar[str] = "Shared keys"
 
     # --- the run -------------------------------------------------------------------------------------
-    method: str = key("fedit", "Federated method (server strategy + client pair from the registry).")
+    method: str = key("", "Federated method (server strategy + client pair from the registry).")  # default: `keys`
     num_server_rounds: int = key(3, "Federated rounds.", minimum=1)
     seed: int = key(0, "Seed for data splits, partitioning, LoRA init and sampling.", minimum=0)
     fraction_train: float = key(
@@ -152,8 +152,8 @@ class SharedConfig(ConfigSection):
     run_tag: str = key("", "Suffix of the run directory name `<date>-<method>-<tag>`.")
     save_merged: bool = key(
         False,
-        "Beside each final PEFT adapter directory (FedIT, FedTPA, FlexLoRA, SFT-P, fedflap) also write the full "
-        "model with that adapter merged (`merged/`, FlexLoRA's clients `client-merged/client-<k>/`; "
+        "Beside each final PEFT adapter directory also write the full model with that adapter merged "
+        "(`merged/`, per-client adapters' `client-merged/client-<k>/`; "
         "`AutoModelForCausalLM.from_pretrained`, with the tokenizer), in model-dtype. Needs model-quantization = "
         "'none'. See docs/artefacts.md.",
     )
@@ -223,6 +223,14 @@ class SharedConfig(ConfigSection):
     max_train_examples: int = key(512, "Training examples kept per source (0 = all).", minimum=0)
     val_examples: int = key(16, "Validation examples split off per source.", minimum=0)
     test_examples: int = key(60, "Test examples split off per source (evaluation size).", minimum=1)
+    local_val_fraction: float = key(
+        0.0,
+        "Share of each client's own training partition held out (seeded) as its "
+        "validation set (0.2 = an 8:2 split); 0 = the source's val split. With a share, val-examples caps "
+        "how many held-out examples are scored (0 = all).",
+        minimum=0.0,
+        maximum=0.9,
+    )
     seq_len: int = key(256, "Maximum tokens per training sequence.", minimum=8)
     # --- LoRA and local training ---------------------------------------------------------------------
     lora_rank: int = key(16, "LoRA rank r.", minimum=1)
@@ -241,15 +249,6 @@ class SharedConfig(ConfigSection):
     learning_rate: float = key(5e-4, "AdamW learning rate.", minimum=0.0)
     weight_decay: float = key(0.0, "AdamW weight decay.", minimum=0.0)
     max_grad_norm: float = key(1.0, "Gradient clipping norm (0 = off).", minimum=0.0)
-    # --- fedtpa / flexlora ----------------------------------------------------------------------------
-    local_val_fraction: float = key(
-        0.0,
-        "Share of each client's own training partition held out (seeded) as its "
-        "validation set (FedTPA §IV-A4: 0.2 = 8:2); 0 = the source's val split. With a share, val-examples caps "
-        "how many held-out examples are scored (0 = all).",
-        minimum=0.0,
-        maximum=0.9,
-    )
     # --- evaluation ----------------------------------------------------------------------------------
     eval_every: int = key(
         0,
@@ -285,6 +284,14 @@ class SharedConfig(ConfigSection):
         "ppl:wikitext2, ppl:ptb, ppl:c4 where the Hub is reachable) whose held-out text the server "
         "scores the global model's perplexity on after each round (empty = off).",
     )
+
+    @classmethod
+    def keys(cls) -> tuple[Key, ...]:
+        """The section's keys; `method` defaults to the method the registry names its default."""
+        from fedprune_app.core import registry  # the registry imports this module
+
+        return tuple(dataclasses.replace(k, default=registry.default_name()) if k.name == "method" else k
+                     for k in super().keys())
 
     def check(self, cfg: RunConfig) -> None:
         if not DEVICE_PATTERN.fullmatch(self.device):
@@ -351,7 +358,7 @@ def _fields(section: type[ConfigSection], values: Mapping[str, Scalar]) -> dict[
 @dataclass(frozen=True)
 class RunConfig(SharedConfig):
     """The validated run config: the shared keys as typed attributes (`cfg.local_steps`), each method's keys as
-    its typed section (`cfg.section(SFTPConfig).sftp_lambda`; `cfg["sftp-lambda"]` reads the flat value)."""
+    its typed section (`cfg.section(MethodConfig).method_key`; `cfg["method-key"]` reads the flat value)."""
 
     values: Mapping[str, Scalar] = field(default_factory=dict, repr=False, compare=False)
     sections: Mapping[type, ConfigSection] = field(default_factory=dict, repr=False, compare=False)
@@ -406,13 +413,12 @@ def defaults() -> dict[str, Scalar]:
 
 
 # --- node config (a SuperNode's `--node-config`; the simulation sets partition-id and num-partitions) ---------
-# (deployment engineer's addition: NodeConfig; used by fedprune_app/core/client.py)
 
 NODE_KEYS: dict[str, str] = {
     "partition-id": "an int in [0, num-partitions)",
     "num-partitions": "an int >= 1",
     "data-path": "an existing .jsonl file on this device (its examples replace the embedded partition)",
-    "resources": "a float in (0, 1] (FedSpaLLM's r_i, Eq. 8)",
+    "resources": "a float in (0, 1] (the node's share of compute, r_i, for methods that sample by it)",
     "state-dir": "a writable directory on this device for the client's checkpointed private state "
     "(default ~/.cache/fedprune/client-state)",
 }

@@ -1,7 +1,7 @@
 """Progress lines for long work: how long a step took, the time elapsed, and the time left.
 
 The time left is the mean duration of the steps done so far times the steps still to do: what a user reads in
-the run's stream (`[round 3/8] ...`), in a FedSpaLLM client's pruning loop (`layer 4/30 ...`) and in a grid
+the run's stream (`[round 3/8] ...`), in a client's layer-by-layer pruning loop (`layer 4/30 ...`) and in a grid
 (`cell 2/12 ...`). Pure bookkeeping over a clock, so it is tested with a fake one.
 """
 
@@ -115,7 +115,7 @@ class RoundProgress:
 
 def layer_logger(log: logging.Logger, prefix: str, layer_ids: Sequence[int], clock: Clock = time.monotonic
                  ) -> Callable[[int, float], None]:
-    """An `on_layer(decoder layer, seconds)` callback for `prune_sequentially` (FedSpaLLM's layer loop) that logs
+    """An `on_layer(decoder layer, seconds)` callback for a layer-by-layer pruning loop that logs
     `<prefix>: layer i/N (decoder layer j) in 3.2 s, ~1 min 28 s left`, i counting the layers in `layer_ids`."""
     order = {j: i for i, j in enumerate(sorted(set(layer_ids)), 1)}
     countdown = Countdown(len(order), clock)

@@ -3,7 +3,7 @@
 Round 1: the server sends nothing; each sampled client measures its data on the dense model and replies
 statistics (importance rows, covariance sums, ...) of fixed shapes. The server folds them into ONE global
 structure (masks, kept heads/channels, bases) and a fresh LoRA for the smaller model. Rounds 2..R: FedAvg over
-LoRA (FedIT's round) on that model; the structure travels beside the LoRA as arrays whose names start with
+LoRA (the plain LoRA round) on that model; the structure travels beside the LoRA as arrays whose names start with
 `structure_prefix` and never changes. The core knows no method: a strategy fills in `statistics_shapes`,
 `cut` and `structure_arrays`; a client fills in `statistics` and `recovery_model`.
 """
@@ -123,12 +123,12 @@ class Recovery(NamedTuple):
 
 
 class StatisticsThenRecoveryClient(FederatedClient):
-    """The client side: round 1 `statistics` of the dense model on the client's data; later FedIT's
-    `local_round` on `recovery_model`. Mix in before a class that provides `local_round` (FedIT's client)."""
+    """The client side: round 1 `statistics` of the dense model on the client's data; later a plain LoRA
+    `local_round` on `recovery_model`. Mix in before a client class that provides `local_round`."""
 
     structure_prefix: ClassVar[str]
     structure_name: ClassVar[str] = "the global structure"
-    local_round: Callable[..., RecordDict]  # provided by the FedIT client this class is mixed into
+    local_round: Callable[..., RecordDict]  # provided by the LoRA client this class is mixed into
 
     def statistics(self, server_round: int) -> tuple[dict[str, np.ndarray], dict[str, float | int]]:
         """Round 1: (arrays, metrics with `num-examples`) measured on the dense model. No text, no activations."""

@@ -359,7 +359,7 @@ def broken_models(records: list[dict[str, Any]], method: str,
             problems[f"the global model after round {last}"] += [found] if found else []
     # A deployed (compiled) model is judged on the server's text only where no client judged its own: a
     # client's model that beats the untouched one on its own task is specialised, not broken, however it
-    # scores on general text (SFT-P's per-client models: make run's score 7-14x on squad text).
+    # scores on general text (per-client pruned models can score 7-14x the dense one on other text).
     compiled = [] if judged else [r for r in records if r.get("phase") == "compiled"]
     dense = next((r for r in compiled if r.get("model") == "dense"),
                  compiled[0] if compiled else None)
@@ -530,7 +530,7 @@ def _units(row: Mapping[str, Any]) -> str | None:
 
 def reference_means(refs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """{model: {data: ppl}} from the `reference` rows; a client-built reference (one row per client) is the mean
-    over its clients, as the FedSpaLLM paper reports its `standalone` row; `clients` counts them."""
+    over its clients, as the pruning papers report such a row; `clients` counts them."""
     per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in refs:
         if r.get("status") != "failed" and isinstance(r.get("ppl"), int | float):

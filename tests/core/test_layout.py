@@ -4,6 +4,7 @@ ones too)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,34 @@ def test_the_app_unpickles_nothing() -> None:
     """No code path of the app or its Flower sides imports pickle: every file it reads is parsed as data
     (core/statefile.py); converting an old trusted pickle is the user's explicit command line."""
     assert offenders(files("fedprune_app", "strategies", "clients"), ("pickle", "dill", "cloudpickle")) == []
+
+
+# How the methods are written in prose as well as their registry names (SFT-P, LLM-Pruner).
+METHOD_SPELLINGS = ("sft-p", "llm-pruner")
+
+
+def method_names_in(paths: list[Path], names: tuple[str, ...]) -> list[str]:
+    """`path:line: name` for every method name in the files' text (code, comments, docstrings, help texts),
+    case-insensitive: `fedspallm` finds FedSpaLLM."""
+    pattern = re.compile("|".join(map(re.escape, names)), re.IGNORECASE)
+    return [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}:{i}: {m.group(0)}" for p in paths
+            for i, line in enumerate(p.read_text().splitlines(), 1) for m in pattern.finditer(line)]
+
+
+def test_the_core_and_the_entry_points_name_no_method() -> None:
+    """`core/` and the two entry points know no method: no method's name in their code, comments or
+    docstrings (a method's example belongs in its own package); every registered method counts."""
+    from fedprune_app.core import registry
+
+    names = tuple(sorted(set(registry.names()) | set(METHOD_SPELLINGS)))
+    assert {"sftp", "fedspallm", "fedtpa", "fedit"} <= set(names)
+    paths = files("fedprune_app/core") + [ROOT / "fedprune_app" / "server_app.py", ROOT / "fedprune_app" /
+                                          "client_app.py"]
+    assert method_names_in(paths, names) == []
+
+
+def test_the_name_checker_finds_a_method_named_in_prose(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text('x = 1  # like FedSpaLLM\'s r_i\n"""SFT-P\'s masks."""\n')
+    assert method_names_in([bad], ("fedspallm", "sft-p", "fedit")) == [f"{bad}:1: FedSpaLLM", f"{bad}:2: SFT-P"]
+
