@@ -11,13 +11,15 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedprune_app.core import registry
+from fedprune_app.core.client import FederatedClient
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.runtime import quiet_libraries
 
 app = ClientApp()
 
 
-def make_client(context: Context):  # -> FederatedClient
+def make_client(context: Context) -> FederatedClient:
+    """This method's client for the node, its run config validated first (ConfigError naming the key)."""
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -25,7 +27,7 @@ def make_client(context: Context):  # -> FederatedClient
     return registry.client_class(cfg.method)(cfg, context)
 
 
-def _restored(msg: Message, context: Context):  # -> FederatedClient
+def _restored(msg: Message, context: Context) -> FederatedClient:
     client = make_client(context)
     client.restore_state(msg.content)
     return client
@@ -33,6 +35,7 @@ def _restored(msg: Message, context: Context):  # -> FederatedClient
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    """`train` messages: the client's private state restored, trained, then checkpointed on this device."""
     client = _restored(msg, context)
     content = client.train(msg.content)
     client.save_state(msg.content)
@@ -41,6 +44,7 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
+    """`evaluate` messages: the client's scores of the global state on its own test split."""
     return Message(content=_restored(msg, context).evaluate(msg.content), reply_to=msg)
 
 

@@ -76,6 +76,7 @@ def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirect
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    """The ServerApp's one run, steps 1-5 of this module's docstring."""
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
     checkpoint = load_checkpoint(cfg) if cfg.resume_from else None  # checked before anything is loaded
     quiet_libraries()

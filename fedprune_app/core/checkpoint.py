@@ -60,6 +60,9 @@ class Checkpoint:
 
 def save_checkpoint(run_dir: Path, server_round: int, run_key: str, arrays: dict[str, np.ndarray],
                     strategy_state: dict[str, Any]) -> Path:
+    """Write `<run_dir>/checkpoint/` atomically: the round, the run key, the global arrays and the strategy's
+    state (`state_dict`); return the file written.
+    """
     path = run_dir / "checkpoint" / STATE_FILE
     write_state(path, {"round": server_round, "run-key": run_key, "arrays": arrays, "strategy": strategy_state})
     return path

@@ -36,6 +36,7 @@ class FederatedClient:
 
     @cached_property
     def data(self) -> ClientData:
+        """This client's data: its node's own JSONL file (`data-path`) or its partition of `client-data`."""
         if self.data_path is not None:
             return local_file_data(self.cfg, self.partition_id, self.data_path)
         return client_data(self.cfg, self.partition_id, self.num_partitions)
@@ -92,9 +93,25 @@ class FederatedClient:
             save_client_state(directory, int(content.config_records["config"]["server-round"]), self.context.state)
 
     def train(self, content: RecordDict) -> RecordDict:
+        """The reply to a train message: the updated arrays and the `metrics` record (`num-examples`, ...).
+
+        Args:
+            content: the message's arrays and its config (`server-round`, `run-key`, the node's entries).
+
+        Returns:
+            The reply's content.
+        """
         raise NotImplementedError
 
     def evaluate(self, content: RecordDict) -> RecordDict:
+        """The reply to an evaluate message: the client's scores on its own test split (`metrics`).
+
+        Args:
+            content: the message's arrays (the global state) and its config.
+
+        Returns:
+            The reply's content.
+        """
         raise NotImplementedError
 
     def reference(self, content: RecordDict) -> RecordDict:

@@ -47,9 +47,11 @@ class Key:
 
     @property
     def type(self) -> type:
+        """The key's value type (that of its default)."""
         return type(self.default)
 
     def allowed(self) -> str:
+        """What the key accepts, as error messages and docs/config.md say it."""
         if self.allowed_text is not None:
             return self.allowed_text
         if self.choices is not None:
@@ -294,6 +296,7 @@ class SharedConfig(ConfigSection):
                      for k in super().keys())
 
     def check(self, cfg: RunConfig) -> None:
+        """The shared keys' cross-checks: device, ppl windows, data sources, LoRA modules, merging."""
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ConfigError(f"run-config key 'device' must be {key_named('device').allowed()}, got {self.device!r}")
         if self.ppl_stride > self.ppl_window:
@@ -348,6 +351,7 @@ def all_keys() -> tuple[Key, ...]:
 
 
 def key_named(name: str) -> Key:
+    """The key `name` of any section (StopIteration when there is none)."""
     return next(k for k in all_keys() if k.name == name)
 
 
@@ -373,6 +377,7 @@ class RunConfig(SharedConfig):
         return self.values[name]
 
     def to_dict(self) -> dict[str, Scalar]:
+        """The flat run config, every key (config.json)."""
         return dict(self.values)
 
     def replace(self, **changes: Scalar) -> RunConfig:  # type: ignore[override]

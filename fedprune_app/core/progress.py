@@ -27,6 +27,7 @@ def duration(seconds: float) -> str:
 
 
 def mean(samples: Sequence[float]) -> float | None:
+    """The mean of `samples`, None when there are none."""
     return sum(samples) / len(samples) if samples else None
 
 
@@ -41,10 +42,12 @@ class Countdown:
         self.took: list[float] = []
 
     def done(self, seconds: float) -> None:
+        """Record one finished step and its duration."""
         self.took.append(float(seconds))
 
     @property
     def left_units(self) -> int:
+        """Steps still to do."""
         return max(0, self.units - len(self.took))
 
     def left(self) -> float | None:
@@ -84,9 +87,11 @@ class RoundProgress:
         return lap
 
     def start_round(self) -> None:
+        """Mark a round's start."""
         self.round_started = self.mark = self.clock()
 
     def trained(self) -> None:
+        """Mark the end of the round's training (the rest is evaluation)."""
         self.train.append(self._lap())
 
     def left(self, server_round: int) -> float | None:

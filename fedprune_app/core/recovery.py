@@ -67,11 +67,13 @@ class StatisticsThenRecovery(FederatedStrategy):
 
     # --- the protocol --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The base state plus `array_state` (as arrays) and `json_state` (as JSON values)."""
         state = {name: getattr(self, name) for name in self.array_state}
         return super().state_dict() | state | {name: json.loads(json.dumps(getattr(self, name)))
                                                for name in self.json_state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
         super().load_state_dict(state)
         for name in self.array_state:
             setattr(self, name, state[name])
@@ -79,6 +81,7 @@ class StatisticsThenRecovery(FederatedStrategy):
             setattr(self, name, dict(state[name]))
 
     def plan_round(self, server_round: int, node_ids: list[int]) -> None:
+        """Remember the round: round 1 asks for statistics, later rounds recover."""
         self.round = server_round
 
     def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
@@ -140,10 +143,12 @@ class StatisticsThenRecoveryClient(FederatedClient):
         raise NotImplementedError
 
     def message_arrays(self, content: RecordDict) -> dict[str, Any]:
+        """The message's arrays as torch tensors ({} when it carries none: round 1)."""
         record = content.array_records.get("arrays")
         return record.to_torch_state_dict() if record is not None and len(record) else {}
 
     def train(self, content: RecordDict) -> RecordDict:
+        """Round 1: the statistics of the dense model; later: `local_round` on `recovery_model`."""
         server_round = int(content.config_records["config"]["server-round"])
         if server_round == 1:
             start = time.perf_counter()

@@ -63,6 +63,7 @@ class RunDirectory:
 
     @classmethod
     def create(cls, cfg: RunConfig) -> RunDirectory:
+        """A new `<output-dir>/<date>-<method>-<tag>[-k]/` with config.json written."""
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         name = "-".join(p for p in (stamp, cfg.method, cfg.run_tag) if p)
         root = resolve_output_dir(cfg.output_dir)
@@ -107,11 +108,13 @@ class RunDirectory:
             self.board.add_summary(summary, scalars[0][1], walltime=self.started + scalars[0][3])
 
     def close_board(self) -> None:
+        """Flush and close the TensorBoard writer, if one was opened."""
         if self.board is not None:
             self.board.close()
             self.board = None
 
     def rows(self, phase: str) -> list[dict[str, Any]]:
+        """The logged rows of one phase, in order."""
         return [r for r in self.records if r.get("phase") == phase]
 
     def finish(self, status: str, extra: Mapping[str, Any] | None = None,

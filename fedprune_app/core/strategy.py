@@ -344,6 +344,9 @@ class FederatedStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        """Flower's hook: one train message per sampled node, built from `plan_round`, `arrays_for` and
+        `node_config` (none when `fraction-train` is 0).
+        """
         if self.fraction_train == 0.0:
             return []
         messages = []
@@ -400,6 +403,7 @@ class FederatedStrategy(Strategy):
         return accepted
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Flower's hook: log every evaluate reply as a row; the example-weighted mean of the good ones."""
         good: list[RecordDict] = []
         for msg in replies:
             row: dict[str, Any] = {"round": server_round, "phase": "evaluate", "node": msg.metadata.src_node_id}
@@ -581,6 +585,9 @@ class FederatedStrategy(Strategy):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
+        """Flower's hook: one evaluate message with the global arrays per node of the evaluation panel, in the
+        rounds that evaluate (`evaluates`).
+        """
         if self.fraction_evaluate == 0.0 or not self.evaluates(server_round):
             return []
         log.info("[fedprune] round %d: federated evaluation%s", server_round,

@@ -135,3 +135,30 @@ def test_the_name_checker_finds_a_method_named_in_prose(tmp_path: Path) -> None:
     bad.write_text('x = 1  # like FedSpaLLM\'s r_i\n"""SFT-P\'s masks."""\n')
     assert method_names_in([bad], ("fedspallm", "sft-p", "fedit")) == [f"{bad}:1: FedSpaLLM", f"{bad}:2: SFT-P"]
 
+
+
+def undocumented(paths: list[Path]) -> list[str]:
+    """`path:line: name` of every public function, method and class without a docstring."""
+    out: list[str] = []
+
+    def walk(path: Path, node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                if child.name.startswith("_"):
+                    continue
+                if ast.get_docstring(child) is None:
+                    out.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{child.lineno}: "
+                               f"{prefix}{child.name}")
+                if isinstance(child, ast.ClassDef):
+                    walk(path, child, f"{child.name}.")
+
+    for path in paths:
+        walk(path, ast.parse(path.read_text()), "")
+    return out
+
+
+def test_every_public_function_of_the_core_and_every_hook_has_a_docstring(tmp_path: Path) -> None:
+    assert undocumented(files("fedprune_app/core")) == []
+    bad = tmp_path / "bad.py"
+    bad.write_text('class A:\n    """A."""\n\n    def hook(self):\n        pass\n\n    def _own(self):\n        pass\n')
+    assert undocumented([bad]) == [f"{bad}:4: A.hook"]
