@@ -7,6 +7,7 @@ tensors to `model_device(model)`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -198,10 +199,12 @@ def cached_peft_model(model_name: str, dtype: str, quantization: str, lora: Lora
     return model, load_tokenizer(model_name)
 
 
-def peft_model_for(cfg: PeftSettings) -> tuple[nn.Module, object]:
-    """The cached LoRA model + tokenizer for these model and LoRA settings."""
-    return cached_peft_model(cfg.model_name, cfg.model_dtype, cfg.model_quantization, Lora.of(cfg),
-                             cfg.device)
+def peft_model_for(cfg: PeftSettings, rank: int | None = None) -> tuple[nn.Module, object]:
+    """The cached LoRA model + tokenizer for these model and LoRA settings; `rank` overrides `lora_rank`."""
+    lora = Lora.of(cfg)
+    if rank is not None:
+        lora = dataclasses.replace(lora, lora_rank=int(rank))
+    return cached_peft_model(cfg.model_name, cfg.model_dtype, cfg.model_quantization, lora, cfg.device)
 
 
 def load_run(run_dir: str | Path, device: str | None = None) -> tuple[nn.Module, object]:

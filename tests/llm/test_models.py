@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -96,4 +98,45 @@ def test_the_library_loads_a_model_from_its_own_settings_without_the_app(tiny_mo
     assert model.peft_config["default"].r == 4 and model.peft_config["default"].lora_alpha == 8.0
     assert model.peft_config["default"].target_modules == {"q_proj", "v_proj"} and tokenizer.pad_token is not None
     assert again is model and Lora.of(settings) == Lora(4, 8.0, 0.0, "q_proj,v_proj", 3)
+    cached_peft_model.cache_clear()
+
+
+def loading_path(load: Any) -> list[str]:
+    """The app's functions on the stack when `load()` reaches `AutoModelForCausalLM.from_pretrained`, outermost
+    first (this test's frames left out)."""
+    import traceback
+
+    import transformers
+
+    seen: list[list[str]] = []
+    original = transformers.AutoModelForCausalLM.from_pretrained.__func__
+
+    def spy(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append([frame.name for frame in traceback.extract_stack()
+                     if "/fedprune_app/" in frame.filename])
+        return original(cls, *args, **kwargs)
+
+    transformers.AutoModelForCausalLM.from_pretrained = classmethod(spy)
+    try:
+        load()
+    finally:
+        transformers.AutoModelForCausalLM.from_pretrained = classmethod(original)
+    assert seen, "nothing was loaded (a cached model?)"
+    return seen[0]
+
+
+def test_model_loading_is_a_few_calls_deep(tiny_model_dir: Path) -> None:
+    """From the function a client or strategy calls to `from_pretrained`: at most three of the app's calls."""
+    from fedprune_app.llm.layers import _cached_model, dense_model
+    from fedprune_app.llm.models import cached_peft_model, peft_model_for
+    from fedprune_app.methods.llmpruner.models import pruned_model_for
+
+    cfg = small_config(tiny_model_dir)
+    cached_peft_model.cache_clear()
+    _cached_model.cache_clear()
+    assert loading_path(lambda: peft_model_for(cfg, rank=2)) == ["peft_model_for", "cached_peft_model",
+                                                                 "load_base_model"]
+    assert loading_path(lambda: dense_model(cfg)) == ["dense_model", "_cached_model", "load_base_model"]
+    keep = {"heads": np.ones((2, 2), bool), "channels": np.ones((2, 128), bool)}
+    assert loading_path(lambda: pruned_model_for(cfg, keep)) == ["pruned_model_for", "_pruned", "load_base_model"]
     cached_peft_model.cache_clear()
