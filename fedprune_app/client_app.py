@@ -19,7 +19,7 @@ app = ClientApp()
 
 
 def make_client(context: Context) -> FederatedClient:
-    """This method's client for the node, its run config validated first (ConfigError naming the key)."""
+    """The run's method's client for this node, its run config validated first."""
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -35,7 +35,7 @@ def _restored(msg: Message, context: Context) -> FederatedClient:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """`train` messages: the client's private state restored, trained, then checkpointed on this device."""
+    """`train` messages: private state restored, trained, then checkpointed on this device."""
     client = _restored(msg, context)
     content = client.train(msg.content)
     client.save_state(msg.content)

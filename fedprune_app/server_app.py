@@ -37,9 +37,10 @@ log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --st
 
 def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
                       ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
-    """Perplexity of the global model on the held-out text of each `server-eval-data` source, every round. A strategy
-    whose `global_model` is not simply "the" global model says what it built in `global_model_notes` (e.g. a mask
-    no client has, and its kept ratio); the rows carry those fields and results.md the label."""
+    """Perplexity of the global model on the held-out text of each `server-eval-data` source, every
+    round. A strategy whose `global_model` is not simply "the" global model says what it built in
+    `global_model_notes` (e.g. a mask no client has, and its kept ratio); the rows carry those
+    fields and results.md the label."""
     sources = split_list(cfg.server_eval_data)
     if not sources or cfg.eval_ppl_tokens == 0:
         return None
@@ -117,7 +118,8 @@ def main(grid: Grid, context: Context) -> None:
         score_references(cfg, strategy, run)
         strategy.score_client_references(grid)
         summary = run.finish("completed", {"artefacts": artefacts,
-                                           "initial-state-seconds": round(initial_ready, 3)}, report)
+                                           "initial-state-seconds": round(initial_ready, 3)},
+                             report)
     except BaseException as err:
         error = traceback.format_exc()[-4000:]
         message = f"{type(err).__name__}: {err}".strip()  # what `fedprune run` prints as the run's error

@@ -212,8 +212,8 @@ class SFTPStrategy(FederatedStrategy):
 
     def server_columns(self) -> dict[str, tuple[str, str]]:
         """The kept share of the model `global_model` scored, beside the server's scores."""
-        return {"kept-ratio-prunable": ("kept (prunable)",
-                                        "kept (prunable): the share of the prunable weights the scored model keeps")}
+        term = "kept (prunable): the share of the prunable weights the scored model keeps"
+        return {"kept-ratio-prunable": ("kept (prunable)", term)}
 
     def results_sections(self, records: list[dict[str, Any]]) -> str:
         """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""

@@ -26,8 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from fedprune_app.llm.settings import DEVICE_PATTERN, DEVICE_TEXT, ConfigError, parse_partition_id, split_list
-from fedprune_app.llm.settings import per_client as per_client  # re-exported: the methods' configs parse with it
+from fedprune_app.llm.settings import (
+    DEVICE_PATTERN,
+    DEVICE_TEXT,
+    ConfigError,
+    parse_partition_id,
+    split_list,
+)
+from fedprune_app.llm.settings import per_client as per_client  # re-exported for methods
 
 Scalar = bool | int | float | str
 
@@ -132,7 +138,8 @@ class SharedConfig(ConfigSection):
     title: ClassVar[str] = "Shared keys"
 
     # --- the run -------------------------------------------------------------------------------------
-    method: str = key("", "Federated method (server strategy + client pair from the registry).")  # default: `keys`
+    # `method`'s default is the registry's default method (`SharedConfig.keys`)
+    method: str = key("", "Federated method (server strategy + client pair from the registry).")
     num_server_rounds: int = key(3, "Federated rounds.", minimum=1)
     seed: int = key(0, "Seed for data splits, partitioning, LoRA init and sampling.", minimum=0)
     fraction_train: float = key(
@@ -154,8 +161,8 @@ class SharedConfig(ConfigSection):
     run_tag: str = key("", "Suffix of the run directory name `<date>-<method>-<tag>`.")
     save_merged: bool = key(
         False,
-        "Beside each final PEFT adapter directory also write the full model with that adapter merged "
-        "(`merged/`, per-client adapters' `client-merged/client-<k>/`; "
+        "Beside each final PEFT adapter directory also write the full model with that adapter "
+        "merged (`merged/`, per-client adapters' `client-merged/client-<k>/`; "
         "`AutoModelForCausalLM.from_pretrained`, with the tokenizer), in model-dtype. Needs model-quantization = "
         "'none'. See docs/artefacts.md.",
     )
@@ -228,8 +235,8 @@ class SharedConfig(ConfigSection):
     local_val_fraction: float = key(
         0.0,
         "Share of each client's own training partition held out (seeded) as its "
-        "validation set (0.2 = an 8:2 split); 0 = the source's val split. With a share, val-examples caps "
-        "how many held-out examples are scored (0 = all).",
+        "validation set (0.2 = an 8:2 split); 0 = the source's val split. With a share, "
+        "val-examples caps how many held-out examples are scored (0 = all).",
         minimum=0.0,
         maximum=0.9,
     )
@@ -292,11 +299,12 @@ class SharedConfig(ConfigSection):
         """The section's keys; `method` defaults to the method the registry names its default."""
         from fedprune_app.core import registry  # the registry imports this module
 
-        return tuple(dataclasses.replace(k, default=registry.default_name()) if k.name == "method" else k
+        default = registry.default_name()
+        return tuple(dataclasses.replace(k, default=default) if k.name == "method" else k
                      for k in super().keys())
 
     def check(self, cfg: RunConfig) -> None:
-        """The shared keys' cross-checks: device, ppl windows, data sources, LoRA modules, merging."""
+        """The shared keys' cross-checks: device, windows, data, LoRA modules, merging."""
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ConfigError(f"run-config key 'device' must be {key_named('device').allowed()}, got {self.device!r}")
         if self.ppl_stride > self.ppl_window:
@@ -361,8 +369,9 @@ def _fields(section: type[ConfigSection], values: Mapping[str, Scalar]) -> dict[
 
 @dataclass(frozen=True)
 class RunConfig(SharedConfig):
-    """The validated run config: the shared keys as typed attributes (`cfg.local_steps`), each method's keys as
-    its typed section (`cfg.section(MethodConfig).method_key`; `cfg["method-key"]` reads the flat value)."""
+    """The validated run config: the shared keys as typed attributes (`cfg.local_steps`), each
+    method's keys as its typed section (`cfg.section(MethodConfig).method_key`; `cfg["method-key"]`
+    reads the flat value)."""
 
     values: Mapping[str, Scalar] = field(default_factory=dict, repr=False, compare=False)
     sections: Mapping[type, ConfigSection] = field(default_factory=dict, repr=False, compare=False)
@@ -423,7 +432,7 @@ NODE_KEYS: dict[str, str] = {
     "partition-id": "an int in [0, num-partitions)",
     "num-partitions": "an int >= 1",
     "data-path": "an existing .jsonl file on this device (its examples replace the embedded partition)",
-    "resources": "a float in (0, 1] (the node's share of compute, r_i, for methods that sample by it)",
+    "resources": "a float in (0, 1] (the node's share of compute, r_i)",
     "state-dir": "a writable directory on this device for the client's checkpointed private state "
     "(default ~/.cache/fedprune/client-state)",
 }

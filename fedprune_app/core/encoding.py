@@ -30,7 +30,7 @@ class EncodingError(ValueError):
 
 
 def check_payload_dtype(dtype: str) -> str:
-    """`dtype` when it is a payload dtype (`PAYLOAD_DTYPES`), else ValueError naming `payload-dtype`."""
+    """`dtype` when it is one of `PAYLOAD_DTYPES`, else ValueError naming `payload-dtype`."""
     if dtype not in PAYLOAD_DTYPES:
         raise ValueError(f"run-config key 'payload-dtype' must be one of {', '.join(map(repr, PAYLOAD_DTYPES))}, "
                          f"got {dtype!r}")

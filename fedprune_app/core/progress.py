@@ -1,8 +1,9 @@
 """Progress lines for long work: how long a step took, the time elapsed, and the time left.
 
-The time left is the mean duration of the steps done so far times the steps still to do: what a user reads in
-the run's stream (`[round 3/8] ...`), in a client's layer-by-layer pruning loop (`layer 4/30 ...`) and in a grid
-(`cell 2/12 ...`). Pure bookkeeping over a clock, so it is tested with a fake one.
+The time left is the mean duration of the steps done so far times the steps still to do: what a user
+reads in the run's stream (`[round 3/8] ...`), in a client's layer-by-layer pruning loop
+(`layer 4/30 ...`) and in a grid (`cell 2/12 ...`). Pure bookkeeping over a clock, so it is tested
+with a fake one.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """One statistics round, then FedAvg LoRA recovery: the protocol of the one-shot structural baselines.
 
-Round 1: the server sends nothing; each sampled client measures its data on the dense model and replies
-statistics (importance rows, covariance sums, ...) of fixed shapes. The server folds them into ONE global
-structure (masks, kept heads/channels, bases) and a fresh LoRA for the smaller model. Rounds 2..R: FedAvg over
-LoRA (the plain LoRA round) on that model; the structure travels beside the LoRA as arrays whose names start with
-`structure_prefix` and never changes. The core knows no method: a strategy fills in `statistics_shapes`,
-`cut` and `structure_arrays`; a client fills in `statistics` and `recovery_model`.
+Round 1: the server sends nothing; each sampled client measures its data on the dense model and
+replies statistics (importance rows, covariance sums, ...) of fixed shapes. The server folds them
+into ONE global structure (masks, kept heads/channels, bases) and a fresh LoRA for the smaller
+model. Rounds 2..R: FedAvg over LoRA (the plain LoRA round) on that model; the structure travels
+beside the LoRA as arrays whose names start with `structure_prefix` and never changes. The core
+knows no method: a strategy fills in `statistics_shapes`, `cut` and `structure_arrays`; a client
+fills in `statistics` and `recovery_model`.
 """
 
 from __future__ import annotations
@@ -126,8 +127,9 @@ class Recovery(NamedTuple):
 
 
 class StatisticsThenRecoveryClient(FederatedClient):
-    """The client side: round 1 `statistics` of the dense model on the client's data; later a plain LoRA
-    `local_round` on `recovery_model`. Mix in before a client class that provides `local_round`."""
+    """The client side: round 1 `statistics` of the dense model on the client's data; later a plain
+    LoRA `local_round` on `recovery_model`. Mix in before a client class that provides
+    `local_round`."""
 
     structure_prefix: ClassVar[str]
     structure_name: ClassVar[str] = "the global structure"

@@ -91,11 +91,12 @@ def names() -> tuple[str, ...]:
 
 
 def default_name() -> str:
-    """The method registered as the default (`register_method(..., default=True)`); exactly one is."""
+    """The method registered with `register_method(..., default=True)`; exactly one is."""
     load(METHODS_PACKAGE)
     found = [n for n, m in sorted(_METHODS.items()) if m.package and m.default]
     if len(found) != 1:
-        raise RuntimeError(f"exactly one method must register as the default, found {found or 'none'}")
+        raise RuntimeError("exactly one method must register as the default, "
+                           f"found {found or 'none'}")
     return found[0]
 
 

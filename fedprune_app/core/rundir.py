@@ -32,7 +32,7 @@ from fedprune_app.llm.intervals import proportion_interval
 
 
 class MethodReport(Protocol):
-    """What a method adds to results.md and summary.json: its strategy's two hooks (`FederatedStrategy`)."""
+    """What a method adds to results.md and summary.json: two hooks of `FederatedStrategy`."""
 
     def server_columns(self) -> dict[str, tuple[str, str]]:
         """{row key: (column heading, legend line)} beside the server's per-round scores."""

@@ -115,7 +115,8 @@ def perplexity_metrics(scores: TokenScores, iters: int, seed: int) -> dict[str, 
 WINDOW_KEYS = ("window-nll", "window-tokens")  # per-window scores in a row: paired intervals between models
 
 
-def held_out_metrics(model: nn.Module, tokenizer: Any, text: str, cfg: EvalSettings) -> dict[str, Any]:
+def held_out_metrics(model: nn.Module, tokenizer: Any, text: str,
+                     cfg: EvalSettings) -> dict[str, Any]:
     """A model's sliding-window perplexity of one held-out text (the server's and the references' score):
     `perplexity_metrics` plus each window's summed NLL and token count (`WINDOW_KEYS`), so that two models scored on
     the same text can be compared with a paired bootstrap afterwards (`intervals.paired_perplexity_interval`)."""
@@ -268,8 +269,10 @@ def generate(model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_t
     return [outs[i].strip().split("\n")[0] for i in range(len(prompts))]
 
 
-def eval_task_for(cfg: EvalSettings, data: ClientData, num_partitions: int) -> str | dict[str, Any] | None:
-    """The lm-eval task a client is scored on: `eval-tasks` if set, else its own multiple-choice test split."""
+def eval_task_for(cfg: EvalSettings, data: ClientData,
+                  num_partitions: int) -> str | dict[str, Any] | None:
+    """The lm-eval task a client is scored on: `eval-tasks` if set, else its own multiple-choice
+    test split."""
     if cfg.eval_tasks.strip():
         return per_client(cfg.eval_tasks, num_partitions, str, "eval-tasks")[data.partition_id]
     if data.test and data.test[0]["choices"] and data.test_path is not None:

@@ -30,9 +30,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(cfg: ModelSettings | str) -> torch.device:
-    """The torch.device of the `device` setting (settings with a `device`, or the value itself) in this
-    process: 'auto' = cuda when torch.cuda.is_available() else cpu. Asking for CUDA where none is visible
-    raises ConfigError."""
+    """The torch.device of the `device` setting (settings with a `device`, or the value itself) in
+    this process: 'auto' = cuda when torch.cuda.is_available() else cpu. Asking for CUDA where none
+    is visible raises ConfigError."""
     value = str(cfg if isinstance(cfg, str) else cfg.device)
     if not DEVICE_PATTERN.fullmatch(value):
         raise ConfigError(f"run-config key 'device' must be {DEVICE_TEXT}, got {value!r}")
@@ -186,25 +186,27 @@ class Lora:
     @classmethod
     def of(cls, settings: LoraSettings) -> Lora:
         """The LoRA settings of any object that has them (e.g. a run config)."""
-        return cls(int(settings.lora_rank), float(settings.lora_alpha), float(settings.lora_dropout),
-                   str(settings.lora_target_modules), int(settings.seed))
+        return cls(int(settings.lora_rank), float(settings.lora_alpha),
+                   float(settings.lora_dropout), str(settings.lora_target_modules),
+                   int(settings.seed))
 
 
 @lru_cache(maxsize=2)
 def cached_peft_model(model_name: str, dtype: str, quantization: str, lora: Lora,
                       device: str = "auto") -> tuple[nn.Module, object]:
-    """One (LoRA-wrapped model, tokenizer) per process and configuration: Ray workers reuse it across rounds.
-    Callers always load fresh adapter state before use."""
+    """One (LoRA-wrapped model, tokenizer) per process and configuration: Ray workers reuse it
+    across rounds. Callers always load fresh adapter state before use."""
     model = add_lora(load_base_model(model_name, dtype, quantization, device), lora, seed=lora.seed)
     return model, load_tokenizer(model_name)
 
 
 def peft_model_for(cfg: PeftSettings, rank: int | None = None) -> tuple[nn.Module, object]:
-    """The cached LoRA model + tokenizer for these model and LoRA settings; `rank` overrides `lora_rank`."""
+    """The cached LoRA model + tokenizer for these settings; `rank` overrides `lora_rank`."""
     lora = Lora.of(cfg)
     if rank is not None:
         lora = dataclasses.replace(lora, lora_rank=int(rank))
-    return cached_peft_model(cfg.model_name, cfg.model_dtype, cfg.model_quantization, lora, cfg.device)
+    return cached_peft_model(cfg.model_name, cfg.model_dtype, cfg.model_quantization, lora,
+                             cfg.device)
 
 
 def load_run(run_dir: str | Path, device: str | None = None) -> tuple[nn.Module, object]:

@@ -1,12 +1,13 @@
 """The settings the LLM library reads, as its own small typed interfaces.
 
-Each function of `llm/` takes the plain values it needs or one of the settings below: a `Protocol` that
-names the attributes it reads. Any object with them will do (a dataclass, a `SimpleNamespace`); the app's
-validated run config has every one, under the same names as its keys (`model_name` is `model-name`).
-So the library imports nothing of the app, and the app passes its run config as it is.
+Each function of `llm/` takes the plain values it needs or one of the settings below: a `Protocol`
+that names the attributes it reads. Any object with them will do (a dataclass, a `SimpleNamespace`);
+the app's validated run config has every one, under the same names as its keys (`model_name` is
+`model-name`). So the library imports nothing of the app, and the app passes its run config as it
+is.
 
-Also here: the error a bad setting raises (`ConfigError`) and the parsers of the values that travel as
-strings (`split_list`, `per_client`, `parse_partition_id`, `DEVICE_PATTERN`).
+Also here: the error a bad setting raises (`ConfigError`) and the parsers of the values that travel
+as strings (`split_list`, `per_client`, `parse_partition_id`, `DEVICE_PATTERN`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from collections.abc import Callable
 from numbers import Integral
 from typing import Any, Protocol
 
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # a `device` value: resolved to a torch.device at load
-DEVICE_TEXT = "'auto', 'cpu', 'cuda' or 'cuda:<index>'"  # what DEVICE_PATTERN accepts, for error messages
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # a `device`: a torch.device at model load
+DEVICE_TEXT = "'auto', 'cpu', 'cuda' or 'cuda:<index>'"  # what DEVICE_PATTERN accepts, in words
 
 
 class ConfigError(ValueError):
@@ -37,8 +38,8 @@ def per_client(value: str, n: int, cast: Callable[[str], Any], key: str) -> list
     """
     items = [v.strip() for v in str(value).split(",") if v.strip()]
     if len(items) not in (1, n):
-        raise ConfigError(f"run-config key '{key}' needs 1 or {n} comma-separated values, got {len(items)}: "
-                          f"{value!r}")
+        raise ConfigError(f"run-config key '{key}' needs 1 or {n} comma-separated values, "
+                          f"got {len(items)}: {value!r}")
     try:
         parsed = [cast(v) for v in items]
     except ValueError as err:
@@ -47,9 +48,9 @@ def per_client(value: str, n: int, cast: Callable[[str], Any], key: str) -> list
 
 
 def parse_partition_id(value: Any, num_partitions: int | None = None, *, text: bool = False) -> int:
-    """A partition id, validated: an int, not a bool (with `text`, also an int written as a string, as Flower's
-    Ray proxy passes node-config values), in [0, num_partitions), or >= 0 where the number of partitions is not
-    known (a reply's `partition-id` metric, checked by the server).
+    """A partition id, validated: an int, not a bool (with `text`, also an int written as a string,
+    as Flower's Ray proxy passes node-config values), in [0, num_partitions), or >= 0 where the
+    number of partitions is not known (a reply's `partition-id` metric, checked by the server).
 
     Raises:
         ValueError: saying what it accepts and what it got.
@@ -143,7 +144,8 @@ class TrainSettings(Protocol):
 
 
 class EvalSettings(Protocol):
-    """What a client or the server scores, and how (`evaluation.evaluate_client`, `held_out_text`)."""
+    """What a client or the server scores, and how (`evaluation.evaluate_client`,
+    `held_out_text`)."""
 
     @property
     def eval_tasks(self) -> str: ...  # lm-eval task names, one or one per client; empty = own split

@@ -85,8 +85,8 @@ def optimizer_step(loss: torch.Tensor, params: Sequence[torch.Tensor], opt: torc
     opt.zero_grad(set_to_none=True)
 
 
-def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: TrainSettings, seed: int,
-                steps: int | None = None) -> TrainReport:
+def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: TrainSettings,
+                seed: int, steps: int | None = None) -> TrainReport:
     """`steps` (default `local-steps`) AdamW steps on the parameters that require grad.
 
     A fresh optimizer each call, as FedIT does each round (the optimizer state is not federated). Batches go

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from fedprune_app.core import registry
-from fedprune_app.core.config import ConfigError, RunConfig, SharedConfig, all_keys, defaults, per_client
+from fedprune_app.core.config import (
+    ConfigError,
+    RunConfig,
+    SharedConfig,
+    all_keys,
+    defaults,
+    per_client,
+)
 from fedprune_app.methods.flexlora.config import FlexLoRAConfig
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_cli import keys as config_keys

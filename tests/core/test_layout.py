@@ -46,7 +46,8 @@ RULES = {
         ("fedprune_app/core", "fedprune_app/llm"), ("fedprune_app.methods", "strategies", "clients")),
     "the LLM library imports no flwr": (("fedprune_app/llm",), ("flwr",)),
     "the LLM library imports no core and no entry point: it stands alone": (
-        ("fedprune_app/llm",), ("fedprune_app.core", "fedprune_app.server_app", "fedprune_app.client_app")),
+        ("fedprune_app/llm",),
+        ("fedprune_app.core", "fedprune_app.server_app", "fedprune_app.client_app")),
     "method packages import no side": (("fedprune_app/methods",), ("strategies", "clients", "fedprune_app.server_app",
                                                                    "fedprune_app.client_app")),
 }
@@ -66,7 +67,8 @@ def test_the_rule_checker_sees_function_level_imports(tmp_path: Path) -> None:
     assert offenders([bad], ("strategies",)) and offenders([bad], ("flwr",))
     assert not offenders([bad], ("clients",))
     bad.write_text("from fedprune_app.core.config import RunConfig\n")
-    llm_rule = next(forbidden for name, (_, forbidden) in RULES.items() if "imports no core" in name)
+    llm_rule = next(forbidden for name, (_, forbidden) in RULES.items()
+                    if "imports no core" in name)
     assert offenders([bad], llm_rule) == [f"{bad} imports fedprune_app.core.config",
                                           f"{bad} imports fedprune_app.core.config.RunConfig"]
 
@@ -111,11 +113,16 @@ METHOD_SPELLINGS = ("sft-p", "llm-pruner")
 
 
 def method_names_in(paths: list[Path], names: tuple[str, ...]) -> list[str]:
-    """`path:line: name` for every method name in the files' text (code, comments, docstrings, help texts),
-    case-insensitive: `fedspallm` finds FedSpaLLM."""
+    """`path:line: name` for every method name in the files' text (code, comments, docstrings, help
+    texts), case-insensitive: `fedspallm` finds FedSpaLLM."""
     pattern = re.compile("|".join(map(re.escape, names)), re.IGNORECASE)
-    return [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}:{i}: {m.group(0)}" for p in paths
+    return [f"{shown(p)}:{i}: {m.group(0)}" for p in paths
             for i, line in enumerate(p.read_text().splitlines(), 1) for m in pattern.finditer(line)]
+
+
+def shown(path: Path) -> str:
+    """A path as the failures name it: relative to the repository where it is in it."""
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 
 
 def test_the_core_and_the_entry_points_name_no_method() -> None:
@@ -125,15 +132,16 @@ def test_the_core_and_the_entry_points_name_no_method() -> None:
 
     names = tuple(sorted(set(registry.names()) | set(METHOD_SPELLINGS)))
     assert {"sftp", "fedspallm", "fedtpa", "fedit"} <= set(names)
-    paths = files("fedprune_app/core") + [ROOT / "fedprune_app" / "server_app.py", ROOT / "fedprune_app" /
-                                          "client_app.py"]
+    entry_points = [ROOT / "fedprune_app" / f"{side}_app.py" for side in ("server", "client")]
+    paths = files("fedprune_app/core") + entry_points
     assert method_names_in(paths, names) == []
 
 
 def test_the_name_checker_finds_a_method_named_in_prose(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text('x = 1  # like FedSpaLLM\'s r_i\n"""SFT-P\'s masks."""\n')
-    assert method_names_in([bad], ("fedspallm", "sft-p", "fedit")) == [f"{bad}:1: FedSpaLLM", f"{bad}:2: SFT-P"]
+    found = method_names_in([bad], ("fedspallm", "sft-p", "fedit"))
+    assert found == [f"{bad}:1: FedSpaLLM", f"{bad}:2: SFT-P"]
 
 
 
@@ -147,8 +155,7 @@ def undocumented(paths: list[Path]) -> list[str]:
                 if child.name.startswith("_"):
                     continue
                 if ast.get_docstring(child) is None:
-                    out.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{child.lineno}: "
-                               f"{prefix}{child.name}")
+                    out.append(f"{shown(path)}:{child.lineno}: {prefix}{child.name}")
                 if isinstance(child, ast.ClassDef):
                     walk(path, child, f"{child.name}.")
 
@@ -160,5 +167,6 @@ def undocumented(paths: list[Path]) -> list[str]:
 def test_every_public_function_of_the_core_and_every_hook_has_a_docstring(tmp_path: Path) -> None:
     assert undocumented(files("fedprune_app/core")) == []
     bad = tmp_path / "bad.py"
-    bad.write_text('class A:\n    """A."""\n\n    def hook(self):\n        pass\n\n    def _own(self):\n        pass\n')
+    bad.write_text('class A:\n    """A."""\n\n    def hook(self):\n        pass\n\n'
+                   '    def _own(self):\n        pass\n')
     assert undocumented([bad]) == [f"{bad}:4: A.hook"]

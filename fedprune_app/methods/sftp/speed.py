@@ -269,29 +269,36 @@ def compiled_rows(cfg: Any, models: Mapping[str, nn.Module], tokenizer: Any, kep
 
 
 def render_compiled(rows: list[dict[str, Any]]) -> str:
-    """results.md's 'Compiled models' section from the `compiled` rows (`compiled_rows`): each deployable model
-    against the dense one, its size and, when timed, prefill and generation, each speed-up beside its FLOP
-    ceiling and the share of it reached; then, when scored, the server's perplexity of its held-out text for
-    each of them (the models the clients deploy), with n and 95% interval. No rows: nothing."""
+    """results.md's 'Compiled models' section from the `compiled` rows (`compiled_rows`): each
+    deployable model against the dense one, its size and, when timed, prefill and generation, each
+    speed-up beside its FLOP ceiling and the share of it reached; then, when scored, the server's
+    perplexity of its held-out text for each of them (the models the clients deploy), with n and 95%
+    interval. No rows: nothing."""
     if not rows:
         return ""
     timed = "prefill-ms" in rows[0]
     ceiling = timed and "prefill-ceiling" in rows[0]
-    lines = ["", "Compiled models (each client's deployable model: LoRA merged, sliced by its mask)"
-             + (f"; prefill of {rows[0]['prefill-tokens']} tokens, batch 1, and 32 greedy tokens, medians of 3, "
-                "timed round-robin in one process" if timed else "")
-             + ("; ceiling = FLOPs(dense) / FLOPs(model) of the same workload (every matmul: pruned projections, "
-                "attention, the unpruned LM head), of ceiling = speed-up / ceiling" if ceiling else "") + ":", ""]
+    title = "Compiled models (each client's deployable model: LoRA merged, sliced by its mask)"
+    if timed:
+        title += (f"; prefill of {rows[0]['prefill-tokens']} tokens, batch 1, and 32 greedy "
+                  "tokens, medians of 3, timed round-robin in one process")
+    if ceiling:
+        title += ("; ceiling = FLOPs(dense) / FLOPs(model) of the same workload (every matmul: "
+                  "pruned projections, attention, the unpruned LM head), of ceiling = speed-up / "
+                  "ceiling")
+    lines = ["", title + ":", ""]
     head, rule = "| model | params | params ratio | MB |", "|---|---|---|---|"
     if timed:
-        head += " prefill ms | speed-up |" + (" ceiling | of ceiling |" if ceiling else "") + " generation tok/s |"
+        head += " prefill ms | speed-up |" + (" ceiling | of ceiling |" if ceiling else "")
+        head += " generation tok/s |"
         rule += "---|---|" + ("---|---|" if ceiling else "") + "---|"
         if ceiling:
             head += " speed-up | ceiling | of ceiling |"
             rule += "---|---|---|"
     lines += [head, rule]
     for r in rows:
-        line = f"| {r['model']} | {r['params'] / 1e6:.1f} M | {r['params-ratio']:.3f} | {r['MB']:.1f} |"
+        line = (f"| {r['model']} | {r['params'] / 1e6:.1f} M | {r['params-ratio']:.3f} |"
+                f" {r['MB']:.1f} |")
         if timed:
             line += f" {r['prefill-ms']:.0f} | {r['prefill-speedup']:.2f}× |"
             if ceiling:
@@ -313,9 +320,10 @@ def render_compiled(rows: list[dict[str, Any]]) -> str:
         for s in sources:
             n = next((int(r[f"ppl-n/{s}"]) for r in rows if r.get(f"ppl-n/{s}")), None)
             head += f" ppl `{s}`{f' (n = {n} windows)' if n else ''} | 95% interval |"
-        lines += ["", "Server-side evaluation of the deployed models: the server's held-out text (the per-round "
-                  "evaluation's) scored by the dense base model and by each client's compiled model after the last "
-                  "round (perplexity):", "", head, "|---|---|" + "---|---|" * len(sources)]
+        lines += ["", "Server-side evaluation of the deployed models: the server's held-out text "
+                  "(the per-round evaluation's) scored by the dense base model and by each "
+                  "client's compiled model after the last round (perplexity):", "", head,
+                  "|---|---|" + "---|---|" * len(sources)]
         for r in rows:
             cells = [str(r["model"]), cell(r.get("kept-ratio-prunable"))]
             for s in sources:
@@ -331,6 +339,6 @@ def render_compiled(rows: list[dict[str, Any]]) -> str:
 
 
 def compiled_section(records: Sequence[Mapping[str, Any]]) -> str:
-    """The strategies' `results_sections` hook for the models they compile: `render_compiled` of the run's
-    `compiled` rows."""
+    """The strategies' `results_sections` hook for the models they compile: `render_compiled` of
+    the run's `compiled` rows."""
     return render_compiled([dict(r) for r in records if r.get("phase") == "compiled"])
