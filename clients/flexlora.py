@@ -35,7 +35,7 @@ class FlexLoRAClient(FedITClient):
         return int(ranks[self.partition_id])
 
     def model_at(self, state: dict[str, np.ndarray], rank: int) -> tuple[Any, Any]:
-        model, tokenizer = peft_model_for(self.cfg.replace(lora_rank=rank))
+        model, tokenizer = peft_model_for(self.cfg, rank=rank)
         set_adapter_state(model, {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()})
         return model, tokenizer
 

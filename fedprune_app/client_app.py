@@ -11,13 +11,15 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedprune_app.core import registry, untouched
+from fedprune_app.core.client import FederatedClient
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.runtime import quiet_libraries
 
 app = ClientApp()
 
 
-def make_client(context: Context):  # -> FederatedClient
+def make_client(context: Context) -> FederatedClient:
+    """The run's method's client for this node, its run config validated first."""
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -25,7 +27,7 @@ def make_client(context: Context):  # -> FederatedClient
     return registry.client_class(cfg.method)(cfg, context)
 
 
-def _restored(msg: Message, context: Context):  # -> FederatedClient
+def _restored(msg: Message, context: Context) -> FederatedClient:
     client = make_client(context)
     client.restore_state(msg.content)
     return client
@@ -33,6 +35,7 @@ def _restored(msg: Message, context: Context):  # -> FederatedClient
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    """`train` messages: private state restored, trained, then checkpointed on this device."""
     client = _restored(msg, context)
     content = client.train(msg.content)
     client.save_state(msg.content)
@@ -67,7 +70,7 @@ def reference(msg: Message, context: Context) -> Message:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """`query` messages: `{"query": "identity"}` (every method, before round 0: partition id and resources) or the
-    method's own one-off question (FedTPA's mean feature vector)."""
+    method's own one-off question (e.g. a client's mean feature vector)."""
     client = make_client(context)
     config = msg.content.config_records.get("config")
     content: RecordDict = client.identity() if config and config.get("query") == "identity" \

@@ -37,10 +37,10 @@ log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --st
 
 def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
                       ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
-    """Perplexity of the global model on the held-out text of each `server-eval-data` source, after the
-    rounds `server-eval-every` names. A strategy whose `global_model` is not simply "the" global model says
-    what it built in `global_model_notes` (e.g. SFT-P +C: a mask no client has, and its kept ratio); the rows
-    carry those fields and results.md the label."""
+    """Perplexity of the global model on the held-out text of each `server-eval-data` source,
+    after the rounds `server-eval-every` names. A strategy whose `global_model` is not simply "the"
+    global model says what it built in `global_model_notes` (e.g. a mask no client has, and its
+    kept ratio); the rows carry those fields and results.md the label."""
     sources = split_list(cfg.server_eval_data)
     if not sources or cfg.eval_ppl_tokens == 0:
         return None
@@ -48,10 +48,11 @@ def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirec
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         every = cfg.server_eval_every
-        if server_round not in (0, cfg.num_server_rounds) and not (every and server_round % every == 0):
+        due = server_round in (0, cfg.num_server_rounds) or (every and server_round % every == 0)
+        if not due:
             return None
         model, tokenizer = strategy.global_model(arrays)
-        notes = dict(getattr(strategy, "global_model_notes", None) or {})
+        notes = dict(strategy.global_model_notes)
         metrics: dict[str, float] = {}
         for source, text in texts.items():
             start = time.perf_counter()
@@ -80,14 +81,16 @@ def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirect
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    """The ServerApp's one run, steps 1-5 of this module's docstring."""
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
     checkpoint = load_checkpoint(cfg) if cfg.resume_from else None  # checked before anything is loaded
     quiet_libraries()
     seed_everything(cfg.seed)
     run = RunDirectory.create(cfg)
     log.info("[fedprune] %s: run directory %s", cfg.method, run.path)
+    report: FederatedStrategy | None = None  # adds the method's part of results.md once it exists
     try:
-        strategy = registry.strategy_class(cfg.method)(cfg, recorder=run.log)
+        strategy = report = registry.strategy_class(cfg.method)(cfg, recorder=run.log)
         strategy.run_key = checkpoint.run_key if checkpoint else run.path.name
         initial = strategy.initial_arrays()
         first_round = 1
@@ -124,12 +127,13 @@ def main(grid: Grid, context: Context) -> None:
         strategy.score_client_references(grid)
         phases["references"] = round(time.time() - started, 3)
         summary = run.finish("completed", {"artefacts": artefacts, "phase-seconds": phases,
-                                           "initial-state-seconds": round(initial_ready, 3)})
+                                           "initial-state-seconds": round(initial_ready, 3)},
+                             report)
     except BaseException as err:
         error = traceback.format_exc()[-4000:]
         message = f"{type(err).__name__}: {err}".strip()  # what `fedprune run` prints as the run's error
         try:
-            run.finish("failed", {"error": error, "error-message": message})
+            run.finish("failed", {"error": error, "error-message": message}, report)
         finally:
             log.error("[fedprune] run failed: %s (see %s/summary.json)", message, run.path)
         raise

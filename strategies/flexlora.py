@@ -137,7 +137,7 @@ class FlexLoRAStrategy(FedITStrategy):
         artefacts = super().save_final(arrays, out_dir)
         state = numpy_state(arrays)
         for pid, rank in sorted(self.partition_rank.items()):
-            model, tokenizer = peft_model_for(self.cfg.replace(lora_rank=rank))
+            model, tokenizer = peft_model_for(self.cfg, rank=rank)
             set_adapter_state(model, {k: torch.from_numpy(v) for k, v in self.at_rank(state, rank).items()})
             merged = out_dir / "client-merged" / f"client-{pid}" if self.cfg.save_merged else None
             save_adapter(model, out_dir / "client-adapters" / f"client-{pid}", merged, tokenizer)

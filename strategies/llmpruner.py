@@ -162,6 +162,12 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
         self.record_compiled(compiled, tokenizer)
         return artefacts | {"compiled": "compiled", "structure": "structure.npz", "importance": "importance.npz"}
 
+    def results_sections(self, records: list[dict[str, Any]]) -> str:
+        """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
+        from fedprune_app.structural.speed import compiled_section
+
+        return compiled_section(records)
+
     def record_compiled(self, compiled: Any, tokenizer: Any) -> None:
         """`phase: compiled` rows for the dense and the pruned model: parameters, MB, kept ratio of the prunable
         projections, the server's held-out perplexity, and (`llmpruner-speed-prefill` > 0) prefill latency and

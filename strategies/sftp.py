@@ -69,7 +69,6 @@ class SFTPStrategy(FederatedStrategy):
         self.final_masks: dict[int, dict[str, np.ndarray]] = {}
         self.local_adapters: dict[int, dict[str, np.ndarray]] = {}  # Φ_k of each client's last accepted reply
         self.kept_history: list[dict[str, Any]] = []
-        self.global_model_notes: dict[str, Any] = {}  # what `global_model` last built, for the server's rows
 
     def initial_arrays(self) -> ArrayRecord:
         """Θ^(0) (seeded by `seed`; all-ones initial masks) and, with adapters, Φ^(0) (B = 0: the dense model)."""
@@ -207,6 +206,17 @@ class SFTPStrategy(FederatedStrategy):
             log.warning("client %d: no train reply of its own; its compiled model gets the global Φ", client)
             phi = {k: v for k, v in arrays.to_torch_state_dict().items() if not k.startswith(GENERATOR_PREFIX)}
         set_adapter_state(model, phi)
+
+    def server_columns(self) -> dict[str, tuple[str, str]]:
+        """The kept share of the model `global_model` scored, beside the server's scores."""
+        term = "kept (prunable): the share of the prunable weights the scored model keeps"
+        return {"kept-ratio-prunable": ("kept (prunable)", term)}
+
+    def results_sections(self, records: list[dict[str, Any]]) -> str:
+        """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
+        from fedprune_app.structural.speed import compiled_section
+
+        return compiled_section(records)
 
     def record_compiled(self, compiled: Mapping[str, torch.nn.Module], tokenizer: Any = None,
                         kept: Mapping[str, float] | None = None) -> None:

@@ -183,6 +183,12 @@ class SliceGPTStrategy(StatisticsThenRecovery):
         self.record_compiled(compiled, tokenizer)
         return {"adapter": "adapter", "compiled": "compiled", "slicegpt": "slicegpt.json"}
 
+    def results_sections(self, records: list[dict[str, Any]]) -> str:
+        """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
+        from fedprune_app.structural.speed import compiled_section
+
+        return compiled_section(records)
+
     def record_compiled(self, compiled: torch.nn.Module, tokenizer: Any) -> None:
         """'Compiled models' rows: dense and the compiled sliced model, parameters (the sliced one's untied LM
         head counted), held-out perplexity (`server-eval-data`), and (`slicegpt-speed-prefill` > 0) prefill and

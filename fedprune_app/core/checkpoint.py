@@ -1,13 +1,14 @@
 """Checkpoints: what lets an interrupted run continue as if it had never stopped (`checkpoint-every`, `resume-from`).
 
 Server side, `<run dir>/checkpoint/state.safetensors`, rewritten atomically after every k-th round:
-`{"round": r, "run-key": ..., "arrays": {name: ndarray}, "strategy": strategy.state_dict()}` — the loop's global
-arrays and the strategy's server-side state (sampling RNG, FedSpaLLM's pruned weights and so its masks, FedTPA's
-β_i and last losses, FlexLoRA's ranks, SFT-P's kept-ratio history).
+`{"round": r, "run-key": ..., "arrays": {name: ndarray}, "strategy": strategy.state_dict()}` — the
+loop's global arrays and the strategy's server-side state (sampling RNG, pruned weights and so their
+masks, per-client keep ratios, last losses and ranks, kept-ratio histories).
 
-Client side, on the client's own device: `<state-dir>/<run-key>/partition-<id>/round-<r>.pb` = its `context.state`
-after its round-r train message (FedTPA's EMA, SFT-P's e_k and its optimizer moments). It never travels; a resumed
-run's client, starting with an empty `context.state`, loads the newest file from before the current round.
+Client side, on the client's own device: `<state-dir>/<run-key>/partition-<id>/round-<r>.pb` = its
+`context.state` after its round-r train message (e.g. importance EMAs, a client embedding and its
+optimizer moments). It never travels; a resumed run's client, starting with an empty
+`context.state`, loads the newest file from before the current round.
 
 The run key is the first run's directory name and is kept by every resume, so the clients find their state.
 Neither file is a pickle: reading them parses data and never runs code (`core/statefile.py`).
@@ -59,6 +60,9 @@ class Checkpoint:
 
 def save_checkpoint(run_dir: Path, server_round: int, run_key: str, arrays: dict[str, np.ndarray],
                     strategy_state: dict[str, Any]) -> Path:
+    """Write `<run_dir>/checkpoint/` atomically: the round, the run key, the global arrays and the
+    strategy's state (`state_dict`); return the file written.
+    """
     path = run_dir / "checkpoint" / STATE_FILE
     write_state(path, {"round": server_round, "run-key": run_key, "arrays": arrays, "strategy": strategy_state})
     return path

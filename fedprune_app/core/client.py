@@ -31,11 +31,12 @@ class FederatedClient:
         self.partition_id = node.partition_id
         self.num_partitions = node.num_partitions
         self.data_path: str | None = node.data_path  # a private JSONL on this device, replaces the partition
-        self.resources: float | None = node.resources  # FedSpaLLM's r_i (Eq. 8) when the node sets it
+        self.resources: float | None = node.resources  # its compute share r_i, when it sets one
         self.state_dir: str | None = node.state_dir  # where checkpointed private state goes (None = default)
 
     @cached_property
     def data(self) -> ClientData:
+        """This client's data: its node's JSONL file (`data-path`) or its share of `client-data`."""
         if self.data_path is not None:
             return local_file_data(self.cfg, self.partition_id, self.data_path)
         return client_data(self.cfg, self.partition_id, self.num_partitions)
@@ -57,13 +58,13 @@ class FederatedClient:
 
     def identity(self) -> RecordDict:
         """The answer to the server's `{"query": "identity"}`: partition id and node-config `resources`
-        (FedSpaLLM's r_i of Eq. 8; 0 = not set). Nothing about the data."""
+        (its compute share r_i; 0 = not set). Nothing about the data."""
         return RecordDict({"metrics": MetricRecord({"partition-id": self.partition_id,
                                                     "num-partitions": self.num_partitions,
                                                     "resources": float(self.resources or 0.0)})})
 
     def query(self, content: RecordDict) -> RecordDict:
-        """A method's own one-off question (e.g. FedTPA's mean feature); no method asks one by default."""
+        """A method's own one-off question (e.g. a mean feature vector); none by default."""
         raise NotImplementedError(f"method {self.cfg.method!r} answers no query {dict(content.config_records)}")
 
     # --- the private state on this device, across an interruption ----------------------------------------
@@ -74,8 +75,9 @@ class FederatedClient:
         return client_state_dir(self.state_dir, key, self.partition_id) if key else None
 
     def restore_state(self, content: RecordDict) -> None:
-        """A resumed run starts with an empty `context.state`: load the one this client saved after its last train
-        message before this round (same run key), so its private state (FedTPA's EMA, SFT-P's e_k) continues."""
+        """A resumed run starts with an empty `context.state`: load the one this client saved after
+        its last train message before this round (same run key), so its private state (EMAs,
+        embeddings) continues."""
         directory = self.state_file(content)
         if directory is None or len(self.context.state.keys()) > 0:
             return
@@ -92,13 +94,30 @@ class FederatedClient:
             save_client_state(directory, int(content.config_records["config"]["server-round"]), self.context.state)
 
     def train(self, content: RecordDict) -> RecordDict:
+        """The reply to a train message: the updated arrays and `metrics` (`num-examples`, ...).
+
+        Args:
+            content: the message's arrays and config (`server-round`, `run-key`, the node's own).
+
+        Returns:
+            The reply's content.
+        """
         raise NotImplementedError
 
     def evaluate(self, content: RecordDict) -> RecordDict:
+        """The reply to an evaluate message: the client's scores on its own test split (`metrics`).
+
+        Args:
+            content: the message's arrays (the global state) and its config.
+
+        Returns:
+            The reply's content.
+        """
         raise NotImplementedError
 
     def reference(self, content: RecordDict) -> RecordDict:
-        """A comparison model built from this client's data alone (e.g. FedSpaLLM's `standalone`), scored here.
+        """A comparison model built from this client's data alone (e.g. pruned on its own data),
+        scored here.
         `content.config_records["config"]["reference"]` names it; the reply carries metrics only."""
         name = content.config_records["config"]["reference"]
         raise NotImplementedError(f"method {self.cfg.method!r} has no client-side reference {name!r}")

@@ -6,7 +6,7 @@ dict stays the wire and CLI format. Here the keys are typed dataclass fields, gr
 - `SharedConfig` (this file): the keys every method reads (the run, faults and resume, model, data, LoRA and
   local training, evaluation); `RunConfig` is a `SharedConfig`, so `cfg.local_steps` is an int.
 - one `ConfigSection` per method package (`fedprune_app/methods/<m>/config.py`), registered with the method:
-  `cfg.section(SFTPConfig).sftp_lambda` is a float.
+  `cfg.section(MethodConfig).method_key` is typed as the section declares it.
 
 A field `local_steps` is the flat key `local-steps`; `key(default, help, ...)` gives its meaning and bounds.
 `RunConfig.from_flower` validates the flat dict *before* any model or data is touched: an unknown key, a wrong type
@@ -21,18 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from numbers import Integral
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from fedprune_app.llm.settings import (
+    DEVICE_PATTERN,
+    DEVICE_TEXT,
+    ConfigError,
+    parse_partition_id,
+    split_list,
+)
+from fedprune_app.llm.settings import per_client as per_client  # re-exported for methods
+
 Scalar = bool | int | float | str
-
-
-class ConfigError(ValueError):
-    """A run-config value is unknown, of the wrong type or out of range."""
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,11 @@ class Key:
 
     @property
     def type(self) -> type:
+        """The key's value type (that of its default)."""
         return type(self.default)
 
     def allowed(self) -> str:
+        """What the key accepts, as error messages and docs/config.md say it."""
         if self.allowed_text is not None:
             return self.allowed_text
         if self.choices is not None:
@@ -71,7 +76,6 @@ DEFAULT_CLIENT_DATA = (
     "bigbench:elementary_math_qa/question_only,bigbench:logical_deduction/three_objects"
 )
 
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # `device`: resolved to a torch.device at model load
 PERPLEXITY_SET_NAMES = ("wikitext2", "ptb", "c4")  # `ppl:<name>` in server-eval-data (data.PERPLEXITY_SETS)
 
 
@@ -134,7 +138,8 @@ class SharedConfig(ConfigSection):
     title: ClassVar[str] = "Shared keys"
 
     # --- the run -------------------------------------------------------------------------------------
-    method: str = key("fedit", "Federated method (server strategy + client pair from the registry).")
+    # `method`'s default is the registry's default method (`SharedConfig.keys`)
+    method: str = key("", "Federated method (server strategy + client pair from the registry).")
     num_server_rounds: int = key(3, "Federated rounds.", minimum=1)
     seed: int = key(0, "Seed for data splits, partitioning, LoRA init and sampling.", minimum=0)
     fraction_train: float = key(
@@ -156,8 +161,8 @@ class SharedConfig(ConfigSection):
     run_tag: str = key("", "Suffix of the run directory name `<date>-<method>-<tag>`.")
     save_merged: bool = key(
         False,
-        "Beside each final PEFT adapter directory (FedIT, FedTPA, FlexLoRA, SFT-P, fedflap) also write the full "
-        "model with that adapter merged (`merged/`, FlexLoRA's clients `client-merged/client-<k>/`; "
+        "Beside each final PEFT adapter directory also write the full model with that adapter "
+        "merged (`merged/`, per-client adapters' `client-merged/client-<k>/`; "
         "`AutoModelForCausalLM.from_pretrained`, with the tokenizer), in model-dtype. Needs model-quantization = "
         "'none'. See docs/artefacts.md.",
     )
@@ -209,7 +214,7 @@ class SharedConfig(ConfigSection):
         "its client-resources-num-gpus gave it), else cpu; 'cuda' / 'cuda:<n>' fail at model load where no GPU "
         "is visible. A quantized model (model-quantization) gets bitsandbytes' device map: 'auto' over the visible "
         "GPUs for auto/cuda, else the one device.",
-        allowed_text="'auto', 'cpu', 'cuda' or 'cuda:<index>'",
+        allowed_text=DEVICE_TEXT,
     )
     # --- the data ------------------------------------------------------------------------------------
     client_data: str = key(
@@ -227,6 +232,14 @@ class SharedConfig(ConfigSection):
     max_train_examples: int = key(512, "Training examples kept per source (0 = all).", minimum=0)
     val_examples: int = key(16, "Validation examples split off per source.", minimum=0)
     test_examples: int = key(60, "Test examples split off per source (evaluation size).", minimum=1)
+    local_val_fraction: float = key(
+        0.0,
+        "Share of each client's own training partition held out (seeded) as its "
+        "validation set (0.2 = an 8:2 split); 0 = the source's val split. With a share, "
+        "val-examples caps how many held-out examples are scored (0 = all).",
+        minimum=0.0,
+        maximum=0.9,
+    )
     seq_len: int = key(256, "Maximum tokens per training sequence.", minimum=8)
     # --- LoRA and local training ---------------------------------------------------------------------
     lora_rank: int = key(16, "LoRA rank r.", minimum=1)
@@ -253,15 +266,6 @@ class SharedConfig(ConfigSection):
     learning_rate: float = key(5e-4, "AdamW learning rate.", minimum=0.0)
     weight_decay: float = key(0.0, "AdamW weight decay.", minimum=0.0)
     max_grad_norm: float = key(1.0, "Gradient clipping norm (0 = off).", minimum=0.0)
-    # --- fedtpa / flexlora ----------------------------------------------------------------------------
-    local_val_fraction: float = key(
-        0.0,
-        "Share of each client's own training partition held out (seeded) as its "
-        "validation set (FedTPA §IV-A4: 0.2 = 8:2); 0 = the source's val split. With a share, val-examples caps "
-        "how many held-out examples are scored (0 = all).",
-        minimum=0.0,
-        maximum=0.9,
-    )
     # --- evaluation ----------------------------------------------------------------------------------
     eval_every: int = key(
         0,
@@ -310,7 +314,17 @@ class SharedConfig(ConfigSection):
         "scores the global model's perplexity on after each round (empty = off).",
     )
 
+    @classmethod
+    def keys(cls) -> tuple[Key, ...]:
+        """The section's keys; `method` defaults to the method the registry names its default."""
+        from fedprune_app.core import registry  # the registry imports this module
+
+        default = registry.default_name()
+        return tuple(dataclasses.replace(k, default=default) if k.name == "method" else k
+                     for k in super().keys())
+
     def check(self, cfg: RunConfig) -> None:
+        """The shared keys' cross-checks: device, windows, data, LoRA modules, merging."""
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ConfigError(f"run-config key 'device' must be {key_named('device').allowed()}, got {self.device!r}")
         if self.ppl_stride > self.ppl_window:
@@ -352,23 +366,6 @@ def _coerce(key: Key, value: Any) -> Scalar:
     return value
 
 
-def per_client(value: str, n: int, cast: Callable[[str], Any], key: str) -> list[Any]:
-    """Parse a per-client list string ("0.2,0.2,0.5,0.5"): one value for all clients, or exactly n."""
-    items = [v.strip() for v in str(value).split(",") if v.strip()]
-    if len(items) not in (1, n):
-        raise ConfigError(f"run-config key '{key}' needs 1 or {n} comma-separated values, got {len(items)}: {value!r}")
-    try:
-        parsed = [cast(v) for v in items]
-    except ValueError as err:
-        raise ConfigError(f"run-config key '{key}': cannot parse {value!r} ({err})") from err
-    return parsed * n if len(parsed) == 1 else parsed
-
-
-def split_list(value: str) -> list[str]:
-    """Split a comma-separated string into its non-empty, stripped items."""
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
 def all_sections() -> list[type[ConfigSection]]:
     """`SharedConfig` and every registered method's section."""
     from fedprune_app.core import registry  # the registry imports this module
@@ -382,6 +379,7 @@ def all_keys() -> tuple[Key, ...]:
 
 
 def key_named(name: str) -> Key:
+    """The key `name` of any section (StopIteration when there is none)."""
     return next(k for k in all_keys() if k.name == name)
 
 
@@ -391,8 +389,9 @@ def _fields(section: type[ConfigSection], values: Mapping[str, Scalar]) -> dict[
 
 @dataclass(frozen=True)
 class RunConfig(SharedConfig):
-    """The validated run config: the shared keys as typed attributes (`cfg.local_steps`), each method's keys as
-    its typed section (`cfg.section(SFTPConfig).sftp_lambda`; `cfg["sftp-lambda"]` reads the flat value)."""
+    """The validated run config: the shared keys as typed attributes (`cfg.local_steps`), each
+    method's keys as its typed section (`cfg.section(MethodConfig).method_key`; `cfg["method-key"]`
+    reads the flat value)."""
 
     values: Mapping[str, Scalar] = field(default_factory=dict, repr=False, compare=False)
     sections: Mapping[type, ConfigSection] = field(default_factory=dict, repr=False, compare=False)
@@ -407,6 +406,7 @@ class RunConfig(SharedConfig):
         return self.values[name]
 
     def to_dict(self) -> dict[str, Scalar]:
+        """The flat run config, every key (config.json)."""
         return dict(self.values)
 
     def replace(self, **changes: Scalar) -> RunConfig:  # type: ignore[override]
@@ -447,13 +447,12 @@ def defaults() -> dict[str, Scalar]:
 
 
 # --- node config (a SuperNode's `--node-config`; the simulation sets partition-id and num-partitions) ---------
-# (deployment engineer's addition: NodeConfig; used by fedprune_app/core/client.py)
 
 NODE_KEYS: dict[str, str] = {
     "partition-id": "an int in [0, num-partitions)",
     "num-partitions": "an int >= 1",
     "data-path": "an existing .jsonl file on this device (its examples replace the embedded partition)",
-    "resources": "a float in (0, 1] (FedSpaLLM's r_i, Eq. 8)",
+    "resources": "a float in (0, 1] (the node's share of compute, r_i)",
     "state-dir": "a writable directory on this device for the client's checkpointed private state "
     "(default ~/.cache/fedprune/client-state)",
 }
@@ -471,28 +470,6 @@ def _node_number(node_config: Mapping[str, Any], key: str, default: float | None
         return cast(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
         raise ConfigError(f"node-config key '{key}' must be {NODE_KEYS[key]}, got {value!r}") from None
-
-
-def parse_partition_id(value: Any, num_partitions: int | None = None, *, text: bool = False) -> int:
-    """A partition id, validated: an int, not a bool (with `text`, also an int written as a string, as Flower's
-    Ray proxy passes node-config values), in [0, num_partitions), or >= 0 where the number of partitions is not
-    known (a reply's `partition-id` metric, checked by the server). Raises ValueError saying what it accepts and
-    what it got. The one rule for a node's config and for the replies."""
-    allowed = "a non-negative int" if num_partitions is None else f"an int in [0, {num_partitions})"
-    problem = ValueError(f"'partition-id' must be {allowed}, got {value!r}")
-    if isinstance(value, Integral) and not isinstance(value, bool):
-        pid = int(value)
-    elif text and isinstance(value, str):
-        try:
-            pid = int(value.strip())
-        except ValueError:
-            raise problem from None
-    else:
-        raise problem
-    if pid < 0 or (num_partitions is not None and pid >= num_partitions):
-        raise problem
-    return pid
-
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ class EncodingError(ValueError):
 
 
 def check_payload_dtype(dtype: str) -> str:
+    """`dtype` when it is one of `PAYLOAD_DTYPES`, else ValueError naming `payload-dtype`."""
     if dtype not in PAYLOAD_DTYPES:
         raise ValueError(f"run-config key 'payload-dtype' must be one of {', '.join(map(repr, PAYLOAD_DTYPES))}, "
                          f"got {dtype!r}")
@@ -44,6 +45,7 @@ def wire_dtype(dtype: str) -> np.dtype:
 # --- masks ----------------------------------------------------------------------------------------------------
 
 def packed_length(size: int) -> int:
+    """Bytes that `size` packed bits take."""
     return math.ceil(size / 8)
 
 

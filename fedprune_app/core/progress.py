@@ -1,8 +1,9 @@
 """Progress lines for long work: how long a step took, the time elapsed, and the time left.
 
-The time left is the mean duration of the steps done so far times the steps still to do: what a user reads in
-the run's stream (`[round 3/8] ...`), in a FedSpaLLM client's pruning loop (`layer 4/30 ...`) and in a grid
-(`cell 2/12 ...`). Pure bookkeeping over a clock, so it is tested with a fake one.
+The time left is the mean duration of the steps done so far times the steps still to do: what a user
+reads in the run's stream (`[round 3/8] ...`), in a client's layer-by-layer pruning loop
+(`layer 4/30 ...`) and in a grid (`cell 2/12 ...`). Pure bookkeeping over a clock, so it is tested
+with a fake one.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def duration(seconds: float) -> str:
 
 
 def mean(samples: Sequence[float]) -> float | None:
+    """The mean of `samples`, None when there are none."""
     return sum(samples) / len(samples) if samples else None
 
 
@@ -41,10 +43,12 @@ class Countdown:
         self.took: list[float] = []
 
     def done(self, seconds: float) -> None:
+        """Record one finished step and its duration."""
         self.took.append(float(seconds))
 
     @property
     def left_units(self) -> int:
+        """Steps still to do."""
         return max(0, self.units - len(self.took))
 
     def left(self) -> float | None:
@@ -84,9 +88,11 @@ class RoundProgress:
         return lap
 
     def start_round(self) -> None:
+        """Mark a round's start."""
         self.round_started = self.mark = self.clock()
 
     def trained(self) -> None:
+        """Mark the end of the round's training (the rest is evaluation)."""
         self.train.append(self._lap())
 
     def left(self, server_round: int) -> float | None:
@@ -115,7 +121,7 @@ class RoundProgress:
 
 def layer_logger(log: logging.Logger, prefix: str, layer_ids: Sequence[int], clock: Clock = time.monotonic
                  ) -> Callable[[int, float], None]:
-    """An `on_layer(decoder layer, seconds)` callback for `prune_sequentially` (FedSpaLLM's layer loop) that logs
+    """An `on_layer(decoder layer, seconds)` callback for a layer-by-layer pruning loop that logs
     `<prefix>: layer i/N (decoder layer j) in 3.2 s, ~1 min 28 s left`, i counting the layers in `layer_ids`."""
     order = {j: i for i, j in enumerate(sorted(set(layer_ids)), 1)}
     countdown = Countdown(len(order), clock)

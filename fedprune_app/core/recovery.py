@@ -1,11 +1,12 @@
 """One statistics round, then FedAvg LoRA recovery: the protocol of the one-shot structural baselines.
 
-Round 1: the server sends nothing; each sampled client measures its data on the dense model and replies
-statistics (importance rows, covariance sums, ...) of fixed shapes. The server folds them into ONE global
-structure (masks, kept heads/channels, bases) and a fresh LoRA for the smaller model. Rounds 2..R: FedAvg over
-LoRA (FedIT's round) on that model; the structure travels beside the LoRA as arrays whose names start with
-`structure_prefix` and never changes. The core knows no method: a strategy fills in `statistics_shapes`,
-`cut` and `structure_arrays`; a client fills in `statistics` and `recovery_model`.
+Round 1: the server sends nothing; each sampled client measures its data on the dense model and
+replies statistics (importance rows, covariance sums, ...) of fixed shapes. The server folds them
+into ONE global structure (masks, kept heads/channels, bases) and a fresh LoRA for the smaller
+model. Rounds 2..R: FedAvg over LoRA (the plain LoRA round) on that model; the structure travels
+beside the LoRA as arrays whose names start with `structure_prefix` and never changes. The core
+knows no method: a strategy fills in `statistics_shapes`, `cut` and `structure_arrays`; a client
+fills in `statistics` and `recovery_model`.
 """
 
 from __future__ import annotations
@@ -67,11 +68,13 @@ class StatisticsThenRecovery(FederatedStrategy):
 
     # --- the protocol --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The base state plus `array_state` (as arrays) and `json_state` (as JSON values)."""
         state = {name: getattr(self, name) for name in self.array_state}
         return super().state_dict() | state | {name: json.loads(json.dumps(getattr(self, name)))
                                                for name in self.json_state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
         super().load_state_dict(state)
         for name in self.array_state:
             setattr(self, name, state[name])
@@ -79,6 +82,7 @@ class StatisticsThenRecovery(FederatedStrategy):
             setattr(self, name, dict(state[name]))
 
     def plan_round(self, server_round: int, node_ids: list[int]) -> None:
+        """Remember the round: round 1 asks for statistics, later rounds recover."""
         self.round = server_round
 
     def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
@@ -123,12 +127,13 @@ class Recovery(NamedTuple):
 
 
 class StatisticsThenRecoveryClient(FederatedClient):
-    """The client side: round 1 `statistics` of the dense model on the client's data; later FedIT's
-    `local_round` on `recovery_model`. Mix in before a class that provides `local_round` (FedIT's client)."""
+    """The client side: round 1 `statistics` of the dense model on the client's data; later a plain
+    LoRA `local_round` on `recovery_model`. Mix in before a client class that provides
+    `local_round`."""
 
     structure_prefix: ClassVar[str]
     structure_name: ClassVar[str] = "the global structure"
-    local_round: Callable[..., RecordDict]  # provided by the FedIT client this class is mixed into
+    local_round: Callable[..., RecordDict]  # provided by the LoRA client this class is mixed into
 
     def statistics(self, server_round: int) -> tuple[dict[str, np.ndarray], dict[str, float | int]]:
         """Round 1: (arrays, metrics with `num-examples`) measured on the dense model. No text, no activations."""
@@ -140,10 +145,12 @@ class StatisticsThenRecoveryClient(FederatedClient):
         raise NotImplementedError
 
     def message_arrays(self, content: RecordDict) -> dict[str, Any]:
+        """The message's arrays as torch tensors ({} when it carries none: round 1)."""
         record = content.array_records.get("arrays")
         return record.to_torch_state_dict() if record is not None and len(record) else {}
 
     def train(self, content: RecordDict) -> RecordDict:
+        """Round 1: the statistics of the dense model; later: `local_round` on `recovery_model`."""
         server_round = int(content.config_records["config"]["server-round"])
         if server_round == 1:
             start = time.perf_counter()

@@ -28,6 +28,7 @@ class Method:
     name: str
     configs: tuple[type, ...] = ()
     package: bool = False  # its package under fedprune_app/methods called register_method
+    default: bool = False  # the run-config key `method`'s default
     strategy: type | None = None
     client: type | None = None
 
@@ -50,10 +51,17 @@ def _entry(name: str) -> Method:
     return _METHODS.setdefault(name, Method(name))
 
 
-def register_method(name: str, config: type | tuple[type, ...] = ()) -> None:
-    """Called by `fedprune_app/methods/<name>/__init__.py`: the method exists and reads these config sections."""
+def register_method(name: str, config: type | tuple[type, ...] = (), default: bool = False) -> None:
+    """Called by `fedprune_app/methods/<name>/__init__.py`: the method exists.
+
+    Args:
+        name: the method's name (the run-config value of `method`).
+        config: the config section(s) whose keys it reads.
+        default: it is what `method` is when a run does not say (one method says so).
+    """
     entry = _entry(name)
     entry.configs, entry.package = (config if isinstance(config, tuple) else (config,)), True
+    entry.default = default
 
 
 def register_strategy(name: str) -> Any:
@@ -80,6 +88,16 @@ def names() -> tuple[str, ...]:
     """Every method whose package registered it, sorted."""
     load(METHODS_PACKAGE)
     return tuple(sorted(n for n, m in _METHODS.items() if m.package))
+
+
+def default_name() -> str:
+    """The method registered with `register_method(..., default=True)`; exactly one is."""
+    load(METHODS_PACKAGE)
+    found = [n for n, m in sorted(_METHODS.items()) if m.package and m.default]
+    if len(found) != 1:
+        raise RuntimeError("exactly one method must register as the default, "
+                           f"found {found or 'none'}")
+    return found[0]
 
 
 def config_sections() -> list[type]:

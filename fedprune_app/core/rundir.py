@@ -25,10 +25,22 @@ from collections import defaultdict
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fedprune_app.core.config import RunConfig
 from fedprune_app.llm.intervals import proportion_interval
+
+
+class MethodReport(Protocol):
+    """What a method adds to results.md and summary.json: two hooks of `FederatedStrategy`."""
+
+    def server_columns(self) -> dict[str, tuple[str, str]]:
+        """{row key: (column heading, legend line)} beside the server's per-round scores."""
+        ...
+
+    def results_sections(self, records: list[dict[str, Any]]) -> str:
+        """Markdown appended to results.md, rendered from the run's metrics rows."""
+        ...
 
 
 def resolve_output_dir(output_dir: str) -> Path:
@@ -51,6 +63,7 @@ class RunDirectory:
 
     @classmethod
     def create(cls, cfg: RunConfig) -> RunDirectory:
+        """A new `<output-dir>/<date>-<method>-<tag>[-k]/` with config.json written."""
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         name = "-".join(p for p in (stamp, cfg.method, cfg.run_tag) if p)
         root = resolve_output_dir(cfg.output_dir)
@@ -95,22 +108,36 @@ class RunDirectory:
             self.board.add_summary(summary, scalars[0][1], walltime=self.started + scalars[0][3])
 
     def close_board(self) -> None:
+        """Flush and close the TensorBoard writer, if one was opened."""
         if self.board is not None:
             self.board.close()
             self.board = None
 
     def rows(self, phase: str) -> list[dict[str, Any]]:
+        """The logged rows of one phase, in order."""
         return [r for r in self.records if r.get("phase") == phase]
 
-    def finish(self, status: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Write summary.json, results.md and the plots; return the summary. Its `warnings`: one
-        line per model the run broke (`broken_models`), also at the top of results.md."""
+    def finish(self, status: str, extra: Mapping[str, Any] | None = None,
+               report: MethodReport | None = None) -> dict[str, Any]:
+        """Write summary.json, results.md and the plots; return the summary.
+
+        Args:
+            status: the run's end, `completed` or `failed`.
+            extra: more fields for summary.json (artefacts, the error).
+            report: what the method adds (its strategy's `server_columns` and `results_sections`).
+
+        Returns:
+            The summary; its `warnings`: one line per model the run broke (`broken_models`), also at
+            the top of results.md.
+        """
+        columns = report.server_columns() if report is not None else {}
         table = client_table(self.rows("evaluate"))
         server: dict[str, dict[str, float]] = defaultdict(dict)
         for r in self.rows("server-evaluate"):
             server[str(r["round"])][f"ppl `{r['data']}`"] = r["ppl"]
-            if "kept-ratio-prunable" in r:  # a strategy that says what it scored (SFT-P: global_model_notes)
-                server[str(r["round"])]["kept (prunable)"] = r["kept-ratio-prunable"]
+            for key, (heading, _) in columns.items():  # numbers the strategy noted beside its score
+                if key in r:
+                    server[str(r["round"])][heading] = r[key]
         dropped = [{"round": r.get("round"), "phase": r["phase"], "node": r.get("node"),
                     "problem": r.get("problem", "")[-300:]}
                    for r in self.records if r.get("status") in ("failed", "rejected")]
@@ -126,9 +153,9 @@ class RunDirectory:
         except Exception as err:  # noqa: BLE001 - as the plots: never costs a finished run its status
             warnings.warn(f"writing the TensorBoard events failed: {err!r}", stacklevel=1)
         scored = self.rows("server-evaluate")
-        text = render_results(self.cfg, table, scored, summary["seconds"], flags)
+        text = render_results(self.cfg, table, scored, summary["seconds"], flags, columns)
         text += render_references(self.cfg, server, self.rows("reference"), scored)
-        text += render_compiled(self.rows("compiled"))
+        text += report.results_sections(self.records) if report is not None else ""
         if dropped:
             text += (f"\n{len(dropped)} client replies failed or were rejected and left out "
                      "(details in summary.json and metrics.jsonl).\n")
@@ -236,7 +263,8 @@ def score_interval(row: Mapping[str, Any], metric: str
     return row.get(f"{metric}-lo"), row.get(f"{metric}-hi"), int(n) if n else None
 
 
-def _fmt(value: Any) -> str:
+def cell(value: Any) -> str:
+    """A number as a results.md table cell: 3 decimals below 10, else 2; `–` for none or NaN."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if not isinstance(value, int | float):
@@ -256,11 +284,11 @@ def _num(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def _interval(lo: Any, hi: Any, n: Any = None) -> str:
+def interval_cell(lo: Any, hi: Any, n: Any = None) -> str:
     """`[lo, hi]`, or `–` where there is none or it rests on a single unit."""
     if lo is None or hi is None or (n is not None and n < 2):
         return "–"
-    return f"[{_fmt(lo)}, {_fmt(hi)}]"
+    return f"[{cell(lo)}, {cell(hi)}]"
 
 
 def short_name(data: str) -> str:
@@ -334,7 +362,7 @@ def broken_models(records: list[dict[str, Any]], method: str,
             problems[f"the global model after round {last}"] += [found] if found else []
     # A deployed (compiled) model is judged on the server's text only where no client judged its own: a
     # client's model that beats the untouched one on its own task is specialised, not broken, however it
-    # scores on general text (SFT-P's per-client models: make run's score 7-14x on squad text).
+    # scores on general text (per-client pruned models can score 7-14x the dense one on other text).
     compiled = [] if judged else [r for r in records if r.get("phase") == "compiled"]
     dense = next((r for r in compiled if r.get("model") == "dense"),
                  compiled[0] if compiled else None)
@@ -359,15 +387,18 @@ def render_warnings(flags: list[str], ratio: float = PPL_BROKEN_RATIO) -> str:
     return "\n".join([head, "", *(f"- {f}" for f in flags)])
 
 
-def _legend(lines: list[str]) -> list[str]:
+def legend(lines: list[str]) -> list[str]:
+    """The `Terms:` list under a results.md table, one line per term."""
     return ["", "Terms:", *(f"- {line}." for line in lines)]
 
 
 def render_results(cfg: RunConfig, table: list[dict[str, Any]], server_rows: list[dict[str, Any]],
-                   seconds: float, flags: list[str] | None = None) -> str:
+                   seconds: float, flags: list[str] | None = None,
+                   columns: Mapping[str, tuple[str, str]] | None = None) -> str:
     """results.md's head and first tables: what the file is, the broken-model lines, per client its
-    scores before and after federated training, then the server's per-round scores; every score with
-    its n and 95% interval, every term defined under its table."""
+    scores before and after federated training, then the server's per-round scores (with the
+    strategy's `columns`: {row key: (heading, legend line)}); every score with its n and 95%
+    interval, every term defined under its table."""
     rounds = f"{cfg.num_server_rounds} round{'s' * (cfg.num_server_rounds != 1)}"
     lines = [f"# {cfg.method}: {rounds}, model `{cfg.model_name}`", "",
              f"Scores of the models this `{cfg.method}` run trained, against the untouched base "
@@ -383,7 +414,7 @@ def render_results(cfg: RunConfig, table: list[dict[str, Any]], server_rows: lis
                      "the server, fraction-evaluate is 0, or every client evaluation failed.")
     else:
         lines += _client_lines(cfg, table)
-    lines += _server_lines(cfg, server_rows)
+    lines += _server_lines(cfg, server_rows, columns or {})
     return "\n".join(lines) + "\n"
 
 
@@ -409,8 +440,8 @@ def _client_lines(cfg: RunConfig, table: list[dict[str, Any]]) -> list[str]:
             who = [str(row["client"]), f"`{row['data']}`"] if first else ["", ""]
             cells = [*who, label, str(n) if n else "–"]
             for side in ("untouched", "tuned"):
-                cells += [_fmt(row.get(f"{m}/{side}")),
-                          _interval(row.get(f"{m}-lo/{side}"), row.get(f"{m}-hi/{side}"),
+                cells += [cell(row.get(f"{m}/{side}")),
+                          interval_cell(row.get(f"{m}-lo/{side}"), row.get(f"{m}-hi/{side}"),
                                     row.get(f"{m}-n/{side}"))]
             lines.append("| " + " | ".join(cells) + " |")
             first = False
@@ -419,7 +450,7 @@ def _client_lines(cfg: RunConfig, table: list[dict[str, Any]]) -> list[str]:
             cells = [f"mean of {clients}" if m == metrics[0] else "", "", SCORE_LABELS[m], ""]
             for side in ("untouched", "tuned"):
                 vals = [r[f"{m}/{side}"] for r in table if r.get(f"{m}/{side}") is not None]
-                cells += [_fmt(sum(vals) / len(vals)) if vals else "–", ""]
+                cells += [cell(sum(vals) / len(vals)) if vals else "–", ""]
             lines.append("| " + " | ".join(cells) + " |")
     terms = ["untouched: the base model before any training (round 0)",
              f"{after}: the model each client uses after the last round it evaluated",
@@ -433,7 +464,7 @@ def _client_lines(cfg: RunConfig, table: list[dict[str, Any]]) -> list[str]:
     if len(table) > 1:
         terms.append("mean: the unweighted mean over the clients' scores (on different data: no "
                      "interval)")
-    return lines + _legend(terms)
+    return lines + legend(terms)
 
 
 def _interval_term(cfg: RunConfig, accuracy: bool, units: str) -> str:
@@ -447,41 +478,42 @@ def _interval_term(cfg: RunConfig, accuracy: bool, units: str) -> str:
     return text
 
 
-def _server_lines(cfg: RunConfig, rows: list[dict[str, Any]]) -> list[str]:
-    """The server's score of the global model after each round (perplexity of held-out text)."""
+def _server_lines(cfg: RunConfig, rows: list[dict[str, Any]],
+                  columns: Mapping[str, tuple[str, str]]) -> list[str]:
+    """The server's score of the global model after each round (perplexity of held-out text), after
+    the `columns` ({row key: (heading, legend line)}) that its rows carry."""
     rows = [r for r in rows if r.get("status") != "failed" and "round" in r and "data" in r]
     if not rows:
         return []
     scored = next((str(r["model"]) for r in reversed(rows) if r.get("model")), None)
     sources = list(dict.fromkeys(str(r["data"]) for r in rows))
-    kept = any("kept-ratio-prunable" in r for r in rows)
+    noted = {key: column for key, column in columns.items() if any(key in r for r in rows)}
     by_round: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in rows:
         by_round[int(r["round"])][str(r["data"])] = r
     heading = ("Server-side evaluation of the global model after each round: perplexity of "
                "held-out text." if not scored else "Server-side evaluation after each round: "
                f"perplexity of held-out text. The model scored: {scored}.")
-    head = "| round |" + (" kept (prunable) |" if kept else "")
+    head = "| round |" + "".join(f" {heading} |" for heading, _ in noted.values())
     for s in sources:
         n = next((_units(r) for r in rows if r["data"] == s and _units(r)), None)
         head += f" ppl `{s}`{f' (n = {n})' if n else ''} | 95% interval |"
-    lines = ["", heading, "", head, "|---|" + "---|" * (kept + 2 * len(sources))]
+    lines = ["", heading, "", head, "|---|" + "---|" * (len(noted) + 2 * len(sources))]
     for rnd in sorted(by_round):
         got = by_round[rnd]
         cells = [str(rnd)]
-        if kept:
-            cells.append(_fmt(next((r.get("kept-ratio-prunable") for r in got.values()), None)))
+        for key in noted:
+            cells.append(cell(next((r.get(key) for r in got.values()), None)))
         for s in sources:
             r = got.get(s, {})
-            cells += [_fmt(r.get("ppl")), _interval(r.get("ppl-lo"), r.get("ppl-hi"), _n(r))]
+            cells += [cell(r.get("ppl")), interval_cell(r.get("ppl-lo"), r.get("ppl-hi"), _n(r))]
         lines.append("| " + " | ".join(cells) + " |")
     terms = ["round 0: the untouched base model; round r: the model after round r",
              f"ppl: perplexity of the text, exp(mean negative log-likelihood per token), scored in "
              f"windows of up to {cfg.ppl_window} tokens; lower is better",
              "n: windows scored (and their tokens)", _interval_term(cfg, False, "windows")]
-    if kept:
-        terms.append("kept (prunable): the share of the prunable weights the scored model keeps")
-    return lines + _legend(terms)
+    terms += [term for _, term in noted.values()]
+    return lines + legend(terms)
 
 
 def _n(row: Mapping[str, Any]) -> int | None:
@@ -501,7 +533,7 @@ def _units(row: Mapping[str, Any]) -> str | None:
 
 def reference_means(refs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """{model: {data: ppl}} from the `reference` rows; a client-built reference (one row per client) is the mean
-    over its clients, as the FedSpaLLM paper reports its `standalone` row; `clients` counts them."""
+    over its clients, as the pruning papers report such a row; `clients` counts them."""
     per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in refs:
         if r.get("status") != "failed" and isinstance(r.get("ppl"), int | float):
@@ -512,67 +544,6 @@ def reference_means(refs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         if any(r.get("client") is not None for r in refs if r.get("model") == name):
             out[name]["clients"] = max(len(v) for v in by_data.values())
     return out
-
-
-def render_compiled(rows: list[dict[str, Any]]) -> str:
-    """SFT-P's compiled client models against the dense one: size and, when timed, prefill and generation, each
-    speed-up beside its FLOP ceiling and the share of it reached; then, when scored, the server's perplexity of
-    its held-out text for each of them (the models the clients deploy), with n and 95% interval."""
-    if not rows:
-        return ""
-    timed = "prefill-ms" in rows[0]
-    ceiling = timed and "prefill-ceiling" in rows[0]
-    lines = ["", "Compiled models (each client's deployable model: LoRA merged, sliced by its mask)"
-             + (f"; prefill of {rows[0]['prefill-tokens']} tokens, batch 1, and 32 greedy tokens, medians of 3, "
-                "timed round-robin in one process" if timed else "")
-             + ("; ceiling = FLOPs(dense) / FLOPs(model) of the same workload (every matmul: pruned projections, "
-                "attention, the unpruned LM head), of ceiling = speed-up / ceiling" if ceiling else "") + ":", ""]
-    head, rule = "| model | params | params ratio | MB |", "|---|---|---|---|"
-    if timed:
-        head += " prefill ms | speed-up |" + (" ceiling | of ceiling |" if ceiling else "") + " generation tok/s |"
-        rule += "---|---|" + ("---|---|" if ceiling else "") + "---|"
-        if ceiling:
-            head += " speed-up | ceiling | of ceiling |"
-            rule += "---|---|---|"
-    lines += [head, rule]
-    for r in rows:
-        line = f"| {r['model']} | {r['params'] / 1e6:.1f} M | {r['params-ratio']:.3f} | {r['MB']:.1f} |"
-        if timed:
-            line += f" {r['prefill-ms']:.0f} | {r['prefill-speedup']:.2f}× |"
-            if ceiling:
-                line += f" {r['prefill-ceiling']:.2f}× | {r['prefill-of-ceiling']:.2f} |"
-            line += f" {r['generate-tok-s']:.1f} |"
-            if ceiling:
-                line += (f" {r['generate-speedup']:.2f}× | {r['generate-ceiling']:.2f}× |"
-                         f" {r['generate-of-ceiling']:.2f} |")
-        lines.append(line)
-    terms = ["params: the model's parameters (M = million); params ratio: its parameters / the "
-             "dense model's; MB: the size of its weights"]
-    if timed:
-        terms.append("prefill ms: time to process the prompt; generation tok/s: new tokens per "
-                     "second; speed-up: the dense model's time / this model's")
-    sources = list(dict.fromkeys(k[4:] for r in rows for k in r if k.startswith("ppl/")))
-    if sources:
-        lines += _legend(terms)
-        head = "| model | kept (prunable) |"
-        for s in sources:
-            n = next((int(r[f"ppl-n/{s}"]) for r in rows if r.get(f"ppl-n/{s}")), None)
-            head += f" ppl `{s}`{f' (n = {n} windows)' if n else ''} | 95% interval |"
-        lines += ["", "Server-side evaluation of the deployed models: the server's held-out text (the per-round "
-                  "evaluation's) scored by the dense base model and by each client's compiled model after the last "
-                  "round (perplexity):", "", head, "|---|---|" + "---|---|" * len(sources)]
-        for r in rows:
-            cells = [str(r["model"]), _fmt(r.get("kept-ratio-prunable"))]
-            for s in sources:
-                lo, hi, n = r.get(f"ppl-lo/{s}"), r.get(f"ppl-hi/{s}"), r.get(f"ppl-n/{s}")
-                cells += [_fmt(r.get(f"ppl/{s}")), _interval(lo, hi, n)]
-            lines.append("| " + " | ".join(cells) + " |")
-        terms = ["dense: the untouched base model",
-                 "kept (prunable): the share of the prunable weights the model keeps",
-                 "ppl: perplexity of the server's held-out text, exp(mean negative "
-                 "log-likelihood per token); lower is better; n: windows scored",
-                 "95% interval: a percentile bootstrap over the windows; – where none was recorded"]
-    return "\n".join(lines + _legend(terms)) + "\n"
 
 
 def render_references(cfg: RunConfig, server: Mapping[str, Mapping[str, float]],
@@ -610,7 +581,7 @@ def render_references(cfg: RunConfig, server: Mapping[str, Mapping[str, float]],
         cells = [name]
         for s in sources:
             r = vals.get(s) or {}
-            cells += [_fmt(r.get("ppl")), _interval(r.get("ppl-lo"), r.get("ppl-hi"), _n(r))]
+            cells += [cell(r.get("ppl")), interval_cell(r.get("ppl-lo"), r.get("ppl-hi"), _n(r))]
         lines.append("| " + " | ".join(cells) + " |")
     terms = ["dense (round 0): the untouched base model",
              f"{cfg.method} (round r): the global model after the last round",
@@ -619,7 +590,7 @@ def render_references(cfg: RunConfig, server: Mapping[str, Mapping[str, float]],
              "perplexity: exp(mean negative log-likelihood per token) of the held-out text; lower "
              "is better",
              _interval_term(cfg, False, "windows")]
-    return "\n".join(lines + _legend(terms)) + "\n"
+    return "\n".join(lines + legend(terms)) + "\n"
 
 
 # Each plot's title and y-axis label, by its file name (`<phase>-<metric>`, or the train loss).

@@ -94,6 +94,7 @@ def quiet_libraries() -> None:
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

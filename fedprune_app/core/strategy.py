@@ -5,20 +5,26 @@
 or resume). It fills in what all methods share and leaves a few small hooks:
 
 - `initial_arrays()`            the global state the first round starts from;
-- `plan_round(round, nodes)`    per-round plan over the sampled nodes (e.g. FedSpaLLM's layer sampling);
+- `prepare(grid, timeout)`      once before round 0 (e.g. a one-off query of every client);
+- `plan_round(round, nodes)`    a plan over the round's sampled nodes (e.g. the layers each prunes);
 - `node_config(round, node)`    per-node entries of the train ConfigRecord (layer ids, ranks, budgets);
 - `arrays_for(node, arrays)`    the per-node payload (default: the global arrays);
-- `reply_problem(node, reply)`  why a reply cannot be aggregated (default: shapes / finiteness vs what was sent);
+- `expected_reply(node)`        {key: (shape, dtype)} a reply must hold (default: what was sent);
+- `reply_problem(node, reply)`  why a reply cannot be aggregated (default: unlike `expected_reply`);
 - `absorb(node, reply)`         each accepted reply as it arrives (default: kept whole for `aggregate`);
 - `aggregate(round, replies)`   the new global ArrayRecord from the accepted replies (default: FedAvg);
 - `global_model(arrays)`        a model with the global state loaded (server evaluation, artefacts);
+- `global_model_notes`          what `global_model` last built when it is not simply the global
+                                model (a label, numbers): carried by the server-evaluate rows;
+- `server_columns()`            which of those numbers results.md shows beside the server's scores;
 - `save_final(arrays, dir)`     the final artefacts;
+- `results_sections(records)`   the method's own sections of results.md (e.g. its deployed models);
 - `reference_models()`          comparison models the server builds and scores at the end (e.g. a random mask);
 - `client_references()`         comparison models each client builds from its own data alone and scores itself,
-                                asked for with `evaluate.reference` messages after the last round (`standalone`).
-
-- `state_dict()` / `load_state_dict(state)`  the server-side state a checkpoint holds beyond the global arrays
-                                (FedSpaLLM's pruned weights, FedTPA's β_i, ...); the base holds the sampling RNG.
+                                asked for with `evaluate.reference` messages after the last round;
+- `state_dict()` / `load_state_dict(state)`  the server-side state a checkpoint holds beyond the
+                                global arrays (pruned weights, per-client keep ratios, ...); the
+                                base holds the sampling RNG.
 
 `start` (Flower's signature plus `first_round` / `on_round_end` for resume and checkpoints) asks every connected
 node who it is (`identify`: partition id, node-config `resources`), so sampling and per-client state follow
@@ -106,21 +112,62 @@ class FederatedStrategy(Strategy):
         self.run_key = ""  # names the run (kept on resume); clients key their checkpointed private state by it
         self.timeout = 3600.0
         self.train_problems: list[str] = []  # error_line of every unusable train reply of the current round
+        self.global_model_notes = {}
 
     # --- hooks -------------------------------------------------------------------------------------------
     def initial_arrays(self) -> ArrayRecord:
+        """The global state the first round starts from (every method defines it).
+
+        Returns:
+            The arrays of round 1's train messages (before `arrays_for`).
+        """
         raise NotImplementedError
 
     def plan_round(self, server_round: int, node_ids: list[int]) -> None:
-        """Called with the sampled nodes before their train messages are built (e.g. to assign layers)."""
+        """Called with the sampled nodes before their messages are built (e.g. to deal layers).
+
+        Args:
+            server_round: the round about to be sent.
+            node_ids: the sampled nodes, in partition order.
+        """
 
     def node_config(self, server_round: int, node_id: int) -> dict[str, Any]:
+        """A node's entries in its train message's config (layer ids, ranks, budgets); none here.
+
+        Args:
+            server_round: the round being sent.
+            node_id: the node the message goes to.
+
+        Returns:
+            {key: bool/int/float/str}, merged over the round and run key.
+        """
         return {}
 
     def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
+        """The train payload of one node; by default the global arrays.
+
+        Args:
+            node_id: the node the message goes to.
+            arrays: the global arrays.
+
+        Returns:
+            What the node receives (its spec is what `expected_reply` checks by default).
+        """
         return arrays
 
     def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
+        """Why a train reply cannot be aggregated; by default a missing `arrays` record, a bad
+        example count or partition id, or arrays that differ in keys, shapes or finiteness from
+        `expected_reply`.
+
+        Args:
+            node_id: the node that replied.
+            reply: its content.
+
+        Returns:
+            The problem in one phrase (the reply is dropped and logged), or None when the reply is
+            usable.
+        """
         if "arrays" not in reply.array_records:
             return "reply holds no 'arrays' record"
         metrics = flat_metrics(reply)
@@ -138,21 +185,86 @@ class FederatedStrategy(Strategy):
         return self.sent[node_id]
 
     def absorb(self, node_id: int, reply: RecordDict) -> RecordDict:
-        """Called once per accepted train reply as soon as it is pulled; what it returns is what `aggregate`
-        gets. The default keeps the reply. A strategy whose replies are large (FedSpaLLM's pruned weights) folds
-        them into a running aggregate here and returns the reply without its arrays, so a round never holds every
-        client's weights at once."""
+        """Called once per accepted train reply as soon as it is pulled; what it returns is what
+        `aggregate` gets. The default keeps the reply. A strategy whose replies are large (pruned
+        weights) folds them into a running aggregate here and returns the reply without its arrays,
+        so a round never holds every client's weights at once.
+
+        Args:
+            node_id: the node that replied.
+            reply: its accepted content.
+
+        Returns:
+            What `aggregate` receives for this reply.
+        """
         return reply
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
+        """The new global arrays from the round's accepted replies; by default FedAvg weighted by
+        `num-examples`.
+
+        Args:
+            server_round: the round being aggregated.
+            replies: what `absorb` returned for each accepted reply, in partition order.
+
+        Returns:
+            The next global arrays.
+        """
         states = [numpy_state(r.array_records["arrays"]) for r in replies]
         weights = [float(flat_metrics(r)["num-examples"]) for r in replies]
         return to_record(weighted_average(states, weights))
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
+        """A model with the global state loaded: what the server scores every round
+        (`server-eval-data`). A strategy whose model is not simply "the" global model says what it
+        built in `global_model_notes`.
+
+        Args:
+            arrays: the global arrays.
+
+        Returns:
+            (model, tokenizer), in eval mode.
+        """
         raise NotImplementedError
 
+    global_model_notes: dict[str, Any]
+    """What the last `global_model` call built, when that is not simply the global model: `model` (a
+    label results.md prints above the server's table) and numbers (e.g. the kept share of a pruned
+    model). Every server-evaluate row of that call carries these fields; `server_columns` says which
+    numbers results.md tabulates. Empty by default (set in `__init__`; a strategy replaces it in
+    `global_model`)."""
+
+    def server_columns(self) -> dict[str, tuple[str, str]]:
+        """The numbers of `global_model_notes` that results.md shows beside the server's scores.
+
+        Returns:
+            {row key: (column heading, legend line)}; summary.json's `server` holds each value under
+            its heading. None by default.
+        """
+        return {}
+
+    def results_sections(self, records: list[dict[str, Any]]) -> str:
+        """The method's own sections of results.md, after the shared tables (e.g. the models the
+        clients deploy, from rows the strategy logged in `save_final`).
+
+        Args:
+            records: every metrics row of the run (metrics.jsonl), in order.
+
+        Returns:
+            Markdown (starting with a blank line), or "" (the default).
+        """
+        return ""
+
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        """Write the final artefacts (adapters, compiled models, masks) under the run directory.
+
+        Args:
+            arrays: the final global arrays.
+            out_dir: the run directory.
+
+        Returns:
+            {artefact name: path relative to `out_dir`} for summary.json; none by default.
+        """
         return {}
 
     def reference_models(self) -> dict[str, Callable[[], tuple[Any, Any]]]:
@@ -164,13 +276,20 @@ class FederatedStrategy(Strategy):
         return []
 
     def prepare(self, grid: Grid, timeout: float) -> None:
-        """Called once at the top of `start`, before round 0 (e.g. FedTPA's one-off feature query)."""
+        """Called once at the top of `start`, before round 0 (e.g. a one-off query of every client).
+
+        Args:
+            grid: Flower's grid, to send messages.
+            timeout: seconds to wait for replies (`round-timeout`).
+        """
 
     def state_dict(self) -> dict[str, Any]:
         """Server-side state a checkpoint needs beyond the global arrays (subclasses add theirs to this)."""
         return {"rng": self.rng.getstate(), "numpy-rng": np.random.get_state(), "torch-rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (a resumed run; subclasses restore theirs, then call
+        this)."""
         self.rng.setstate(state["rng"])
         np.random.set_state(state["numpy-rng"])
         torch.set_rng_state(state["torch-rng"])
@@ -231,6 +350,9 @@ class FederatedStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        """Flower's hook: one train message per sampled node, built from `plan_round`, `arrays_for`
+        and `node_config` (none when `fraction-train` is 0).
+        """
         if self.fraction_train == 0.0:
             return []
         messages = []
@@ -287,6 +409,8 @@ class FederatedStrategy(Strategy):
         return accepted
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Flower's hook: log every evaluate reply as a row; the example-weighted mean of the good
+        ones."""
         good: list[RecordDict] = []
         for msg in replies:
             row: dict[str, Any] = {"round": server_round, "phase": "evaluate", "node": msg.metadata.src_node_id}
@@ -468,6 +592,9 @@ class FederatedStrategy(Strategy):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
+        """Flower's hook: one evaluate message with the global arrays per node of the evaluation
+        panel, in the rounds that evaluate (`evaluates`).
+        """
         if self.fraction_evaluate == 0.0 or not self.evaluates(server_round):
             return []
         log.info("[fedprune] round %d: federated evaluation%s", server_round,

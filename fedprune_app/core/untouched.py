@@ -85,6 +85,7 @@ def cache_key(run_config: dict[str, Any], node_config: dict[str, Any], method_mo
 
 
 def cache_file(key: str) -> Path:
+    """Where the round-0 metrics of `key` are kept."""
     return cache_root() / "untouched" / f"{key}.json"
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from fedprune_app.core.config import ConfigError, RunConfig, parse_partition_id, split_list
+from fedprune_app.llm.settings import ConfigError, DataSettings, parse_partition_id, split_list
 
 Example = dict[str, Any]
 MC_PROMPT = "Question: {question}\nAnswer:"
@@ -212,7 +212,7 @@ def split_source(examples: list[Example], seed: int, n_test: int, n_val: int, ma
                   test=shuffled[:n_test])
 
 
-def unused_tail(cfg: RunConfig, source: str, n: int) -> list[Example]:
+def unused_tail(cfg: DataSettings, source: str, n: int) -> list[Example]:
     """Up to `n` examples of `source` that no split of a run with `cfg` reads: the tail of the seeded shuffle after
     test | val | train (split_source's order); fewer, or none, when the source has no more."""
     used = cfg.test_examples + cfg.val_examples + cfg.max_train_examples
@@ -221,7 +221,7 @@ def unused_tail(cfg: RunConfig, source: str, n: int) -> list[Example]:
     return seeded_shuffle(load_source(source), cfg.seed)[used:used + n]
 
 
-def unused_examples(cfg: RunConfig, n: int) -> list[Example]:
+def unused_examples(cfg: DataSettings, n: int) -> list[Example]:
     """`n` examples of each `client-data` source that no split of a run with `cfg` reads (`unused_tail`). Unseen
     by every client and from the same distribution as the test split, so a finished run can be re-scored on more
     examples than it evaluated; a source with fewer than `n` left is refused."""
@@ -309,7 +309,7 @@ def local_split(train: list[Example], fraction: float, cap: int, seed: int) -> t
     return [e for i, e in enumerate(train) if i not in held], val[:cap] if cap else val
 
 
-def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> ClientData:
+def client_data(cfg: DataSettings, partition_id: int, num_partitions: int) -> ClientData:
     """The data of client `partition_id` out of `num_partitions` (see the `partitioner` key).
 
     by-source: sources are dealt round-robin; when there are more clients than sources, the clients that
@@ -344,7 +344,7 @@ def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> Clien
         counts = Counter(e["source"] for e in train)
         mine = [counts.most_common(1)[0][0]] if counts else [sources[0]]
         val = splits[mine[0]].val
-    if cfg.local_val_fraction > 0:  # the client's own train/val split (FedTPA §IV-A4: 8:2)
+    if cfg.local_val_fraction > 0:  # the client's own train/val split (0.2: 8:2)
         train, val = local_split(train, cfg.local_val_fraction, cfg.val_examples,
                                  cfg.seed * 1009 + partition_id)
     if not train:

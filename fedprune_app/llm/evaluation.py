@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedprune_app.core.config import RunConfig, per_client
 from fedprune_app.llm.data import ClientData, Example, collate, encode, text_of
 from fedprune_app.llm.intervals import TokenScores, perplexity_interval
 from fedprune_app.llm.models import model_device
+from fedprune_app.llm.settings import EvalSettings, per_client
 
 
 def _windows(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
@@ -115,7 +115,8 @@ def perplexity_metrics(scores: TokenScores, iters: int, seed: int) -> dict[str, 
 WINDOW_KEYS = ("window-nll", "window-tokens")  # per-window scores in a row: paired intervals between models
 
 
-def held_out_metrics(model: nn.Module, tokenizer: Any, text: str, cfg: RunConfig) -> dict[str, Any]:
+def held_out_metrics(model: nn.Module, tokenizer: Any, text: str,
+                     cfg: EvalSettings) -> dict[str, Any]:
     """A model's sliding-window perplexity of one held-out text (the server's and the references' score):
     `perplexity_metrics` plus each window's summed NLL and token count (`WINDOW_KEYS`), so that two models scored on
     the same text can be compared with a paired bootstrap afterwards (`intervals.paired_perplexity_interval`)."""
@@ -268,8 +269,10 @@ def generate(model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_t
     return [outs[i].strip().split("\n")[0] for i in range(len(prompts))]
 
 
-def eval_task_for(cfg: RunConfig, data: ClientData, num_partitions: int) -> str | dict[str, Any] | None:
-    """The lm-eval task a client is scored on: `eval-tasks` if set, else its own multiple-choice test split."""
+def eval_task_for(cfg: EvalSettings, data: ClientData,
+                  num_partitions: int) -> str | dict[str, Any] | None:
+    """The lm-eval task a client is scored on: `eval-tasks` if set, else its own multiple-choice
+    test split."""
     if cfg.eval_tasks.strip():
         return per_client(cfg.eval_tasks, num_partitions, str, "eval-tasks")[data.partition_id]
     if data.test and data.test[0]["choices"] and data.test_path is not None:
@@ -278,7 +281,7 @@ def eval_task_for(cfg: RunConfig, data: ClientData, num_partitions: int) -> str 
     return None
 
 
-def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: RunConfig,
+def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: EvalSettings,
                     num_partitions: int) -> dict[str, float]:
     """A client's metrics on its own test split: acc/acc_norm (lm-eval) for multiple choice, with,
     for its own split, the questions scored `acc-n` and chance accuracy `acc-chance` (mean of 1 /
@@ -313,7 +316,7 @@ def evaluate_client(model: nn.Module, tokenizer: Any, data: ClientData, cfg: Run
     return metrics
 
 
-def held_out_text(source: str, cfg: RunConfig) -> str:
+def held_out_text(source: str, cfg: EvalSettings) -> str:
     """The test split of a source as text (the server's perplexity set); `ppl:wikitext2|ptb|c4` are the
     pruning papers' sets, read through `datasets` (see data.PERPLEXITY_SETS)."""
     from fedprune_app.llm.data import perplexity_set_text, source_splits

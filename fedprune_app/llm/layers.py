@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedprune_app.core.config import RunConfig
 from fedprune_app.llm.data import Example, pack_text
 from fedprune_app.llm.models import load_base_model, load_tokenizer
+from fedprune_app.llm.settings import ModelSettings
 
 
 def _is_decoder_block(layer: nn.Module) -> bool:
@@ -66,7 +66,7 @@ def _cached_model(model_name: str, dtype: str, device: str = "auto") -> tuple[nn
     return model, load_tokenizer(model_name), dense
 
 
-def dense_model(cfg: RunConfig) -> tuple[nn.Module, Any]:
+def dense_model(cfg: ModelSettings) -> tuple[nn.Module, Any]:
     """The process's cached base model with its dense prunable weights restored (pruning mutates it)."""
     model, tokenizer, dense = _cached_model(cfg.model_name, cfg.model_dtype, cfg.device)
     params = dict(model.named_parameters())
@@ -76,7 +76,7 @@ def dense_model(cfg: RunConfig) -> tuple[nn.Module, Any]:
     return model, tokenizer
 
 
-def prunable_weights(cfg: RunConfig) -> tuple[dict[str, np.ndarray], str, int]:
+def prunable_weights(cfg: ModelSettings) -> tuple[dict[str, np.ndarray], str, int]:
     """(dense prunable weights as float32 arrays, decoder-layer name prefix, number of decoder layers)."""
     model, _ = dense_model(cfg)
     params = dict(model.named_parameters())
@@ -84,7 +84,7 @@ def prunable_weights(cfg: RunConfig) -> tuple[dict[str, np.ndarray], str, int]:
     return weights, layer_prefix(model), len(decoder_layers(model))
 
 
-def model_with_weights(cfg: RunConfig, state: dict[str, np.ndarray]) -> tuple[nn.Module, Any]:
+def model_with_weights(cfg: ModelSettings, state: dict[str, np.ndarray]) -> tuple[nn.Module, Any]:
     """The cached model with `state` written over its dense weights (matrices missing from it stay dense)."""
     model, tokenizer = dense_model(cfg)
     params = dict(model.named_parameters())

@@ -7,24 +7,35 @@ tensors to `model_device(model)`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from fedprune_app.core.config import DEVICE_PATTERN, ConfigError, RunConfig, key_named, split_list
+from fedprune_app.llm.settings import (
+    DEVICE_PATTERN,
+    DEVICE_TEXT,
+    ConfigError,
+    LoraSettings,
+    ModelSettings,
+    PeftSettings,
+    split_list,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_device(cfg: RunConfig | str) -> torch.device:
-    """The torch.device of the `device` key (a RunConfig or the value itself) in this process: 'auto' = cuda
-    when torch.cuda.is_available() else cpu. Asking for CUDA where none is visible raises ConfigError."""
-    value = str(cfg.device if isinstance(cfg, RunConfig) else cfg)
+def resolve_device(cfg: ModelSettings | str) -> torch.device:
+    """The torch.device of the `device` setting (settings with a `device`, or the value itself) in
+    this process: 'auto' = cuda when torch.cuda.is_available() else cpu. Asking for CUDA where none
+    is visible raises ConfigError."""
+    value = str(cfg if isinstance(cfg, str) else cfg.device)
     if not DEVICE_PATTERN.fullmatch(value):
-        raise ConfigError(f"run-config key 'device' must be {key_named('device').allowed()}, got {value!r}")
+        raise ConfigError(f"run-config key 'device' must be {DEVICE_TEXT}, got {value!r}")
     if value == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if value == "cpu":
@@ -104,8 +115,8 @@ def load_base_model(model_name: str, dtype: str = "float32", quantization: str =
     return model
 
 
-def lora_config(cfg: RunConfig, rank: int | None = None):  # -> peft.LoraConfig
-    """peft LoraConfig from the run config (`lora-*` keys); `rank` overrides `lora-rank`."""
+def lora_config(cfg: LoraSettings, rank: int | None = None):  # -> peft.LoraConfig
+    """peft LoraConfig from the LoRA settings (`lora-*` keys); `rank` overrides `lora-rank`."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -118,7 +129,7 @@ def lora_config(cfg: RunConfig, rank: int | None = None):  # -> peft.LoraConfig
     )
 
 
-def add_lora(model: nn.Module, cfg: RunConfig, seed: int, rank: int | None = None) -> nn.Module:
+def add_lora(model: nn.Module, cfg: LoraSettings, seed: int, rank: int | None = None) -> nn.Module:
     """Wrap `model` with fresh LoRA adapters (A ~ Kaiming with `seed`, B = 0: the output is unchanged)."""
     from peft import get_peft_model, prepare_model_for_kbit_training
 
@@ -162,25 +173,39 @@ def set_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     set_peft_model_state_dict(model, state)
 
 
+@dataclass(frozen=True)
+class Lora:
+    """LoRA settings as a value (`LoraSettings`): hashable, so a cached model can be keyed by it."""
+
+    lora_rank: int
+    lora_alpha: float
+    lora_dropout: float
+    lora_target_modules: str
+    seed: int
+
+    @classmethod
+    def of(cls, settings: LoraSettings) -> Lora:
+        """The LoRA settings of any object that has them (e.g. a run config)."""
+        return cls(int(settings.lora_rank), float(settings.lora_alpha),
+                   float(settings.lora_dropout), str(settings.lora_target_modules),
+                   int(settings.seed))
+
+
 @lru_cache(maxsize=2)
-def cached_peft_model(model_name: str, dtype: str, quantization: str, lora_key: str,
+def cached_peft_model(model_name: str, dtype: str, quantization: str, lora: Lora,
                       device: str = "auto") -> tuple[nn.Module, object]:
-    """One (LoRA-wrapped model, tokenizer) per process and configuration: Ray workers reuse it across rounds.
-
-    `lora_key` is a JSON dump of the LoRA-relevant config; callers always load fresh adapter state before use.
-    """
-    from fedprune_app.core.config import RunConfig
-
-    cfg = RunConfig.from_flower(json.loads(lora_key))
-    model = add_lora(load_base_model(model_name, dtype, quantization, device), cfg, seed=cfg.seed)
+    """One (LoRA-wrapped model, tokenizer) per process and configuration: Ray workers reuse it
+    across rounds. Callers always load fresh adapter state before use."""
+    model = add_lora(load_base_model(model_name, dtype, quantization, device), lora, seed=lora.seed)
     return model, load_tokenizer(model_name)
 
 
-def peft_model_for(cfg: RunConfig) -> tuple[nn.Module, object]:
-    """The cached LoRA model + tokenizer for this run config."""
-    lora_keys = ("lora-rank", "lora-alpha", "lora-dropout", "lora-target-modules", "seed")
-    key = json.dumps({k: cfg[k] for k in lora_keys}, sort_keys=True)
-    return cached_peft_model(cfg.model_name, cfg.model_dtype, cfg.model_quantization, key,
+def peft_model_for(cfg: PeftSettings, rank: int | None = None) -> tuple[nn.Module, object]:
+    """The cached LoRA model + tokenizer for these settings; `rank` overrides `lora_rank`."""
+    lora = Lora.of(cfg)
+    if rank is not None:
+        lora = dataclasses.replace(lora, lora_rank=int(rank))
+    return cached_peft_model(cfg.model_name, cfg.model_dtype, cfg.model_quantization, lora,
                              cfg.device)
 
 

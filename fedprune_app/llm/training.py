@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedprune_app.core.config import RunConfig
 from fedprune_app.llm.data import Example, collate, pack, training_batches
 from fedprune_app.llm.models import model_device
+from fedprune_app.llm.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def packs_exactly(model: nn.Module, pad_id: int | None, tol: float = 1e-4) -> bo
     return ok
 
 
-def packed_training(model: nn.Module, tokenizer: Any, cfg: RunConfig) -> bool:
+def packed_training(model: nn.Module, tokenizer: Any, cfg: TrainSettings) -> bool:
     """`pack-sequences` and the model passes `packs_exactly`."""
     return bool(cfg.pack_sequences) and packs_exactly(model, tokenizer.pad_token_id)
 
@@ -129,7 +129,7 @@ def model_loss(model: nn.Module, batch: dict[str, Any], t: int
     return model(**batch).loss, {}
 
 
-def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: RunConfig,
+def train_steps(model: nn.Module, tokenizer: Any, examples: Sequence[Example], cfg: TrainSettings,
                 seed: int, steps: int | None = None, *, optimisation: Optimisation | None = None,
                 step_loss: StepLoss = model_loss, targets: str = "answer") -> TrainReport:
     """`steps` (default `local-steps`) optimiser steps on `step_loss` over batches of `examples`

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedprune_app.core.rundir import cell, interval_cell, legend
 from fedprune_app.llm.models import model_device
 
 
@@ -265,3 +266,79 @@ def compiled_rows(cfg: Any, models: Mapping[str, nn.Module], tokenizer: Any, kep
              "params-ratio": row["params"] / reference,
              **({"kept-ratio-prunable": kept[name]} if name in kept else {}), **scores[name]}
             for name, row in table.items()]
+
+
+def render_compiled(rows: list[dict[str, Any]]) -> str:
+    """results.md's 'Compiled models' section from the `compiled` rows (`compiled_rows`): each
+    deployable model against the dense one, its size and, when timed, prefill and generation, each
+    speed-up beside its FLOP ceiling and the share of it reached; then, when scored, the server's
+    perplexity of its held-out text for each of them (the models the clients deploy), with n and 95%
+    interval. No rows: nothing."""
+    if not rows:
+        return ""
+    timed = "prefill-ms" in rows[0]
+    ceiling = timed and "prefill-ceiling" in rows[0]
+    title = "Compiled models (each client's deployable model: LoRA merged, sliced by its mask)"
+    if timed:
+        title += (f"; prefill of {rows[0]['prefill-tokens']} tokens, batch 1, and 32 greedy "
+                  "tokens, medians of 3, timed round-robin in one process")
+    if ceiling:
+        title += ("; ceiling = FLOPs(dense) / FLOPs(model) of the same workload (every matmul: "
+                  "pruned projections, attention, the unpruned LM head), of ceiling = speed-up / "
+                  "ceiling")
+    lines = ["", title + ":", ""]
+    head, rule = "| model | params | params ratio | MB |", "|---|---|---|---|"
+    if timed:
+        head += " prefill ms | speed-up |" + (" ceiling | of ceiling |" if ceiling else "")
+        head += " generation tok/s |"
+        rule += "---|---|" + ("---|---|" if ceiling else "") + "---|"
+        if ceiling:
+            head += " speed-up | ceiling | of ceiling |"
+            rule += "---|---|---|"
+    lines += [head, rule]
+    for r in rows:
+        line = (f"| {r['model']} | {r['params'] / 1e6:.1f} M | {r['params-ratio']:.3f} |"
+                f" {r['MB']:.1f} |")
+        if timed:
+            line += f" {r['prefill-ms']:.0f} | {r['prefill-speedup']:.2f}× |"
+            if ceiling:
+                line += f" {r['prefill-ceiling']:.2f}× | {r['prefill-of-ceiling']:.2f} |"
+            line += f" {r['generate-tok-s']:.1f} |"
+            if ceiling:
+                line += (f" {r['generate-speedup']:.2f}× | {r['generate-ceiling']:.2f}× |"
+                         f" {r['generate-of-ceiling']:.2f} |")
+        lines.append(line)
+    terms = ["params: the model's parameters (M = million); params ratio: its parameters / the "
+             "dense model's; MB: the size of its weights"]
+    if timed:
+        terms.append("prefill ms: time to process the prompt; generation tok/s: new tokens per "
+                     "second; speed-up: the dense model's time / this model's")
+    sources = list(dict.fromkeys(k[4:] for r in rows for k in r if k.startswith("ppl/")))
+    if sources:
+        lines += legend(terms)
+        head = "| model | kept (prunable) |"
+        for s in sources:
+            n = next((int(r[f"ppl-n/{s}"]) for r in rows if r.get(f"ppl-n/{s}")), None)
+            head += f" ppl `{s}`{f' (n = {n} windows)' if n else ''} | 95% interval |"
+        lines += ["", "Server-side evaluation of the deployed models: the server's held-out text "
+                  "(the per-round evaluation's) scored by the dense base model and by each "
+                  "client's compiled model after the last round (perplexity):", "", head,
+                  "|---|---|" + "---|---|" * len(sources)]
+        for r in rows:
+            cells = [str(r["model"]), cell(r.get("kept-ratio-prunable"))]
+            for s in sources:
+                lo, hi, n = r.get(f"ppl-lo/{s}"), r.get(f"ppl-hi/{s}"), r.get(f"ppl-n/{s}")
+                cells += [cell(r.get(f"ppl/{s}")), interval_cell(lo, hi, n)]
+            lines.append("| " + " | ".join(cells) + " |")
+        terms = ["dense: the untouched base model",
+                 "kept (prunable): the share of the prunable weights the model keeps",
+                 "ppl: perplexity of the server's held-out text, exp(mean negative "
+                 "log-likelihood per token); lower is better; n: windows scored",
+                 "95% interval: a percentile bootstrap over the windows; – where none was recorded"]
+    return "\n".join(lines + legend(terms)) + "\n"
+
+
+def compiled_section(records: Sequence[Mapping[str, Any]]) -> str:
+    """The strategies' `results_sections` hook for the models they compile: `render_compiled` of
+    the run's `compiled` rows."""
+    return render_compiled([dict(r) for r in records if r.get("phase") == "compiled"])

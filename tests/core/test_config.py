@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from fedprune_app.core import registry
-from fedprune_app.core.config import ConfigError, RunConfig, all_keys, defaults, per_client
+from fedprune_app.core.config import (
+    ConfigError,
+    RunConfig,
+    SharedConfig,
+    all_keys,
+    defaults,
+    per_client,
+)
 from fedprune_app.methods.flexlora.config import FlexLoRAConfig
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_cli import keys as config_keys
@@ -117,3 +124,16 @@ def test_every_key_belongs_to_exactly_one_section() -> None:
     assert cfg.section(SFTPConfig).sftp_lambda == 4.0 and isinstance(cfg.section(SFTPConfig).sftp_lambda, float)
     assert cfg.section(FlexLoRAConfig).flexlora_ranks == "2,4" and cfg["sftp-lambda"] == 4.0
     assert not hasattr(cfg, "sftp_lambda")  # method keys are read through their typed section
+
+
+def test_the_default_method_is_the_one_a_method_package_registers_as_default() -> None:
+    """The shared config names no method: `method`'s default is what the registry says."""
+    assert registry.default_name() == "fedit"
+    assert RunConfig.from_flower({}).method == "fedit"
+    assert next(k for k in SharedConfig.keys() if k.name == "method").default == "fedit"
+    registry._METHODS["fedit"].default = False
+    try:
+        with pytest.raises(RuntimeError, match="exactly one method must register as the default"):
+            registry.default_name()
+    finally:
+        registry._METHODS["fedit"].default = True

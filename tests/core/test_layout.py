@@ -4,6 +4,7 @@ ones too)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,9 @@ RULES = {
     "the LLM library imports no flwr": (("fedprune_app/llm",), ("flwr",)),
     "the structural library imports no method, strategy, client or flwr": (
         ("fedprune_app/structural",), ("fedprune_app.methods", "strategies", "clients", "flwr")),
+    "the LLM library imports no core and no entry point: it stands alone": (
+        ("fedprune_app/llm",),
+        ("fedprune_app.core", "fedprune_app.server_app", "fedprune_app.client_app")),
     "method packages import no side": (("fedprune_app/methods",), ("strategies", "clients", "fedprune_app.server_app",
                                                                    "fedprune_app.client_app")),
 }
@@ -64,6 +68,11 @@ def test_the_rule_checker_sees_function_level_imports(tmp_path: Path) -> None:
     bad.write_text("def f():\n    from strategies.sftp import SFTPStrategy\n    import flwr.app\n")
     assert offenders([bad], ("strategies",)) and offenders([bad], ("flwr",))
     assert not offenders([bad], ("clients",))
+    bad.write_text("from fedprune_app.core.config import RunConfig\n")
+    llm_rule = next(forbidden for name, (_, forbidden) in RULES.items()
+                    if "imports no core" in name)
+    assert offenders([bad], llm_rule) == [f"{bad} imports fedprune_app.core.config",
+                                          f"{bad} imports fedprune_app.core.config.RunConfig"]
 
 
 
@@ -209,3 +218,67 @@ def test_the_app_unpickles_nothing() -> None:
     data (core/statefile.py); converting an old trusted pickle is the user's explicit command
     line."""
     assert offenders(files("fedprune_app", "strategies", "clients"), ("pickle", "dill", "cloudpickle")) == []
+
+
+# How the methods are written in prose as well as their registry names (SFT-P, LLM-Pruner).
+METHOD_SPELLINGS = ("sft-p", "llm-pruner")
+
+
+def method_names_in(paths: list[Path], names: tuple[str, ...]) -> list[str]:
+    """`path:line: name` for every method name in the files' text (code, comments, docstrings, help
+    texts), case-insensitive: `fedspallm` finds FedSpaLLM."""
+    pattern = re.compile("|".join(map(re.escape, names)), re.IGNORECASE)
+    return [f"{shown(p)}:{i}: {m.group(0)}" for p in paths
+            for i, line in enumerate(p.read_text().splitlines(), 1) for m in pattern.finditer(line)]
+
+
+def shown(path: Path) -> str:
+    """A path as the failures name it: relative to the repository where it is in it."""
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+
+
+def test_the_core_and_the_entry_points_name_no_method() -> None:
+    """`core/` and the two entry points know no method: no method's name in their code, comments or
+    docstrings (a method's example belongs in its own package); every registered method counts."""
+    from fedprune_app.core import registry
+
+    names = tuple(sorted(set(registry.names()) | set(METHOD_SPELLINGS)))
+    assert {"sftp", "fedspallm", "fedtpa", "fedit"} <= set(names)
+    entry_points = [ROOT / "fedprune_app" / f"{side}_app.py" for side in ("server", "client")]
+    paths = files("fedprune_app/core") + entry_points
+    assert method_names_in(paths, names) == []
+
+
+def test_the_name_checker_finds_a_method_named_in_prose(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text('x = 1  # like FedSpaLLM\'s r_i\n"""SFT-P\'s masks."""\n')
+    found = method_names_in([bad], ("fedspallm", "sft-p", "fedit"))
+    assert found == [f"{bad}:1: FedSpaLLM", f"{bad}:2: SFT-P"]
+
+
+
+def undocumented(paths: list[Path]) -> list[str]:
+    """`path:line: name` of every public function, method and class without a docstring."""
+    out: list[str] = []
+
+    def walk(path: Path, node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                if child.name.startswith("_"):
+                    continue
+                if ast.get_docstring(child) is None:
+                    out.append(f"{shown(path)}:{child.lineno}: {prefix}{child.name}")
+                if isinstance(child, ast.ClassDef):
+                    walk(path, child, f"{child.name}.")
+
+    for path in paths:
+        walk(path, ast.parse(path.read_text()), "")
+    return out
+
+
+def test_every_public_function_of_the_core_and_every_hook_has_a_docstring(tmp_path: Path) -> None:
+    assert undocumented(files("fedprune_app/core")) == []
+    bad = tmp_path / "bad.py"
+    bad.write_text('class A:\n    """A."""\n\n    def hook(self):\n        pass\n\n'
+                   '    def _own(self):\n        pass\n')
+    assert undocumented([bad]) == [f"{bad}:4: A.hook"]

@@ -226,3 +226,36 @@ def test_plots_have_titles_named_series_and_bars_for_a_single_round(
     acc = drawn["evaluate-acc"]
     assert acc["bars"] == 0 and acc["ylim"] == (0.0, 1.0) and acc["ticks"] == ["0", "1"]
     assert "accuracy" in acc["title"].lower() and "share" in acc["ylabel"]
+
+
+class NotedReport:
+    """A strategy's results hooks (`server_columns`, `results_sections`) as a test double."""
+
+    def server_columns(self) -> dict[str, tuple[str, str]]:
+        return {"share": ("kept share", "kept share: what the scored model keeps")}
+
+    def results_sections(self, records: list[dict[str, Any]]) -> str:
+        deployed = [str(r["model"]) for r in records if r.get("phase") == "deployed"]
+        return "\nDeployed: " + ", ".join(deployed) + "\n"
+
+
+def test_method_columns_and_sections_come_from_the_strategy_hooks_alone(tmp_path: Path) -> None:
+    """The run directory knows no method's fields: a server row's extra numbers become a column (and
+    a summary.json entry) only when the strategy declares them, and a method's own section of
+    results.md is what its `results_sections` returns."""
+    rows = [{"round": r, "phase": "server-evaluate", "data": "wiki", "ppl": 20.0 + r,
+             "share": 1.0 - r / 4, "model": "a label"} for r in (0, 2)]
+    rows += [{"phase": "deployed", "model": m} for m in ("a", "b")]
+    plain, noted = _run(tmp_path, method="fedit"), _run(tmp_path, method="fedit")
+    for run in (plain, noted):
+        for row in rows:
+            run.log(row)
+    assert plain.finish("completed")["server"]["2"] == {"ppl `wiki`": 22.0}
+    text = (plain.path / "results.md").read_text()
+    assert "kept share" not in text and "Deployed" not in text and "| round | ppl `wiki`" in text
+    assert noted.finish("completed", report=NotedReport())["server"]["2"] == {"ppl `wiki`": 22.0,
+                                                                               "kept share": 0.5}
+    text = (noted.path / "results.md").read_text()
+    assert "| round | kept share | ppl `wiki`" in text and "| 2 | 0.500 | 22.00 |" in text
+    assert "- kept share: what the scored model keeps." in text
+    assert text.rstrip().endswith("Deployed: a, b")

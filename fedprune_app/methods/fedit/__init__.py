@@ -2,4 +2,4 @@
 
 from fedprune_app.core.registry import register_method
 
-register_method("fedit")
+register_method("fedit", default=True)

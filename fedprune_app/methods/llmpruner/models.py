@@ -11,10 +11,8 @@ import torch
 from torch import nn
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.llm.models import add_lora, load_base_model, load_tokenizer
+from fedprune_app.llm.models import Lora, add_lora, load_base_model, load_tokenizer
 from fedprune_app.methods.llmpruner.structure import KEEP_PREFIX, shrink_
-
-LORA_KEYS = ("lora-rank", "lora-alpha", "lora-dropout", "lora-target-modules", "seed")
 
 
 def dense_model(cfg: RunConfig) -> tuple[nn.Module, object]:
@@ -26,26 +24,23 @@ def dense_model(cfg: RunConfig) -> tuple[nn.Module, object]:
 
 
 @lru_cache(maxsize=1)
-def _pruned(model_name: str, dtype: str, device: str, lora_key: str, structure: bytes, shape_key: str
+def _pruned(model_name: str, dtype: str, device: str, lora: Lora, structure: bytes, shape_key: str
             ) -> tuple[nn.Module, object]:
-    cfg = RunConfig.from_flower(json.loads(lora_key) | {"model-name": model_name, "model-dtype": dtype,
-                                                        "device": device})
     shapes = json.loads(shape_key)
     flat = np.frombuffer(structure, dtype=bool)
     keep = {"heads": flat[:np.prod(shapes["heads"])].reshape(shapes["heads"]),
             "channels": flat[np.prod(shapes["heads"]):].reshape(shapes["channels"])}
-    model, tokenizer = dense_model(cfg)
-    return add_lora(shrink_(model, keep), cfg, seed=cfg.seed), tokenizer
+    model = load_base_model(model_name, dtype, "none", device)
+    return add_lora(shrink_(model, keep), lora, seed=lora.seed), load_tokenizer(model_name)
 
 
 def pruned_model_for(cfg: RunConfig, keep: Mapping[str, np.ndarray]) -> tuple[nn.Module, object]:
     """The process's cached pruned model (structures `keep` removed) wrapped with fresh LoRA (lora-* keys, seeded
     by `seed`) and the tokenizer; callers load the adapter state they need before use."""
-    lora_key = json.dumps({k: cfg[k] for k in LORA_KEYS}, sort_keys=True)
     heads, channels = np.asarray(keep["heads"], bool), np.asarray(keep["channels"], bool)
     structure = np.concatenate([heads.reshape(-1), channels.reshape(-1)]).tobytes()
     shape_key = json.dumps({"heads": list(heads.shape), "channels": list(channels.shape)})
-    return _pruned(cfg.model_name, cfg.model_dtype, cfg.device, lora_key, structure, shape_key)
+    return _pruned(cfg.model_name, cfg.model_dtype, cfg.device, Lora.of(cfg), structure, shape_key)
 
 
 def keep_from_arrays(arrays: Mapping[str, torch.Tensor | np.ndarray]) -> dict[str, np.ndarray] | None:

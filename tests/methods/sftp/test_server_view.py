@@ -84,7 +84,7 @@ def test_after_the_last_round_the_server_scores_each_clients_compiled_model(
     config = load_base_model(str(tiny_model_dir)).config
     hand_in_final_masks(strategy, arrays, random_client_masks(config.num_hidden_layers, config.hidden_size, (0, 1)))
     strategy.save_final(arrays, run.path)
-    run.finish("completed")
+    run.finish("completed", report=strategy)
 
     tokenizer, text = load_tokenizer(str(tiny_model_dir)), held_out_text(text_source, cfg)
     rows = {r["model"]: r for r in run.rows("compiled")}

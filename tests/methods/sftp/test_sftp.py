@@ -15,7 +15,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 from clients.sftp import EMBEDDING_RECORD, SFTPClient
 from fedprune_app.core.config import ConfigError, RunConfig
 from fedprune_app.core.replies import to_record
-from fedprune_app.core.rundir import render_compiled
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     GENERATOR_PREFIX,
@@ -35,6 +34,7 @@ from fedprune_app.structural.routing import (
     masked,
     prunable_parameters,
 )
+from fedprune_app.structural.speed import render_compiled
 from strategies.sftp import SFTPStrategy
 from tests.conftest import record_training_batches, small_config
 from tests.fake_grid import FakeGrid
