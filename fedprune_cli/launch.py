@@ -149,13 +149,14 @@ class Launched:
 
 
 def checked_config(app_dir: Path, run_configs: list[str], federation_config: str, check_data: bool = True,
-                   advise: bool = True) -> dict[str, Any]:
+                   advise: bool = True, cluster: bool = False) -> dict[str, Any]:
     """The merged run config after the preflight checks (ConfigError naming the key otherwise), as the run gets
     it: `output-dir` and `resume-from` made absolute (the ServerApp resolves them from another directory).
     `check_data` False leaves `client-data`'s files unchecked; `advise` prints the method's warnings
     (`preflight.advice`), off for a run that is meant to be what they warn of (the references' floor)."""
     values = merged_config(app_dir, run_configs)
     federation = parse_overrides(federation_config, "--federation-config")
+    preflight.check_federation_config(federation, cluster)
     cfg = preflight.preflight(values, preflight.federation_size(federation), client_data=check_data)
     for line in preflight.advice(cfg) if advise else []:
         print(f"[fedprune] warning: {line}", file=sys.stderr, flush=True)
@@ -192,7 +193,8 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
 
     cluster_env = ray_cluster_env(ray_address, parse_overrides(federation_config, "--federation-config")) \
         if ray_address else {}
-    values = checked_config(app_dir, run_configs, federation_config, check_data, advise)
+    values = checked_config(app_dir, run_configs, federation_config, check_data, advise,
+                            cluster=bool(ray_address))
     out_root = Path(values["output-dir"])
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
     flwr = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
