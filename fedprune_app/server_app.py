@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -74,13 +75,29 @@ def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirect
             log.info("[fedprune] reference %s: perplexity on %s = %.2f", name, source, scored["ppl"])
 
 
+PHONING_HOME = ("FLWR_TELEMETRY_ENABLED", "RAY_USAGE_STATS_ENABLED")  # read before the app starts
+
+
+def environment_warning() -> str | None:
+    """A line naming the variables that let Flower and Ray report usage over the network, when the
+    shell that started the SuperLink left them on (the app starts too late to turn them off)."""
+    on = [name for name in PHONING_HOME if os.environ.get(name) != "0"]
+    if not on:
+        return None
+    return (f"[fedprune] {' and '.join(on)} not set to 0 where the SuperLink started: Flower and "
+            "Ray may report usage over the network; `export " + " ".join(f"{n}=0" for n in on)
+            + "` before `flwr run` (fedprune run sets them)")
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    if (warning := environment_warning()) is not None:
+        log.warning(warning)
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
     checkpoint = load_checkpoint(cfg) if cfg.resume_from else None  # checked before anything is loaded
     quiet_libraries()
     seed_everything(cfg.seed)
-    run = RunDirectory.create(cfg)
+    run = RunDirectory.create(cfg, context.run_id)
     log.info("[fedprune] %s: run directory %s", cfg.method, run.path)
     try:
         strategy = registry.strategy_class(cfg.method)(cfg, recorder=run.log)

@@ -154,7 +154,40 @@ class Fault:
     test: str
 
 
-FAULTS: list[Fault] = []
+E2E = "tests/cli/test_end_to_end.py"
+LAUNCH = "tests/cli/test_launch.py"
+FAULTS: list[Fault] = [
+    Fault("a client whose data breaks every message (preflight off)",
+          "the run completes on the others; its results.md row `1 ⚠ stale: never scored, failed in "
+          "round 0, 1, 2`; last line `the run completed, but 5 client replies were left out ...: "
+          "client 1 (failed)`; exit 0", "at the end", E2E),
+    Fault("a client that fails some rounds", "its row `⚠ failed in round 1` or `⚠ stale: no score "
+          "after round 0` with `failed` in the tuned cells, never its untouched scores; means "
+          "`(2 of 4)`", "at the end", "tests/core/test_results.py"),
+    Fault("`--strict` and a left-out reply", "last line `the run fails with --strict, but ...`; "
+          "exit 1", "at the end", LAUNCH),
+    Fault("a malformed reply (NaN, inf, 3e38, int32, wrong shape, bad count or mask)",
+          "rejected with its reason in metrics.jsonl; the round aggregates the others",
+          "in the round", "tests/conformance/test_bad_replies.py"),
+    Fault("SIGTERM to `fedprune run` after a checkpoint", "everything it started stopped; "
+          "summary.json `interrupted`; last line `stopped by SIGTERM; run directory ...; continue "
+          "it with: fedprune run ... resume-from=...`; exit 143", "≤ 60",
+          E2E + " (slow), " + LAUNCH),
+    Fault("Ctrl-C (SIGINT) to `fedprune run`", "the same, `stopped by Ctrl-C (SIGINT)`; exit 130",
+          "≤ 60", E2E + " (slow), " + LAUNCH),
+    Fault("`--timeout` reached", "the same, `stopped by its --timeout`; exit 124", "≤ 60", LAUNCH),
+    Fault("the launcher's parent exits (`timeout make run`)", "the launcher stops as on SIGTERM",
+          "≤ 1 + the above", LAUNCH),
+    Fault("a signal before the first checkpoint", "`... holds no checkpoint; start the run again`; "
+          "summary.json `interrupted`", "≤ 60", LAUNCH),
+    Fault("two identical launches at once", "each prints its own run directory (by Flower run id), "
+          "never the other's", "–", LAUNCH),
+    Fault("40 run directories created at once", "40 distinct directories, no `FileExistsError`",
+          "–", LAUNCH),
+    Fault("plain `flwr run .` without the Makefile's variables, no network",
+          "Flower's `uv sync` installs nothing (pyproject `[tool.uv]`); the run completes offline",
+          "uv sync < 10", "tests/cli/test_flwr_plain.py (the run: slow)"),
+]
 
 
 def render_table() -> str:

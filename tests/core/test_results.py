@@ -226,3 +226,33 @@ def test_plots_have_titles_named_series_and_bars_for_a_single_round(
     acc = drawn["evaluate-acc"]
     assert acc["bars"] == 0 and acc["ylim"] == (0.0, 1.0) and acc["ticks"] == ["0", "1"]
     assert "accuracy" in acc["title"].lower() and "share" in acc["ylabel"]
+
+
+def test_a_client_that_failed_is_marked_and_its_untouched_scores_are_never_shown_as_tuned(
+        tmp_path: Path) -> None:
+    """Client 1's train replies of rounds 1 and 2 and its last evaluation failed: its row says so
+    and its tuned cells say 'failed' (not its round-0 scores); client 2, rejected in round 1 but
+    scored in round 2, keeps its scores and is marked; client 3 never scored; the means say over
+    how many clients they are."""
+    run = _run(tmp_path, method="fedit")
+    for client in (0, 1, 2):
+        run.log(_eval(client, 0, f"src{client}", acc=0.25))
+    run.log(_eval(0, 2, "src0", acc=0.75))
+    run.log(_eval(2, 2, "src2", acc=0.5))
+    for rnd in (1, 2):
+        run.log({"round": rnd, "phase": "train", "client": 1, "node": 7, "status": "failed",
+                 "problem": "actor died"})
+    run.log({"round": 2, "phase": "evaluate", "client": 1, "node": 7, "status": "failed"})
+    run.log({"round": 1, "phase": "train", "client": 2, "node": 8, "status": "rejected"})
+    run.log({"round": 0, "phase": "evaluate", "client": 3, "node": 9, "status": "failed"})
+    summary = run.finish("completed")
+    states = {row["client"]: (row["status"], row["failed-rounds"]) for row in summary["clients"]}
+    assert states == {0: ("ok", []), 1: ("stale", [1, 2]), 2: ("failed", [1]), 3: ("failed", [0])}
+    stale = next(row for row in summary["clients"] if row["client"] == 1)
+    assert stale["acc/untouched"] == 0.25 and stale["acc/tuned"] is None
+    text = (run.path / "results.md").read_text()
+    assert "| 1 ⚠ stale: no score after round 0, failed in round 1, 2 | `src1` | accuracy | – | " \
+           "0.250 | – | failed | – |" in text
+    assert "| 2 ⚠ failed in round 1 | `src2` | accuracy | – | 0.250 | – | 0.500 | – |" in text
+    assert "| 3 ⚠ stale: never scored, failed in round 0 | – | – | – | – | – | failed | – |" in text
+    assert "| mean of 4 clients |  | accuracy |  | 0.250 (3 of 4) |  | 0.625 (2 of 4) |  |" in text
