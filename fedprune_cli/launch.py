@@ -324,7 +324,7 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
             with contextlib.suppress(ValueError):  # not the main thread: no handlers to change
                 signal.signal(sig, signal.SIG_IGN)
         with contextlib.suppress(Exception):
-            run_id, _ = run_identity(env, flwr, timeout=15)
+            run_id, _ = run_identity(env, flwr, timeout=5)
         status = "interrupted"
     finally:
         stop_superlink(http_port)

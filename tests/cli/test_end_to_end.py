@@ -115,3 +115,46 @@ def test_a_signalled_launcher_stops_everything_and_says_how_to_resume(
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
     assert not process_family([], f"{name}={value}"), "every process of the run must be stopped"
     assert seconds < 60
+
+
+@pytest.mark.slow
+def test_a_killed_ray_worker_is_reported_and_fails_a_strict_launch(
+        tiny_model_dir: Path, tmp_path: Path, flwr_env: None, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGKILL one ClientApp actor after round 1's checkpoint: Flower 1.42 never replaces it, so the
+    messages it gets fail; the run completes on the other client, results.md marks the failed
+    rows, the last line counts them, and `--strict` makes the launch exit 1."""
+    data = write_jsonl(tmp_path / "d.jsonl", questions(40))
+    overrides = (f"model-name='{tiny_model_dir}' client-data='{data},{data}' num-server-rounds=3 "
+                 "local-steps=2 batch-size=2 test-examples=6 val-examples=2 max-train-examples=16 "
+                 "eval-ppl-tokens=0 seq-len=64 lora-rank=4 server-eval-data='' eval-every=1 "
+                 f"output-dir='{tmp_path / 'out'}'")
+    name, value = "FEDPRUNE_TEST_MARKER", uuid.uuid4().hex
+    monkeypatch.setenv(name, value)
+    killed: list[int] = []
+
+    def kill_one_actor() -> None:
+        deadline = time.time() + 600
+        while time.time() < deadline and not killed:
+            if list((tmp_path / "out").glob("*/checkpoint/state.safetensors")):
+                actors = [pid for pid in process_family([], f"{name}={value}")
+                          if b"ClientAppActor" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+                if actors:
+                    os.kill(actors[0], signal.SIGKILL)
+                    killed.append(actors[0])
+            time.sleep(0.5)
+
+    import threading
+
+    killer = threading.Thread(target=kill_one_actor, daemon=True)
+    killer.start()
+    launched = launch.launch([overrides], "num-supernodes=2 client-resources-num-cpus=1",
+                             timeout=900, quiet=True, strict=True)
+    killer.join(timeout=5)
+    assert killed, "no ClientApp actor was found to kill"
+    summary = json.loads((launched.run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["failures"] >= 1
+    assert launched.code == 1
+    assert "⚠" in (launched.run_dir / "results.md").read_text()
+    assert capsys.readouterr().err.splitlines()[-1].startswith("[fedprune] the run fails with --strict")
+    assert not process_family([], f"{name}={value}")
