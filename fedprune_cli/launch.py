@@ -287,12 +287,12 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
     reference meant to be broken. `strict`: a left-out reply fails the launch. Ctrl-C, SIGTERM (with
     `raise_terminated` installed) and the timeout stop everything the run started and mark its
     directory interrupted (exit 130, 143, 124)."""
-    from fedprune_app.core.runtime import OFFLINE_ENV  # imports torch: not for `--help`
-
     cluster_env = ray_cluster_env(ray_address, parse_overrides(federation_config, "--federation-config")) \
         if ray_address else {}
     values = checked_config(app_dir, run_configs, federation_config, check_data, advise,
                             cluster=bool(ray_address))
+    from fedprune_app.core.runtime import OFFLINE_ENV  # imports torch: after the checks
+
     out_root = Path(values["output-dir"])
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
     flwr = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))

@@ -164,6 +164,9 @@ FAULTS: list[Fault] = [
     Fault("a client that fails some rounds", "its row `⚠ failed in round 1` or `⚠ stale: no score "
           "after round 0` with `failed` in the tuned cells, never its untouched scores; means "
           "`(2 of 4)`", "at the end", "tests/core/test_results.py"),
+    Fault("a SIGKILLed Ray worker (ClientApp actor)", "Flower 1.42 never replaces it: the messages "
+          "it gets fail; the run completes on the others, results.md marks the rows, the last line "
+          "counts them; `--strict` exits 1", "at the end", E2E + " (slow)"),
     Fault("`--strict` and a left-out reply", "last line `the run fails with --strict, but ...`; "
           "exit 1", "at the end", LAUNCH),
     Fault("a malformed reply (NaN, inf, 3e38, int32, wrong shape, bad count or mask)",
