@@ -402,7 +402,8 @@ def stop_when_orphaned(poll: float = 1.0) -> None:
             time.sleep(poll)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    if parent != 1:
+    watching = any(t.name == "fedprune-parent-watch" for t in threading.enumerate())
+    if parent != 1 and not watching:
         threading.Thread(target=watch, name="fedprune-parent-watch", daemon=True).start()
 
 
