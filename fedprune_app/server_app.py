@@ -27,7 +27,7 @@ from fedprune_app.core.checkpoint import load_checkpoint, save_checkpoint
 from fedprune_app.core.config import RunConfig, split_list
 from fedprune_app.core.protocol import numpy_state
 from fedprune_app.core.replies import to_record
-from fedprune_app.core.rundir import RunDirectory
+from fedprune_app.core.rundir import RunDirectory, left_out_line
 from fedprune_app.core.runtime import quiet_libraries, seed_everything
 from fedprune_app.core.strategy import FederatedStrategy
 from fedprune_app.llm.evaluation import held_out_metrics, held_out_text
@@ -146,3 +146,5 @@ def main(grid: Grid, context: Context) -> None:
         log.warning("[fedprune] %d broken model(s), listed at the top of results.md above and in "
                     "summary.json's \"warnings\"", len(summary["warnings"]))
     log.info("[fedprune] run directory: %s", run.path)
+    if left_out := left_out_line(summary):  # the last line of a run that lost replies
+        log.warning("[fedprune] the run completed, but %s", left_out)

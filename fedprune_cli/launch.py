@@ -263,18 +263,12 @@ def record_interruption(run_dir: Path | None, reason: str, resume: str) -> str:
 def failure_line(run_dir: Path | None) -> str:
     """'' when every reply counted, else one line: how many replies were left out and which clients'
     rows results.md marks."""
+    from fedprune_app.core.rundir import left_out_line
+
     try:
-        record = json.loads((run_dir / "summary.json").read_text()) if run_dir else {}
+        return left_out_line(json.loads((run_dir / "summary.json").read_text())) if run_dir else ""
     except (OSError, ValueError):
         return ""
-    failures = record.get("failures", 0)
-    if not failures:
-        return ""
-    marked = [f"client {row['client']} ({row['status']})" for row in record.get("clients", [])
-              if row.get("status", "ok") != "ok"]
-    return (f"{failures} client repl{'y was' if failures == 1 else 'ies were'} left out (failed or "
-            f"rejected){': ' + ', '.join(marked) if marked else ''}; see results.md and "
-            "summary.json's dropped-replies")
 
 
 def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_DIR,

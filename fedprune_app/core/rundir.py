@@ -169,11 +169,12 @@ def client_table(eval_rows: list[dict[str, Any]],
     for r in eval_rows:
         if r.get("status") == "ok" and r.get("client") is not None:
             by_client[int(r["client"])][int(r["round"])] = r
-    failed: dict[int, set[int]] = defaultdict(set)
+    failed: dict[int | str, set[int]] = defaultdict(set)  # "node <id>": it never said its partition
     for r in records:
-        if r.get("status") in ("failed", "rejected") and isinstance(r.get("client"), int) \
-                and isinstance(r.get("round"), int):
-            failed[r["client"]].add(r["round"])
+        if r.get("status") in ("failed", "rejected") and isinstance(r.get("round"), int) \
+                and r.get("phase") in ("train", "evaluate"):
+            who = r.get("client") if isinstance(r.get("client"), int) else f"node {r.get('node')}"
+            failed[who].add(r["round"])
     final = max((int(r["round"]) for r in eval_rows if isinstance(r.get("round"), int)), default=0)
     table = [{"client": client, "data": "", "final-round": None, "status": "failed",
               "failed-rounds": sorted(failed[client])}
@@ -196,7 +197,26 @@ def client_table(eval_rows: list[dict[str, Any]],
         if chance is not None:
             row[CHANCE] = chance
         table.append(row)
-    return sorted(table, key=lambda row: row["client"])
+    return sorted(table, key=_client_order)
+
+
+def _client_order(row: Mapping[str, Any]) -> tuple[int, int, str]:
+    """Partition ids in order, then the nodes that never said theirs."""
+    client = row["client"]
+    return (1, 0, str(client)) if isinstance(client, str) else (0, int(client), "")
+
+
+def left_out_line(summary: Mapping[str, Any]) -> str:
+    """'' when every reply of the run counted, else one line: how many were left out and which
+    clients' rows results.md marks."""
+    failures = summary.get("failures", 0)
+    if not failures:
+        return ""
+    marked = [f"client {row['client']} ({row['status']})" for row in summary.get("clients", [])
+              if row.get("status", "ok") != "ok"]
+    return (f"{failures} client repl{'y was' if failures == 1 else 'ies were'} left out (failed or "
+            f"rejected){': ' + ', '.join(marked) if marked else ''}; see results.md and "
+            "summary.json's dropped-replies")
 
 
 def client_state(row: Mapping[str, Any]) -> str:
@@ -350,7 +370,7 @@ def broken_models(records: list[dict[str, Any]], method: str,
     Each line names the model and points to docs/methods/<method>.md."""
     problems: dict[str, list[str]] = defaultdict(list)
     judged = [row for row in client_table([r for r in records if r.get("phase") == "evaluate"])
-              if row["final-round"] > 0]
+              if (row["final-round"] or 0) > 0]
     for row in judged:
         label = client_label(row["client"], row["data"])
         found = _ppl_problem("test perplexity", row.get("ppl/tuned"), row.get("ppl/untouched"),

@@ -55,7 +55,8 @@ def test_finish_writes_everything_from_the_rows(tmp_path: Path) -> None:
     # rows that carry no n: no interval
     assert "| 0 | `src` | accuracy | – | 0.250 | – | 0.750 | – |" in text
     assert "|  |  | perplexity | – | 9.000 | – | 7.000 | – |" in text
-    assert "Per client (1 client), each on its own test split" in text
+    assert "Per client (2 clients), each on its own test split" in text  # node 5 never said its id
+    assert "| node 5 ⚠ stale: never scored, failed in round 0 | – | – | – | – | – | failed | – |" in text
     assert "Broken models" not in text and "2 client replies failed" in text
     assert "| random | 1000000.00 | – |" in text
     assert "| standalone (mean of 2 clients) | 40.00 | – |" in text
