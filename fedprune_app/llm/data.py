@@ -31,11 +31,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from fedprune_app.core.config import ConfigError, RunConfig, parse_partition_id, split_list
+
+if TYPE_CHECKING:
+    import torch
 
 Example = dict[str, Any]
 MC_PROMPT = "Question: {question}\nAnswer:"
@@ -422,6 +423,8 @@ def encode(tokenizer: Any, example: Example, seq_len: int, targets: str = "answe
 
 
 def collate(encoded: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    import torch  # here, so that reading data (the launcher's checks) does not load torch
+
     """Right-pad a batch; pads get attention 0 and label -100."""
     width = max(len(ids) for ids, _ in encoded)
     ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
@@ -440,6 +443,8 @@ def pack(encoded: Sequence[tuple[list[int], list[int]]]) -> dict[str, Any]:
     scores it either). No attention mask and no cache: then transformers builds the block-diagonal causal mask
     from the restarting position ids (`masking_utils.find_packed_sequence_indices`), so no example sees another
     and the loss (the mean over the same targets) and its gradients equal the padded batch's (tested)."""
+    import torch
+
     ids: list[int] = []
     positions: list[int] = []
     labels: list[int] = []
