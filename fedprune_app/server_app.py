@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from fedprune_app.core.checkpoint import load_checkpoint, save_checkpoint
 from fedprune_app.core.config import RunConfig, split_list
 from fedprune_app.core.protocol import numpy_state
 from fedprune_app.core.replies import to_record
-from fedprune_app.core.rundir import RunDirectory
+from fedprune_app.core.rundir import RunDirectory, left_out_line
 from fedprune_app.core.runtime import quiet_libraries, seed_everything
 from fedprune_app.core.strategy import FederatedStrategy
 from fedprune_app.llm.evaluation import held_out_metrics, held_out_text
@@ -79,14 +80,30 @@ def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirect
             log.info("[fedprune] reference %s: perplexity on %s = %.2f", name, source, scored["ppl"])
 
 
+PHONING_HOME = ("FLWR_TELEMETRY_ENABLED", "RAY_USAGE_STATS_ENABLED")  # read before the app starts
+
+
+def environment_warning() -> str | None:
+    """A line naming the variables that let Flower and Ray report usage over the network, when the
+    shell that started the SuperLink left them on (the app starts too late to turn them off)."""
+    on = [name for name in PHONING_HOME if os.environ.get(name) != "0"]
+    if not on:
+        return None
+    return (f"[fedprune] {' and '.join(on)} not set to 0 where the SuperLink started: Flower and "
+            "Ray may report usage over the network; `export " + " ".join(f"{n}=0" for n in on)
+            + "` before `flwr run` (fedprune run sets them)")
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """The ServerApp's one run, steps 1-5 of this module's docstring."""
+    if (warning := environment_warning()) is not None:
+        log.warning(warning)
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
     checkpoint = load_checkpoint(cfg) if cfg.resume_from else None  # checked before anything is loaded
     quiet_libraries()
     seed_everything(cfg.seed)
-    run = RunDirectory.create(cfg)
+    run = RunDirectory.create(cfg, context.run_id)
     log.info("[fedprune] %s: run directory %s", cfg.method, run.path)
     report: FederatedStrategy | None = None  # adds the method's part of results.md once it exists
     try:
@@ -142,3 +159,5 @@ def main(grid: Grid, context: Context) -> None:
         log.warning("[fedprune] %d broken model(s), listed at the top of results.md above and in "
                     "summary.json's \"warnings\"", len(summary["warnings"]))
     log.info("[fedprune] run directory: %s", run.path)
+    if left_out := left_out_line(summary):  # the last line of a run that lost replies
+        log.warning("[fedprune] the run completed, but %s", left_out)

@@ -23,15 +23,19 @@ which SuperExec and the simulation process inherit. The cluster is left running;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,15 +94,24 @@ def write_run_config(path: Path, values: dict[str, Any]) -> Path:
 
 def run_status(env: dict[str, str], flwr: str) -> str:
     """Status of the newest run on the SuperLink ('finished:completed', 'finished:failed', ...)."""
-    done = subprocess.run([flwr, "list", "--format", "json"], env=env, capture_output=True, text=True, timeout=120)
+    return run_identity(env, flwr)[1]
+
+
+def run_identity(env: dict[str, str], flwr: str, timeout: float = 120) -> tuple[int | None, str]:
+    """The id and status of the run on the launch's own SuperLink (its newest, though it holds only
+    the one)."""
+    done = subprocess.run([flwr, "list", "--format", "json"], env=env, capture_output=True,
+                          text=True, timeout=timeout)
     try:
         runs = json.loads(done.stdout).get("runs", [])
     except json.JSONDecodeError:
-        return f"unknown ({done.stdout[-300:]}{done.stderr[-300:]})"
+        return None, f"unknown ({done.stdout[-300:]}{done.stderr[-300:]})"
     if not runs:
-        return "unknown (no runs listed)"
+        return None, "unknown (no runs listed)"
     newest = max(runs, key=lambda r: int(r.get("run-id", r.get("run_id", 0))))
-    return str(newest.get("status", newest.get("status-text", "unknown")))
+    run_id = newest.get("run-id", newest.get("run_id"))
+    status = str(newest.get("status", newest.get("status-text", "unknown")))
+    return (int(run_id) if str(run_id).isdigit() else None), status
 
 
 def run_error(run_dir: Path | None) -> str:
@@ -149,13 +162,14 @@ class Launched:
 
 
 def checked_config(app_dir: Path, run_configs: list[str], federation_config: str, check_data: bool = True,
-                   advise: bool = True) -> dict[str, Any]:
+                   advise: bool = True, cluster: bool = False) -> dict[str, Any]:
     """The merged run config after the preflight checks (ConfigError naming the key otherwise), as the run gets
     it: `output-dir` and `resume-from` made absolute (the ServerApp resolves them from another directory).
     `check_data` False leaves `client-data`'s files unchecked; `advise` prints the method's warnings
     (`preflight.advice`), off for a run that is meant to be what they warn of (the references' floor)."""
     values = merged_config(app_dir, run_configs)
     federation = parse_overrides(federation_config, "--federation-config")
+    preflight.check_federation_config(federation, cluster)
     cfg = preflight.preflight(values, preflight.federation_size(federation), client_data=check_data)
     for line in preflight.advice(cfg) if advise else []:
         print(f"[fedprune] warning: {line}", file=sys.stderr, flush=True)
@@ -165,10 +179,23 @@ def checked_config(app_dir: Path, run_configs: list[str], federation_config: str
     return values
 
 
-def own_run_dir(out_root: Path, before: set[Path], values: dict[str, Any]) -> Path | None:
-    """The run's directory: new since the start, a directory (a grid writes tables.md into the same root), and
-    with a `config.json` that holds the values this launch passed (another launch writing into the same root at
-    the same time has other values); the newest of those, else the newest new directory."""
+def own_run_dir(out_root: Path, before: set[Path], values: dict[str, Any],
+                run_id: int | None = None) -> Path | None:
+    """The run's directory: new since the start, a directory (a grid writes tables.md into the same
+    root). With the Flower `run_id`, the one whose `flower-run.json` holds it (None if none does:
+    another launch's directory is never taken for this one's). Without it (an older app), the newest
+    whose `config.json` holds the values this launch passed, else the newest new directory."""
+    new = sorted(p for p in set(out_root.iterdir()) - before if p.is_dir()) \
+        if out_root.is_dir() else []
+    if run_id is not None:
+        def run_of(path: Path) -> int | None:
+            try:
+                return json.loads((path / "flower-run.json").read_text()).get("run-id")
+            except (OSError, ValueError, AttributeError):
+                return None
+
+        return next((p for p in reversed(new) if run_of(p) == run_id), None)
+
     def ours(path: Path) -> bool:
         try:
             written = json.loads((path / "config.json").read_text())
@@ -176,23 +203,90 @@ def own_run_dir(out_root: Path, before: set[Path], values: dict[str, Any]) -> Pa
             return True  # a run that failed before writing its config: still a candidate
         return all(written[k] == v for k, v in values.items() if k in written)
 
-    new_dirs = sorted(p for p in set(out_root.iterdir()) - before if p.is_dir()) if out_root.is_dir() else []
-    matching = [p for p in new_dirs if ours(p)] or new_dirs
+    matching = [p for p in new if ours(p)] or new
     return matching[-1] if matching else None
 
 
-def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_DIR, timeout: float = 7200,
-           quiet: bool = False, check_data: bool = True, ray_address: str | None = None,
-           advise: bool = True) -> Launched:
-    """Run one simulation and clean up after it. `check_data` False leaves `client-data`'s files to the clients
-    (a test that needs a client to fail inside the run). `ray_address` ('HOST:PORT'): run on that Ray cluster
-    instead of a Ray started for this run. `advise`: print the method's warnings before the run
-    (`checked_config`) and its broken-model lines after it; off for a reference meant to be broken."""
-    from fedprune_app.core.runtime import OFFLINE_ENV  # imports torch: not for `--help`
+class Terminated(Exception):
+    """SIGTERM reached the launcher (`timeout`, a CI runner, a job scheduler, `docker stop`)."""
 
+
+def raise_terminated(*_: Any) -> None:
+    """A SIGTERM handler: stop the launch where it is, as Ctrl-C does, so that it cleans up."""
+    raise Terminated
+
+
+STOPS = {KeyboardInterrupt: ("Ctrl-C (SIGINT)", 130), Terminated: ("SIGTERM", 143),
+         subprocess.TimeoutExpired: ("its --timeout", 124)}
+
+
+def resume_command(run_configs: list[str], federation_config: str, run_dir: Path) -> str:
+    """The `fedprune run` command that continues `run_dir` from its last checkpoint."""
+    args = ["fedprune", "run"]
+    for item in [*run_configs, f"resume-from='{run_dir}'"]:
+        args += ["--run-config", item]
+    return " ".join(_quoted(arg) for arg in [*args, "--federation-config", federation_config])
+
+
+def _quoted(arg: str) -> str:
+    """`arg` as a POSIX shell word: bare, in double quotes when it holds single quotes (the run
+    config's TOML strings) and nothing double quotes expand, else `shlex.quote`."""
+    if re.fullmatch(r"[\w@%+=:,./-]+", arg):
+        return arg
+    if not any(c in arg for c in '"$`\\!'):
+        return f'"{arg}"'
+    return shlex.quote(arg)
+
+
+def record_interruption(run_dir: Path | None, reason: str, resume: str) -> str:
+    """Mark the run directory's summary.json `"status": "interrupted"` (a completed one stays as it
+    is) and return the line that says what happened and how to continue."""
+    if run_dir is None:
+        return f"stopped by {reason} before the run wrote its directory; nothing to resume"
+    path = run_dir / "summary.json"
+    try:
+        record = json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError:
+        record = {}
+    if record.get("status") == "completed":
+        return f"stopped by {reason} after the run completed; run directory: {run_dir}"
+    checkpoint = (run_dir / "checkpoint" / "state.safetensors").is_file()
+    record.update({"status": "interrupted", "interrupted-by": reason,
+                   "resume": resume if checkpoint else ""})
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    if not checkpoint:
+        return (f"stopped by {reason} before the first checkpoint: {run_dir} holds no checkpoint; "
+                "start the run again")
+    return f"stopped by {reason}; run directory {run_dir}; continue it with: {resume}"
+
+
+def failure_line(run_dir: Path | None) -> str:
+    """'' when every reply counted, else one line: how many replies were left out and which clients'
+    rows results.md marks."""
+    from fedprune_app.core.rundir import left_out_line
+
+    try:
+        return left_out_line(json.loads((run_dir / "summary.json").read_text())) if run_dir else ""
+    except (OSError, ValueError):
+        return ""
+
+
+def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_DIR,
+           timeout: float = 7200, quiet: bool = False, check_data: bool = True,
+           ray_address: str | None = None, advise: bool = True, strict: bool = False) -> Launched:
+    """Run one simulation and clean up after it. `check_data` False leaves `client-data`'s files to
+    the clients (a test that needs a client to fail inside the run). `ray_address` ('HOST:PORT'):
+    run on that Ray cluster instead of a Ray started for this run. `advise`: print the method's
+    warnings before the run (`checked_config`) and its broken-model lines after it; off for a
+    reference meant to be broken. `strict`: a left-out reply fails the launch. Ctrl-C, SIGTERM (with
+    `raise_terminated` installed) and the timeout stop everything the run started and mark its
+    directory interrupted (exit 130, 143, 124)."""
     cluster_env = ray_cluster_env(ray_address, parse_overrides(federation_config, "--federation-config")) \
         if ray_address else {}
-    values = checked_config(app_dir, run_configs, federation_config, check_data, advise)
+    values = checked_config(app_dir, run_configs, federation_config, check_data, advise,
+                            cluster=bool(ray_address))
+    from fedprune_app.core.runtime import OFFLINE_ENV  # imports torch: after the checks
+
     out_root = Path(values["output-dir"])
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
     flwr = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
@@ -210,17 +304,37 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
         cmd += ["--federation-config", federation_config]
     if cluster_env:
         print(f"[fedprune] the simulation joins the Ray cluster at {cluster_env['RAY_ADDRESS']}", flush=True)
+    stopped_by: tuple[str, int] | None = None
+    run_id, status, returncode = None, "unknown", 1
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         stream = subprocess.DEVNULL if quiet else None
-        done = subprocess.run(cmd, env=env, cwd=app_dir, timeout=timeout, stdout=stream, stderr=stream)
-        status = run_status(env, flwr)
+        returncode = subprocess.run(cmd, env=env, cwd=app_dir, timeout=timeout, stdout=stream,
+                                    stderr=stream).returncode
+        run_id, status = run_identity(env, flwr)
+    except tuple(STOPS) as stop:
+        stopped_by = STOPS[type(stop)]
+        for sig in handlers:  # a second Ctrl-C must not cut the clean-up short
+            with contextlib.suppress(ValueError):  # not the main thread: no handlers to change
+                signal.signal(sig, signal.SIG_IGN)
+        with contextlib.suppress(Exception):
+            run_id, _ = run_identity(env, flwr, timeout=5)
+        status = "interrupted"
     finally:
         stop_superlink(http_port)
         shutil.rmtree(flwr_home, ignore_errors=True)
-    run_dir = own_run_dir(out_root, before, values)
+        for sig, handler in handlers.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, handler)
+    run_dir = own_run_dir(out_root, before, values, run_id)
+    if stopped_by is not None:
+        resume = resume_command(run_configs, federation_config, run_dir or out_root)
+        line = record_interruption(run_dir, stopped_by[0], resume)
+        print(f"\n[fedprune] {line}", file=sys.stderr, flush=True)
+        return Launched(stopped_by[1], run_dir, http_port, status)
     summary_ok = run_dir is not None and (run_dir / "summary.json").is_file() and json.loads(
         (run_dir / "summary.json").read_text()).get("status") == "completed"
-    ok = done.returncode == 0 and status.endswith("completed") and summary_ok
+    ok = returncode == 0 and status.endswith("completed") and summary_ok
     if quiet and run_dir is not None and (run_dir / "results.md").is_file():
         print((run_dir / "results.md").read_text(), flush=True)  # the ServerApp printed it in the stream
     print(f"\n[fedprune] flwr run status: {status}; run directory: {run_dir}", flush=True)
@@ -228,6 +342,10 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
         print(f"[fedprune] {line}", file=sys.stderr, flush=True)
     if not ok:
         print(f"[fedprune] the run failed: {run_error(run_dir)}", file=sys.stderr, flush=True)
+    elif failed := failure_line(run_dir):
+        verdict = "fails with --strict" if strict else "completed"
+        print(f"[fedprune] the run {verdict}, but {failed}", file=sys.stderr, flush=True)
+        ok = not strict
     return Launched(0 if ok else 1, run_dir, http_port, status)
 
 
@@ -255,6 +373,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Flower's simulation sizing (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=7200,
                         help="seconds the run may take before it is stopped (default: %(default)s)")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 when any client reply was left out (failed, timed out or "
+                             "rejected), even if the run completed: for CI")
     parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
                         help="run the simulation on this existing Ray cluster (the head's address, as `ray start "
                              "--head` prints it) instead of starting Ray; see docs/scale.md")
@@ -265,6 +386,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --references: only re-render the table from three finished runs")
 
 
+def stop_when_orphaned(poll: float = 1.0) -> None:
+    """SIGTERM this process when its parent exits: a `make run` stopped by `timeout` (which signals
+    make alone) would otherwise leave the launcher and its federation running."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    watching = any(t.name == "fedprune-parent-watch" for t in threading.enumerate())
+    if parent != 1 and not watching:
+        threading.Thread(target=watch, name="fedprune-parent-watch", daemon=True).start()
+
+
 def run(args: argparse.Namespace) -> int:
     """`fedprune run`: one checked simulation, or SFT-P with its references."""
     from fedprune_cli import references
@@ -272,12 +408,18 @@ def run(args: argparse.Namespace) -> int:
     if args.render and not args.references:
         print("error: --render needs --references", file=sys.stderr)
         return 2
-    if args.references:
-        return references.run_references(args.run_config, args.federation_config, args.timeout, args.render)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up in `launch` on TERM too
+    signal.signal(signal.SIGTERM, raise_terminated)  # `launch` cleans up on TERM as on Ctrl-C
+    stop_when_orphaned()
     try:
+        if args.references:
+            return references.run_references(args.run_config, args.federation_config, args.timeout,
+                                             args.render)
         return launch(args.run_config, args.federation_config, timeout=args.timeout,
-                      ray_address=args.ray_address).code
+                      ray_address=args.ray_address, strict=args.strict).code
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Terminated) as stop:  # before or after a launch: nothing runs
+        reason, code = STOPS[type(stop)]
+        print(f"[fedprune] stopped by {reason}; no run was running", file=sys.stderr)
+        return code

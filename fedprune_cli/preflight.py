@@ -18,6 +18,9 @@ Every check raises `ConfigError` with one line naming the key and what it accept
 from __future__ import annotations
 
 import json
+import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -110,10 +113,8 @@ def check_jsonl(key: str, source: str, path: Path, cfg: RunConfig) -> None:
         raise ConfigError(f"run-config key '{key}': source {source!r} names {path}{where}, which is not an existing "
                           f"file; a JSONL source must be an existing file with {JSONL_ACCEPTED}")
     examples = []
-    with path.open(encoding="utf-8", errors="replace") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+    try:  # the clients' own reader (data.jsonl_lines): strict UTF-8
+        for number, line in data.jsonl_lines(path):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
@@ -127,10 +128,26 @@ def check_jsonl(key: str, source: str, path: Path, cfg: RunConfig) -> None:
             except (ValueError, KeyError, IndexError, TypeError) as err:
                 detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
                 raise ConfigError(f"run-config key '{key}': {path} line {number}: {detail}") from None
-    try:
-        data.split_source(examples, cfg.seed, cfg.test_examples, cfg.val_examples, cfg.max_train_examples)
-    except ConfigError as err:
+    except ConfigError:
+        raise
+    except ValueError as err:  # not UTF-8
         raise ConfigError(f"run-config key '{key}': {err}") from None
+    if not examples:
+        raise ConfigError(f"run-config key '{key}': {path} is empty (no non-blank line); a JSONL "
+                          f"source holds {JSONL_ACCEPTED}")
+    check_split(key, source, examples, cfg)
+
+
+def check_split(key: str, source: str, examples: list[dict[str, Any]], cfg: RunConfig) -> None:
+    """Enough examples for test-examples + val-examples + 1 (the splits `split_source` cuts)."""
+    from fedprune_app.llm import data
+
+    try:
+        data.split_source(examples, cfg.seed, cfg.test_examples, cfg.val_examples,
+                          cfg.max_train_examples, source)
+    except ConfigError as err:
+        raise ConfigError(f"run-config key '{key}': {err}; lower test-examples / val-examples"
+                          ) from None
 
 
 def check_sources(cfg: RunConfig, key: str) -> None:
@@ -143,6 +160,24 @@ def check_sources(cfg: RunConfig, key: str) -> None:
         elif not (kind in ("bigbench", "squad_shifts", "hf") and arg or kind == "natural_instructions"
                   or kind == "ppl" and key == "server-eval-data"):  # data.load_source's kinds
             raise ConfigError(f"run-config key '{key}': cannot read source {source!r}; use {SOURCES_ACCEPTED}")
+        elif kind in EMBEDDED_SOURCES and key == "client-data" and arg:  # not all 193k NI examples
+            check_split(key, source, embedded_examples(key, source), cfg)
+
+
+EMBEDDED_SOURCES = ("bigbench", "squad_shifts", "natural_instructions")  # read from the local cache
+
+
+def embedded_examples(key: str, source: str) -> list[dict[str, Any]]:
+    """The examples of an embedded source (`data.load_source`); its error as one line."""
+    from fedprune_app.llm import data
+    from fedprune_app.llm.assets import AssetError
+
+    try:
+        return data.load_source(source)
+    except ConfigError:
+        raise
+    except (AssetError, OSError, ValueError) as err:
+        raise ConfigError(f"run-config key '{key}': cannot read source {source!r}: {err}") from None
 
 
 def check_resume(cfg: RunConfig) -> None:
@@ -194,6 +229,144 @@ def _cached(name: str) -> bool:
     return isinstance(try_to_load_from_cache(name, "config.json"), str)
 
 
+def check_output_dir(cfg: RunConfig) -> Path:
+    """`output-dir` is (or can be made) a directory this process can write: created, then probed
+    with a file."""
+    from fedprune_app.core.rundir import resolve_output_dir
+
+    root = resolve_output_dir(cfg.output_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".fedprune-probe-"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"run-config key 'output-dir' must be a directory this user can write; "
+                          f"{root}: {err.strerror or err}") from None
+    return root
+
+
+# --- the model's modules ---------------------------------------------------------------------
+
+def model_config_dir(name: str) -> Path | None:
+    """The directory holding the model's config.json ('embedded': the converted SmolLM2, once
+    converted; a Hub name: its snapshot in the local cache), or None when there is none yet."""
+    if name == "embedded":
+        from fedprune_app.llm.assets import SMOLLM2_DIRNAME, cache_root
+
+        path = cache_root() / "models" / SMOLLM2_DIRNAME
+    elif Path(name).expanduser().is_dir():
+        path = Path(name).expanduser()
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+        return Path(found).parent if isinstance(found, str) else None
+    return path if (path / "config.json").is_file() else None
+
+
+# the linear layers of a decoder layer of these `model_type`s (transformers' modeling files)
+LLAMA_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+KNOWN_LINEARS = {"llama": LLAMA_LINEARS, "mistral": LLAMA_LINEARS, "qwen2": LLAMA_LINEARS}
+
+
+def linear_module_names(config_dir: Path) -> set[str] | None:
+    """The dotted names of the model's linear layers, from its config.json alone: the known layout
+    of its `model_type`, else the model built with one decoder layer on the meta device (no weights
+    read); None when transformers cannot build it from the config (custom code: checked at load)."""
+    try:
+        config = json.loads((config_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if config.get("model_type") in KNOWN_LINEARS:
+        return {f"model.layers.0.{n}" for n in KNOWN_LINEARS[config["model_type"]]} | {"lm_head"}
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        built = AutoConfig.from_pretrained(config_dir)
+        for name in ("num_hidden_layers", "n_layer", "num_layers"):
+            if isinstance(getattr(built, name, None), int):
+                setattr(built, name, 1)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(built)
+    except Exception:  # noqa: BLE001 - a model we cannot build here is checked when it loads
+        return None
+    return {name for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"}
+
+
+def check_target_modules(cfg: RunConfig) -> None:
+    """Every `lora-target-modules` name ends the name of one of the model's linear layers (peft's
+    rule)."""
+    config_dir = model_config_dir(cfg.model_name)
+    names = linear_module_names(config_dir) if config_dir is not None else None
+    if not names or split_list(cfg.lora_target_modules) == ["all-linear"]:  # peft's own shorthand
+        return
+    leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+    missing = [t for t in split_list(cfg.lora_target_modules)
+               if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        raise ConfigError(f"run-config key 'lora-target-modules': the model {cfg.model_name!r} has "
+                          f"no linear layer named {', '.join(map(repr, missing))}; its linear "
+                          f"layers are {', '.join(leaves)}")
+
+
+# --- the federation config -------------------------------------------------------------------
+
+def federation_keys() -> dict[str, type]:
+    """The keys `--federation-config` accepts and their types, from Flower's SimulationConfig."""
+    from flwr.proto.federation_config_pb2 import SimulationConfig
+    from google.protobuf.descriptor import FieldDescriptor as Field
+
+    kinds = {Field.TYPE_UINT32: int, Field.TYPE_FLOAT: float, Field.TYPE_STRING: str,
+             Field.TYPE_BOOL: bool}
+    return {f.name.replace("_", "-"): kinds[f.type] for f in SimulationConfig.DESCRIPTOR.fields}
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def visible_gpus() -> int:
+    """CUDA devices torch sees here."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_federation_config(federation: dict[str, Any], cluster: bool = False) -> None:
+    """Known keys with values of their type, and client resources the machine has (`cluster`: the
+    simulation joins a Ray cluster whose resources are not known here: those are not compared)."""
+    keys = federation_keys()
+    unknown = sorted(set(federation) - set(keys))
+    if unknown:
+        raise ConfigError(f"--federation-config key(s) {', '.join(map(repr, unknown))} unknown to "
+                          f"Flower; allowed: {', '.join(keys)}")
+    for name, value in federation.items():
+        want = keys[name]
+        ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, value = True, float(value)
+        if not ok or want in (int, float) and not (math.isfinite(value) and value >= 0):
+            kind = {int: "an int >= 0", float: "a finite float >= 0", str: "a quoted string",
+                    bool: "true or false"}[want]
+            raise ConfigError(f"--federation-config key '{name}' must be {kind}, got {value!r}")
+    if cluster:
+        return
+    machine = {"cpus": (usable_cpus, "CPU cores"), "gpus": (visible_gpus, "GPUs")}
+    for resource, (count, what) in machine.items():
+        want = federation.get(f"client-resources-num-{resource}", 0)
+        given = federation.get(f"init-args-num-{resource}")
+        have = given or (count() if want else 0)
+        if want > have:
+            source = f"init-args-num-{resource}" if given else f"this machine's {what}"
+            raise ConfigError(f"--federation-config key 'client-resources-num-{resource}' is "
+                              f"{want:g} but Ray has {have:g} ({source}): no client could ever be "
+                              f"scheduled; use a value <= {have:g}")
+
+
 # --- all of them ---------------------------------------------------------------------------------------------------
 
 def preflight(values: dict[str, Any], num_supernodes: int | None, *, client_data: bool = True,
@@ -204,7 +377,9 @@ def preflight(values: dict[str, Any], num_supernodes: int | None, *, client_data
     cfg = RunConfig.from_flower(values, methods=method_names())
     if num_supernodes is not None:
         check_federation(cfg, num_supernodes)
+    check_output_dir(cfg)
     check_model(cfg.model_name, offline)
+    check_target_modules(cfg)
     if client_data:
         check_sources(cfg, "client-data")
     check_sources(cfg, "server-eval-data")

@@ -168,12 +168,14 @@ def run_references(run_configs: list[str], federation_config: str, timeout: floa
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # lets the running launch stop its SuperLink
+    signal.signal(signal.SIGTERM, launch.raise_terminated)  # the running launch stops its SuperLink
     start, dirs = time.perf_counter(), {}
     for name, extra in (("sftp", []), ("ceiling", [CEILING]), ("floor", [floor])):
         print(f"[fedprune] references: {name} run", flush=True)
         done = launch.launch([*run_configs, *extra], federation_config, timeout=timeout,
                              advise=name == "sftp")  # the floor is the post hoc cut on purpose
+        if done.code in (130, 143, 124):  # interrupted: it said so
+            return done.code
         if done.code != 0 or done.run_dir is None:
             print(f"[fedprune] the {name} run failed; no comparison", file=sys.stderr)
             return 1

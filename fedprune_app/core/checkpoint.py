@@ -93,6 +93,9 @@ def load_checkpoint(cfg: RunConfig) -> Checkpoint:
         state = read_state(path)
         if not isinstance(state, dict) or not {"round", "run-key", "arrays", "strategy"} <= set(state):
             raise StateFileError(f"{path} holds no checkpoint (round, run-key, arrays, strategy)")
+        problem = checkpoint_problem(state)
+        if problem:
+            raise StateFileError(f"{path} is not a checkpoint of this version: {problem}")
     except StateFileError as err:
         raise ConfigError(f"run-config key 'resume-from': {err}") from err
     if state["round"] >= cfg.num_server_rounds:
@@ -100,6 +103,24 @@ def load_checkpoint(cfg: RunConfig) -> Checkpoint:
                           f"{state['round']} of num-server-rounds = {cfg.num_server_rounds}; raise num-server-rounds "
                           "to continue it")
     return Checkpoint(run_dir, int(state["round"]), str(state["run-key"]), state["arrays"], state["strategy"])
+
+
+def checkpoint_problem(state: dict[str, Any]) -> str:
+    """What makes a read checkpoint unusable ('' when nothing): each entry of the type
+    `save_checkpoint` writes, the arrays finite numbers or bools."""
+    rnd, arrays = state["round"], state["arrays"]
+    if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+        return f"'round' must be an int >= 0, got {rnd!r}"
+    if not isinstance(state["run-key"], str) or not isinstance(state["strategy"], dict):
+        return "'run-key' must be a string and 'strategy' a table"
+    if not isinstance(arrays, dict):
+        return "'arrays' must be a table of named arrays"
+    for name, array in arrays.items():
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "fbiu":
+            return f"array {name!r} is not a numeric array"
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            return f"array {name!r} holds NaN or infinite values"
+    return ""
 
 
 # --- client side -----------------------------------------------------------------------------------------------

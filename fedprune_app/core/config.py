@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -359,6 +360,9 @@ def _coerce(key: Key, value: Any) -> Scalar:
         raise ConfigError(
             f"run-config key '{key.name}' must be {key.allowed()}, got {value!r} ({type(value).__name__})"
         )
+    if want is float and not math.isfinite(value):
+        raise ConfigError(f"run-config key '{key.name}' must be a finite float ({key.allowed()}), "
+                          f"got {value!r}")
     if key.choices is not None and value not in key.choices:
         raise ConfigError(f"run-config key '{key.name}' must be {key.allowed()}, got {value!r}")
     if key.minimum is not None and value < key.minimum or key.maximum is not None and value > key.maximum:

@@ -1,6 +1,7 @@
 """What a run leaves behind: `outputs/<date>-<method>-<tag>/`.
 
-- `config.json`: the resolved run config;
+- `config.json`: the resolved run config; `flower-run.json`: the Flower run id (how `fedprune run`
+  finds its own run's directory);
 - `metrics.jsonl`: one line per (round, client, phase) and per server evaluation, appended as they come;
 - `summary.json`: `"status"`, wall time, the final per-client table and server metrics, and
   `"warnings"`: one line per final model the run broke (`broken_models`);
@@ -62,18 +63,26 @@ class RunDirectory:
         self.board: Any = None  # the TensorBoard event writer of <run>/tensorboard, opened at the first scalar
 
     @classmethod
-    def create(cls, cfg: RunConfig) -> RunDirectory:
-        """A new `<output-dir>/<date>-<method>-<tag>[-k]/` with config.json written."""
+    def create(cls, cfg: RunConfig, run_id: int | None = None) -> RunDirectory:
+        """A new directory `<output-dir>/<date>-<method>[-<tag>][-<n>]` with config.json (and, given
+        Flower's `run_id`, flower-run.json): made with one `mkdir` each try, so two runs started in
+        the same second each get their own."""
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         name = "-".join(p for p in (stamp, cfg.method, cfg.run_tag) if p)
         root = resolve_output_dir(cfg.output_dir)
-        path = root / name
-        suffix = 1
-        while path.exists():
-            suffix += 1
-            path = root / f"{name}-{suffix}"
-        path.mkdir(parents=True)
+        root.mkdir(parents=True, exist_ok=True)
+        for suffix in range(1, 10_000):
+            path = root / (name if suffix == 1 else f"{name}-{suffix}")
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(f"no free run directory name under {root} for {name}")
         (path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        if run_id is not None:
+            (path / "flower-run.json").write_text(json.dumps({"run-id": run_id}) + "\n")
         return cls(path, cfg)
 
     def log(self, record: Mapping[str, Any]) -> None:
@@ -131,7 +140,7 @@ class RunDirectory:
             the top of results.md.
         """
         columns = report.server_columns() if report is not None else {}
-        table = client_table(self.rows("evaluate"))
+        table = client_table(self.rows("evaluate"), self.records)
         server: dict[str, dict[str, float]] = defaultdict(dict)
         for r in self.rows("server-evaluate"):
             server[str(r["round"])][f"ppl `{r['data']}`"] = r["ppl"]
@@ -176,20 +185,38 @@ def _side(row: Mapping[str, Any], metric: str, side: str) -> dict[str, Any]:
             f"{metric}-n/{side}": n}
 
 
-def client_table(eval_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def client_table(eval_rows: list[dict[str, Any]],
+                 records: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """Per client: its metrics at round 0 (untouched model) and at its last evaluated round, each
-    with its n and 95% interval (`<metric>-n/<side>`, `-lo`, `-hi`), and chance where known."""
+    with its n and 95% interval (`<metric>-n/<side>`, `-lo`, `-hi`), and chance where known.
+    `status`: 'ok'; 'failed' (a reply of it in `records` failed or was rejected: `failed-rounds`);
+    'stale' (no score from the run's last evaluated round: its tuned scores are left out, never
+    its older ones shown as the final model's)."""
     by_client: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
     for r in eval_rows:
         if r.get("status") == "ok" and r.get("client") is not None:
             by_client[int(r["client"])][int(r["round"])] = r
-    table = []
+    failed: dict[int | str, set[int]] = defaultdict(set)  # "node <id>": it never said its partition
+    for r in records:
+        if r.get("status") in ("failed", "rejected") and isinstance(r.get("round"), int) \
+                and r.get("phase") in ("train", "evaluate"):
+            who = r.get("client") if isinstance(r.get("client"), int) else f"node {r.get('node')}"
+            failed[who].add(r["round"])
+    final = max((int(r["round"]) for r in eval_rows if isinstance(r.get("round"), int)), default=0)
+    table = [{"client": client, "data": "", "final-round": None, "status": "failed",
+              "failed-rounds": sorted(failed[client])}
+             for client in sorted(set(failed) - set(by_client))]
     for client in sorted(by_client):
         rounds = by_client[client]
         first, last = rounds.get(0, {}), rounds[max(rounds)]
+        stale = max(rounds) < final
         metrics = sorted(k for k in set(first) | set(last) if k in METRIC_NAMES)
         row = {"client": client, "data": last.get("data", first.get("data", "")),
-               "final-round": max(rounds)}
+               "final-round": max(rounds),
+               "status": "stale" if stale else "failed" if failed[client] else "ok",
+               "failed-rounds": sorted(failed[client])}
+        if stale:
+            last = {}
         for m in metrics:
             row |= {f"{m}/untouched": first.get(m), f"{m}/tuned": last.get(m)}
             row |= _side(first, m, "untouched") | _side(last, m, "tuned")
@@ -197,7 +224,37 @@ def client_table(eval_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if chance is not None:
             row[CHANCE] = chance
         table.append(row)
-    return table
+    return sorted(table, key=_client_order)
+
+
+def _client_order(row: Mapping[str, Any]) -> tuple[int, int, str]:
+    """Partition ids in order, then the nodes that never said theirs."""
+    client = row["client"]
+    return (1, 0, str(client)) if isinstance(client, str) else (0, int(client), "")
+
+
+def left_out_line(summary: Mapping[str, Any]) -> str:
+    """'' when every reply of the run counted, else one line: how many were left out and which
+    clients' rows results.md marks."""
+    failures = summary.get("failures", 0)
+    if not failures:
+        return ""
+    marked = [f"client {row['client']} ({row['status']})" for row in summary.get("clients", [])
+              if row.get("status", "ok") != "ok"]
+    return (f"{failures} client repl{'y was' if failures == 1 else 'ies were'} left out (failed or "
+            f"rejected){': ' + ', '.join(marked) if marked else ''}; see results.md and "
+            "summary.json's dropped-replies")
+
+
+def client_state(row: Mapping[str, Any]) -> str:
+    """'' for a client whose replies all counted, else what results.md marks its row with."""
+    rounds = ", ".join(map(str, row.get("failed-rounds", [])))
+    failed = f"failed in round {rounds}" if rounds else ""
+    if row.get("status") == "stale" or row.get("final-round") is None:
+        last = row.get("final-round")
+        scored = "never scored" if last is None else f"no score after round {last}"
+        return f"⚠ stale: {scored}" + (f", {failed}" if failed else "")
+    return f"⚠ {failed}" if failed else ""
 
 
 METRIC_NAMES = ("acc", "acc_norm", "ppl", "rouge-l", "val-loss")
@@ -341,7 +398,7 @@ def broken_models(records: list[dict[str, Any]], method: str,
     Each line names the model and points to docs/methods/<method>.md."""
     problems: dict[str, list[str]] = defaultdict(list)
     judged = [row for row in client_table([r for r in records if r.get("phase") == "evaluate"])
-              if row["final-round"] > 0]
+              if (row["final-round"] or 0) > 0]
     for row in judged:
         label = client_label(row["client"], row["data"])
         found = _ppl_problem("test perplexity", row.get("ppl/tuned"), row.get("ppl/untouched"),
@@ -421,7 +478,7 @@ def render_results(cfg: RunConfig, table: list[dict[str, Any]], server_rows: lis
 def _client_lines(cfg: RunConfig, table: list[dict[str, Any]]) -> list[str]:
     metrics = [m for m in METRIC_NAMES
                if any(f"{m}/untouched" in r or f"{m}/tuned" in r for r in table)]
-    final = max(r["final-round"] for r in table)
+    final = max((r["final-round"] for r in table if r["final-round"] is not None), default=0)
     after = f"{cfg.method} (round {final})"
     clients = f"{len(table)} client{'s' * (len(table) != 1)}"
     lines = [f"Per client ({clients}), each on its own test split: the untouched model and the "
@@ -430,6 +487,11 @@ def _client_lines(cfg: RunConfig, table: list[dict[str, Any]]) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]
     for row in table:
         first = True
+        state = client_state(row)
+        if not any(row.get(f"{m}/{side}") is not None for m in metrics
+                   for side in ("untouched", "tuned")):
+            lines.append(f"| {row['client']} {state} | – | – | – | – | – | failed | – |")
+            continue
         for m in metrics:
             if row.get(f"{m}/untouched") is None and row.get(f"{m}/tuned") is None:
                 continue
@@ -437,10 +499,11 @@ def _client_lines(cfg: RunConfig, table: list[dict[str, Any]]) -> list[str]:
             if m in ("acc", "acc_norm") and row.get(CHANCE) is not None:
                 label += f" (chance {row[CHANCE]:.3f})"
             n = row.get(f"{m}-n/tuned") or row.get(f"{m}-n/untouched")
-            who = [str(row["client"]), f"`{row['data']}`"] if first else ["", ""]
+            who = [f"{row['client']} {state}".strip(), f"`{row['data']}`"] if first else ["", ""]
             cells = [*who, label, str(n) if n else "–"]
             for side in ("untouched", "tuned"):
-                cells += [cell(row.get(f"{m}/{side}")),
+                stale = side == "tuned" and row.get("status") == "stale"
+                cells += ["failed" if stale else cell(row.get(f"{m}/{side}")),
                           interval_cell(row.get(f"{m}-lo/{side}"), row.get(f"{m}-hi/{side}"),
                                     row.get(f"{m}-n/{side}"))]
             lines.append("| " + " | ".join(cells) + " |")
@@ -450,10 +513,16 @@ def _client_lines(cfg: RunConfig, table: list[dict[str, Any]]) -> list[str]:
             cells = [f"mean of {clients}" if m == metrics[0] else "", "", SCORE_LABELS[m], ""]
             for side in ("untouched", "tuned"):
                 vals = [r[f"{m}/{side}"] for r in table if r.get(f"{m}/{side}") is not None]
-                cells += [cell(sum(vals) / len(vals)) if vals else "–", ""]
+                some = f" ({len(vals)} of {len(table)})" if vals and len(vals) < len(table) else ""
+                cells += [cell(sum(vals) / len(vals)) + some if vals else "–", ""]
             lines.append("| " + " | ".join(cells) + " |")
     terms = ["untouched: the base model before any training (round 0)",
              f"{after}: the model each client uses after the last round it evaluated",
+             *(["⚠: a reply of this client failed or was rejected in the rounds named "
+                "(summary.json `dropped-replies`); stale: it sent no score in the run's last "
+                "evaluated round, so "
+                "its final model has no score (failed)"] if any(client_state(r) for r in table)
+               else []),
              *(SCORE_TERMS[m] for m in metrics)]
     if any(row.get(CHANCE) is not None for row in table):
         terms.append("chance: the accuracy of guessing, 1 / the number of choices, averaged over "

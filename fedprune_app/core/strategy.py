@@ -394,7 +394,7 @@ class FederatedStrategy(Strategy):
             else:
                 problem = self.reply_problem(node_id, msg.content) if node_id in self.sent else "unexpected reply"
                 row.update(flat_metrics(msg.content), **{"bytes-up": record_bytes(msg.content)})
-            row["client"] = row.pop("partition-id", None)
+            row["client"] = row.pop("partition-id", self.node_partition.get(node_id))
             row["status"] = "rejected" if problem else "accepted"
             if problem:
                 row["problem"] = _tail(problem)
@@ -421,7 +421,7 @@ class FederatedStrategy(Strategy):
             else:
                 row.update(flat_metrics(msg.content), status="ok")
                 good.append(msg.content)
-            row["client"] = row.pop("partition-id", None)
+            row["client"] = row.pop("partition-id", self.node_partition.get(row["node"]))
             self.record(row)
         return self.mean_metrics(good) if good else None
 

@@ -31,11 +31,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from fedprune_app.llm.settings import ConfigError, DataSettings, parse_partition_id, split_list
+
+if TYPE_CHECKING:
+    import torch
 
 Example = dict[str, Any]
 MC_PROMPT = "Question: {question}\nAnswer:"
@@ -43,7 +44,27 @@ SQUAD_DOMAINS = {"new_wiki": "new_wiki_v1.0", "squaddev": "squaddev_v1.1", "nyt"
                  "reddit": "reddit_v1.0", "amazon_reviews": "amazon_reviews_v1.0"}
 
 
+def _label(label: Any, choices: list[Any]) -> Any:
+    """A record's label as the index of its choice: an int, an integral float, a digit string, the
+    right choice's text or its letter; anything else as given (`mc_example` refuses it)."""
+    if isinstance(label, str):
+        text = label.strip()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        if text in choices:
+            return choices.index(text)
+        return "ABCDEFGH".index(text) if len(text) == 1 and text in "ABCDEFGH" else label
+    if isinstance(label, float) and label.is_integer():
+        return int(label)
+    return label
+
+
 def mc_example(source: str, question: str, choices: Sequence[str], label: int) -> Example:
+    """A multiple-choice example; ValueError when `label` is not the index of one of `choices`."""
+    if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(choices):
+        raise ValueError(f"data source '{source}': label {label!r} is not the index of one of its "
+                         f"{len(choices)} choices; label|answer must be an int in [0, {len(choices)}) "
+                         "(or the right choice's text, or its letter A, B, ...)")
     q = question.strip()
     return {"source": source, "prompt": MC_PROMPT.format(question=q), "response": str(choices[label]),
             "choices": [str(c) for c in choices], "label": int(label), "question": q}
@@ -66,10 +87,8 @@ def normalize_record(source: str, rec: dict[str, Any]) -> Example:
         return mc_example(source, str(rec["input"]), choices, [rec["target_scores"][c] for c in choices].index(1))
     if "choices" in rec and question is not None:
         choices = rec["choices"]["text"] if isinstance(rec["choices"], dict) else rec["choices"]
-        label = rec.get("label", rec.get("answer"))
-        if isinstance(label, str) and not label.isdigit():
-            label = list(choices).index(label) if label in choices else "ABCDEFGH".index(label)
-        return mc_example(source, str(question), list(choices), int(label))
+        label = _label(rec.get("label", rec.get("answer")), list(choices))
+        return mc_example(source, str(question), list(choices), label)
     response = next((rec[k] for k in ("output", "response", "target", "completion") if k in rec), None)
     if question is not None and response is not None:
         if isinstance(response, list):
@@ -159,6 +178,30 @@ def _records(source: str, records: Sequence[dict[str, Any]]) -> list[Example]:
     return [record_example(source, r) for r in records]
 
 
+def jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every non-blank line of a UTF-8 file; ValueError naming the file and
+    the line that is not UTF-8 (the launcher's check and the clients both read files with it)."""
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path} line {number} is not UTF-8 text (byte {raw[err.start]:#04x} "
+                                 f"at column {err.start + 1}); save the file as UTF-8") from None
+            if line.strip():
+                yield number, line
+
+
+def jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) of every non-blank line; ValueError naming the file and line
+    otherwise."""
+    for number, line in jsonl_lines(path):
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} line {number} is not JSON ({err.msg})") from None
+
+
 def load_source(source: str) -> list[Example]:
     """All examples of one source, in the source's own order."""
     kind, _, arg = source.partition(":")
@@ -172,7 +215,7 @@ def load_source(source: str) -> list[Example]:
         path = Path(arg if kind == "jsonl" else source).expanduser()
         if not path.is_file():
             raise ConfigError(f"run-config key 'client-data': JSONL file {path} does not exist")
-        return _records(source, [json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+        return _records(source, [record for _, record in jsonl_records(path)])
     if kind == "hf" and arg:
         name, _, config_name = arg.partition(":")
         ds = load_dataset(name, config_name or None)
@@ -200,11 +243,12 @@ def seeded_shuffle(examples: Sequence[Example], seed: int) -> list[Example]:
     return [examples[i] for i in order]
 
 
-def split_source(examples: list[Example], seed: int, n_test: int, n_val: int, max_train: int) -> Splits:
+def split_source(examples: list[Example], seed: int, n_test: int, n_val: int, max_train: int,
+                 source: str = "") -> Splits:
     """Seeded shuffle, then test | val | train; refuses a source too small to leave any training data."""
     shuffled = seeded_shuffle(examples, seed)
     if len(shuffled) <= n_test + n_val:
-        src = examples[0]["source"] if examples else "?"
+        src = source or (examples[0]["source"] if examples else "?")
         raise ConfigError(f"data source '{src}' has {len(shuffled)} examples, fewer than test-examples + "
                           f"val-examples + 1 = {n_test + n_val + 1}")
     train = shuffled[n_test + n_val:]
@@ -255,7 +299,7 @@ def source_splits(source: str, seed: int, n_test: int, n_val: int, max_train: in
     """The splits of one source; the test split is also written as JSONL under the cache."""
     from fedprune_app.llm.assets import cache_root
 
-    splits = split_source(load_source(source), seed, n_test, n_val, max_train)
+    splits = split_source(load_source(source), seed, n_test, n_val, max_train, source)
     out = cache_root() / "splits" / _slug(source) / f"seed{seed}-test{n_test}-val{n_val}"
     splits.test_path = out / "test.jsonl"
     if not splits.test_path.exists():
@@ -379,6 +423,8 @@ def encode(tokenizer: Any, example: Example, seq_len: int, targets: str = "answe
 
 
 def collate(encoded: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    import torch  # here, so that reading data (the launcher's checks) does not load torch
+
     """Right-pad a batch; pads get attention 0 and label -100."""
     width = max(len(ids) for ids, _ in encoded)
     ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
@@ -397,6 +443,8 @@ def pack(encoded: Sequence[tuple[list[int], list[int]]]) -> dict[str, Any]:
     scores it either). No attention mask and no cache: then transformers builds the block-diagonal causal mask
     from the restarting position ids (`masking_utils.find_packed_sequence_indices`), so no example sees another
     and the loss (the mean over the same targets) and its gradients equal the padded batch's (tested)."""
+    import torch
+
     ids: list[int] = []
     positions: list[int] = []
     labels: list[int] = []

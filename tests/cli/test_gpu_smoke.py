@@ -69,9 +69,11 @@ def gpu_run_config(model_dir: Path, tmp_path: Path, method: str = "fedit") -> li
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_the_gpu_run_config_passes_the_launchers_checks(method: str, tiny_model_dir: Path, tmp_path: Path) -> None:
-    """On any machine: the keys and values each GPU run uses are accepted before anything starts (a GPU is only
-    needed when the model loads)."""
+def test_the_gpu_run_config_passes_the_launchers_checks(method: str, tiny_model_dir: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On any machine: the keys and values each GPU run uses are accepted before anything starts (the
+    machine's GPU count, which the launcher compares with client-resources-num-gpus, is faked here)."""
+    monkeypatch.setattr("fedprune_cli.preflight.visible_gpus", lambda: 1)
     values = launch.checked_config(launch.APP_DIR, gpu_run_config(tiny_model_dir, tmp_path, method), FEDERATION)
     assert values["device"] == DEVICE and values["method"] == method
     assert launch.parse_overrides(FEDERATION, "--federation-config")["client-resources-num-gpus"] == (not REHEARSAL)

@@ -4,6 +4,7 @@ the in-process grid of tests/local_grid.py); what `--ray-address` checks and han
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -160,7 +161,8 @@ def test_a_completed_run_with_broken_models_says_so_last(tmp_path: Path, tiny_mo
                                            stderr="")
 
     monkeypatch.setattr(launch_module.subprocess, "run", fake_run)
-    monkeypatch.setattr(launch_module, "run_status", lambda env, flwr: "finished:completed")
+    monkeypatch.setattr(launch_module, "run_identity",
+                        lambda env, flwr: (None, "finished:completed"))
     monkeypatch.setattr(launch_module, "stop_superlink", lambda port: None)
     federation = "num-supernodes=2 client-resources-num-cpus=1"
     assert launch_module.launch(run_config, federation, quiet=False).code == 0
@@ -177,3 +179,147 @@ def test_a_completed_run_with_broken_models_says_so_last(tmp_path: Path, tiny_mo
     flags.append(flags[0])  # a reference meant to be broken (the floor) says nothing of it
     assert launch_module.launch(run_config, federation, quiet=True, advise=False).code == 0
     assert "broken" not in capsys.readouterr().err
+
+
+# --- runs that say what happened: their own directory, left-out replies, interruptions ---------
+
+def test_the_run_directory_is_found_by_the_flower_run_id(tmp_path: Path) -> None:
+    """Two identical launches into one root: each takes the directory holding its own run id, never
+    the other's (None when its run wrote none)."""
+    for name, run_id in (("20261125-020000-fedit", 11), ("20261125-020000-fedit-2", 22)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"method": "fedit"}))
+        (tmp_path / name / "flower-run.json").write_text(json.dumps({"run-id": run_id}))
+    same = {"method": "fedit"}
+    assert launch_module.own_run_dir(tmp_path, set(), same, 11).name == "20261125-020000-fedit"
+    assert launch_module.own_run_dir(tmp_path, set(), same, 22).name == "20261125-020000-fedit-2"
+    assert launch_module.own_run_dir(tmp_path, set(), same, 33) is None
+
+
+def test_run_directories_created_at_once_are_all_distinct(tmp_path: Path) -> None:
+    """Forty run directories of one config created at the same time by threads: forty names."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fedprune_app.core.config import RunConfig
+    from fedprune_app.core.rundir import RunDirectory
+
+    cfg = RunConfig.from_flower({"output-dir": str(tmp_path)})
+    with ThreadPoolExecutor(8) as pool:
+        paths = list(pool.map(lambda i: RunDirectory.create(cfg, i).path, range(40)))
+    assert len(set(paths)) == 40
+    assert sorted(json.loads((p / "flower-run.json").read_text())["run-id"] for p in paths) == \
+        list(range(40))
+
+
+@pytest.fixture()
+def fake_flwr(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+              ) -> tuple[list[str], dict[str, Any]]:
+    """A run config for the launcher, and a fake `flwr run` that writes a run directory from
+    `behaviour` ('summary': the summary.json it writes, 'raise': what it raises after writing it,
+    'checkpoint': whether it writes one) and records the SuperLinks stopped."""
+    out = tmp_path / "out"
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "choices": ["a", "b"], "label": i % 2})
+                            + "\n" for i in range(20)))
+    run_config = [f"model-name='{tiny_model_dir}' client-data='{data},{data}' server-eval-data='' "
+                  f"test-examples=6 val-examples=2 output-dir='{out}'"]
+    behaviour: dict[str, Any] = {"summary": {"status": "completed"}, "raise": None,
+                                 "checkpoint": True, "stopped": [], "runs": 0}
+
+    def fake_run(cmd: list[str], env: dict[str, str], **_: Any) -> subprocess.CompletedProcess:
+        if cmd[1] == "run":
+            behaviour["runs"] += 1
+            run_dir = out / f"20261201-00000{behaviour['runs']}-fedit"
+            (run_dir / "checkpoint").mkdir(parents=True, exist_ok=True)
+            (run_dir / "flower-run.json").write_text(json.dumps({"run-id": 7}))
+            if behaviour["checkpoint"]:
+                (run_dir / "checkpoint" / "state.safetensors").write_bytes(b"")
+            if behaviour["summary"]:
+                (run_dir / "summary.json").write_text(json.dumps(behaviour["summary"]))
+            if behaviour["raise"]:
+                raise behaviour["raise"]
+        listing = {"runs": [{"run-id": "7", "status": "finished:completed"}]}
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(listing), stderr="")
+
+    monkeypatch.setattr(launch_module.subprocess, "run", fake_run)
+    monkeypatch.setattr(launch_module, "stop_superlink", behaviour["stopped"].append)
+    return run_config, behaviour
+
+
+FEDERATION = "num-supernodes=2 client-resources-num-cpus=1"
+
+
+def test_left_out_replies_are_the_last_line_and_fail_the_launch_with_strict(
+        fake_flwr: tuple[list[str], dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    run_config, behaviour = fake_flwr
+    behaviour["summary"] = {"status": "completed", "failures": 2, "clients": [
+        {"client": 0, "status": "ok"}, {"client": 1, "status": "stale"}]}
+    assert launch_module.launch(run_config, FEDERATION, quiet=True).code == 0
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == ("[fedprune] the run completed, but 2 client replies were left out (failed or "
+                    "rejected): client 1 (stale); see results.md and summary.json's "
+                    "dropped-replies")
+    assert launch_module.launch(run_config, FEDERATION, quiet=True, strict=True).code == 1
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        "[fedprune] the run fails with --strict, but 2 client replies were left out")
+    behaviour["summary"] = {"status": "completed", "failures": 0}
+    assert launch_module.launch(run_config, FEDERATION, quiet=True, strict=True).code == 0
+
+
+@pytest.mark.parametrize("stop, code, reason", [
+    (KeyboardInterrupt(), 130, "Ctrl-C (SIGINT)"),
+    (launch_module.Terminated(), 143, "SIGTERM"),
+    (subprocess.TimeoutExpired("flwr", 5), 124, "its --timeout"),
+])
+def test_an_interrupted_run_stops_its_superlink_and_says_how_to_resume(
+        fake_flwr: tuple[list[str], dict[str, Any]], capsys: pytest.CaptureFixture[str],
+        stop: BaseException, code: int, reason: str) -> None:
+    run_config, behaviour = fake_flwr
+    behaviour.update(summary=None, **{"raise": stop})
+    done = launch_module.launch(run_config, FEDERATION, quiet=True)
+    assert done.code == code and len(behaviour["stopped"]) == 1 and done.run_dir is not None
+    summary = json.loads((done.run_dir / "summary.json").read_text())
+    resume = (f"fedprune run --run-config \"{run_config[0]}\" --run-config "
+              f"\"resume-from='{done.run_dir}'\" --federation-config \"{FEDERATION}\"")
+    assert summary == {"status": "interrupted", "interrupted-by": reason, "resume": resume}
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"[fedprune] stopped by {reason}; run directory {done.run_dir}; continue it "
+                   f"with: {resume}"]
+
+
+def test_an_interruption_before_the_first_checkpoint_says_to_start_again(
+        fake_flwr: tuple[list[str], dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    run_config, behaviour = fake_flwr
+    behaviour.update(summary={"status": "failed", "error-message": "SystemExit"}, checkpoint=False,
+                     **{"raise": KeyboardInterrupt()})
+    done = launch_module.launch(run_config, FEDERATION, quiet=True)
+    summary = json.loads((done.run_dir / "summary.json").read_text())
+    assert done.code == 130 and summary["status"] == "interrupted" and summary["resume"] == ""
+    assert capsys.readouterr().err.strip().endswith("holds no checkpoint; start the run again")
+
+
+def test_a_launcher_whose_parent_exits_stops_as_on_sigterm(tmp_path: Path) -> None:
+    """A process that called `stop_when_orphaned` gets SIGTERM within seconds of its parent's exit
+    (here it writes a file from its SIGTERM handler)."""
+    import sys
+    import time
+
+    flag = tmp_path / "terminated"
+    child = ("import signal, sys, time\n"
+             "from fedprune_cli.launch import stop_when_orphaned\n"
+             f"signal.signal(signal.SIGTERM, lambda *_: (open({str(flag)!r}, 'w').close(), "
+             "sys.exit(0)))\n"
+             "stop_when_orphaned(poll=0.1)\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(30)\n")
+    parent = ("import subprocess, sys\n"
+              f"p = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE, "
+              "text=True)\n"
+              "p.stdout.readline()\n")  # the parent exits once the child watches it
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", parent], env={**os.environ, "PYTHONPATH": str(root)},
+                   timeout=60, check=True)
+    deadline = time.time() + 10
+    while not flag.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert flag.exists()

@@ -104,7 +104,12 @@ def test_a_missing_jsonl_file_is_refused(tmp_path: Path) -> None:
     (['{"text": "a"}', "[1, 2]"], "line 2 is a JSON list, not an object"),
     (['{"text": "a"}', '{"unexpected": 1}'], "line 2: data source '{path}': record with fields ['unexpected'] "
                                              "matches no known schema"),
-    (['{"question": "q", "choices": ["a", "b"], "label": 5}'], "line 1: IndexError: list index out of range"),
+    (['{"question": "q", "choices": ["a", "b"], "label": 5}'],
+     "line 1: data source '{path}': label 5 is not the index of one of its 2 choices"),
+    (['{"question": "q", "choices": ["a", "b"], "label": "-1"}'],
+     "line 1: data source '{path}': label -1 is not"),
+    (['{"question": "q", "choices": ["a", "b"], "label": "c"}'],
+     "line 1: data source '{path}': label 'c' is not"),
 ])
 def test_a_jsonl_line_the_reader_cannot_use_is_refused_with_its_number(tmp_path: Path, lines: list[str],
                                                                         expected: str) -> None:
@@ -119,7 +124,7 @@ def test_a_jsonl_file_too_small_for_the_splits_is_refused(tmp_path: Path) -> Non
     message = refused(preflight.check_sources, cfg_of(client_data=f"jsonl:{path}", test_examples=8, val_examples=2),
                       "client-data")
     assert message == (f"run-config key 'client-data': data source 'jsonl:{path}' has 10 examples, fewer than "
-                       "test-examples + val-examples + 1 = 11")
+                       "test-examples + val-examples + 1 = 11; lower test-examples / val-examples")
     preflight.check_sources(cfg_of(client_data=f"jsonl:{path}", test_examples=6, val_examples=2), "client-data")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -120,12 +121,27 @@ def test_a_failing_client_is_counted_and_the_run_completes(tiny_model_dir: Path,
     grid = LocalGrid(cfg, 3, seed=0)
     broken = grid.get_node_ids()[1]
     grid.failing = {broken}
-    run, err = run_server(cfg, grid)
+    lines: list[logging.LogRecord] = []
+    catcher = logging.Handler()
+    catcher.emit = lines.append  # type: ignore[method-assign]
+    logging.getLogger("flwr").addHandler(catcher)
+    try:
+        run, err = run_server(cfg, grid)
+    finally:
+        logging.getLogger("flwr").removeHandler(catcher)
     out = summary(run)
     assert err is None and out["status"] == "completed"
     # its train replies (rounds 1, 2) and evaluations (round 0 and the last) are counted, with its node id
     assert out["failures"] == 4 and {d["node"] for d in out["dropped-replies"]} == {broken}
     assert {r["phase"] for r in out["dropped-replies"]} == {"train", "evaluate"}
+    # it never said its partition id: its row is marked by node; the ServerApp's last line says so
+    client = f"node {broken}"
+    assert [row["client"] for row in out["clients"] if row["status"] != "ok"] == [client]
+    assert f"| {client} ⚠ stale: never scored, failed in round 0, 1, 2 |" in (
+        run / "results.md").read_text()
+    assert lines[-1].getMessage() == (
+        f"[fedprune] the run completed, but 4 client replies were left out (failed or rejected): "
+        f"client {client} (failed); see results.md and summary.json's dropped-replies")
 
 
 def test_a_disconnected_client_is_counted_as_failed_with_its_node_id(tiny_model_dir: Path, tmp_path: Path,

@@ -55,7 +55,8 @@ def test_finish_writes_everything_from_the_rows(tmp_path: Path) -> None:
     # rows that carry no n: no interval
     assert "| 0 | `src` | accuracy | – | 0.250 | – | 0.750 | – |" in text
     assert "|  |  | perplexity | – | 9.000 | – | 7.000 | – |" in text
-    assert "Per client (1 client), each on its own test split" in text
+    assert "Per client (2 clients), each on its own test split" in text  # node 5 never said its id
+    assert "| node 5 ⚠ stale: never scored, failed in round 0 | – | – | – | – | – | failed | – |" in text
     assert "Broken models" not in text and "2 client replies failed" in text
     assert "| random | 1000000.00 | – |" in text
     assert "| standalone (mean of 2 clients) | 40.00 | – |" in text
@@ -259,3 +260,33 @@ def test_method_columns_and_sections_come_from_the_strategy_hooks_alone(tmp_path
     assert "| round | kept share | ppl `wiki`" in text and "| 2 | 0.500 | 22.00 |" in text
     assert "- kept share: what the scored model keeps." in text
     assert text.rstrip().endswith("Deployed: a, b")
+
+
+def test_a_client_that_failed_is_marked_and_its_untouched_scores_are_never_shown_as_tuned(
+        tmp_path: Path) -> None:
+    """Client 1's train replies of rounds 1 and 2 and its last evaluation failed: its row says so
+    and its tuned cells say 'failed' (not its round-0 scores); client 2, rejected in round 1 but
+    scored in round 2, keeps its scores and is marked; client 3 never scored; the means say over
+    how many clients they are."""
+    run = _run(tmp_path, method="fedit")
+    for client in (0, 1, 2):
+        run.log(_eval(client, 0, f"src{client}", acc=0.25))
+    run.log(_eval(0, 2, "src0", acc=0.75))
+    run.log(_eval(2, 2, "src2", acc=0.5))
+    for rnd in (1, 2):
+        run.log({"round": rnd, "phase": "train", "client": 1, "node": 7, "status": "failed",
+                 "problem": "actor died"})
+    run.log({"round": 2, "phase": "evaluate", "client": 1, "node": 7, "status": "failed"})
+    run.log({"round": 1, "phase": "train", "client": 2, "node": 8, "status": "rejected"})
+    run.log({"round": 0, "phase": "evaluate", "client": 3, "node": 9, "status": "failed"})
+    summary = run.finish("completed")
+    states = {row["client"]: (row["status"], row["failed-rounds"]) for row in summary["clients"]}
+    assert states == {0: ("ok", []), 1: ("stale", [1, 2]), 2: ("failed", [1]), 3: ("failed", [0])}
+    stale = next(row for row in summary["clients"] if row["client"] == 1)
+    assert stale["acc/untouched"] == 0.25 and stale["acc/tuned"] is None
+    text = (run.path / "results.md").read_text()
+    assert "| 1 ⚠ stale: no score after round 0, failed in round 1, 2 | `src1` | accuracy | – | " \
+           "0.250 | – | failed | – |" in text
+    assert "| 2 ⚠ failed in round 1 | `src2` | accuracy | – | 0.250 | – | 0.500 | – |" in text
+    assert "| 3 ⚠ stale: never scored, failed in round 0 | – | – | – | – | – | failed | – |" in text
+    assert "| mean of 4 clients |  | accuracy |  | 0.250 (3 of 4) |  | 0.625 (2 of 4) |  |" in text
