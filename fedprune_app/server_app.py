@@ -24,6 +24,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedprune_app.core import registry
 from fedprune_app.core.checkpoint import load_checkpoint, save_checkpoint
 from fedprune_app.core.config import RunConfig, split_list
+from fedprune_app.core.privacy import check_private
 from fedprune_app.core.protocol import numpy_state
 from fedprune_app.core.replies import to_record
 from fedprune_app.core.rundir import RunDirectory
@@ -77,6 +78,7 @@ def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirect
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
+    check_private(cfg)  # a method that cannot be differentially private says so before any model loads
     checkpoint = load_checkpoint(cfg) if cfg.resume_from else None  # checked before anything is loaded
     quiet_libraries()
     seed_everything(cfg.seed)
@@ -115,7 +117,8 @@ def main(grid: Grid, context: Context) -> None:
         score_references(cfg, strategy, run)
         strategy.score_client_references(grid)
         summary = run.finish("completed", {"artefacts": artefacts,
-                                           "initial-state-seconds": round(initial_ready, 3)})
+                                           "initial-state-seconds": round(initial_ready, 3),
+                                           **({"privacy": p} if (p := strategy.privacy_summary()) else {})})
     except BaseException as err:
         error = traceback.format_exc()[-4000:]
         message = f"{type(err).__name__}: {err}".strip()  # what `fedprune run` prints as the run's error

@@ -46,6 +46,11 @@ from strategies.fedit import FedITStrategy
 class FlexLoRAStrategy(FedITStrategy):
     """Per-node ranks down, heterogeneous adapters up, ΔW average + truncated SVD."""
 
+    dp_release = None
+    dp_unsupported = ("its clients send LoRA factors at their own ranks and the server averages their products "
+                      "ΔW_i = B_i A_i; a clipped factor update does not bound ΔW_i, and clipping ΔW_i server-side is "
+                      "not implemented")
+
     def __init__(self, cfg: RunConfig, recorder: Any = None) -> None:
         super().__init__(cfg.replace(lora_rank=max_rank(cfg)), recorder)
         self.r_max = max_rank(cfg)

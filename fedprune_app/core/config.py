@@ -350,10 +350,12 @@ def split_list(value: str) -> list[str]:
 
 
 def all_sections() -> list[type[ConfigSection]]:
-    """`SharedConfig` and every registered method's section."""
+    """`SharedConfig`, the differential-privacy keys every method reads (`core/privacy.py`) and every registered
+    method's section."""
     from fedprune_app.core import registry  # the registry imports this module
+    from fedprune_app.core.privacy import DPConfig  # which imports this module
 
-    return [SharedConfig, *registry.config_sections()]
+    return [SharedConfig, DPConfig, *registry.config_sections()]
 
 
 def all_keys() -> tuple[Key, ...]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprune_app.core.config import RunConfig
+from fedprune_app.core.privacy import render_privacy
 from fedprune_app.llm.intervals import proportion_interval
 
 
@@ -129,6 +130,7 @@ class RunDirectory:
         text = render_results(self.cfg, table, scored, summary["seconds"], flags)
         text += render_references(self.cfg, server, self.rows("reference"), scored)
         text += render_compiled(self.rows("compiled"))
+        text += render_privacy(self.rows("privacy"))
         if dropped:
             text += (f"\n{len(dropped)} client replies failed or were rejected and left out "
                      "(details in summary.json and metrics.jsonl).\n")
