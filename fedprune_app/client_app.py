@@ -34,7 +34,7 @@ def _restored(msg: Message, context: Context):  # -> FederatedClient
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     client = _restored(msg, context)
-    content = client.private_reply(msg.content, client.train(msg.content))  # DP: the update clipped here
+    content = client.private_reply(msg.content, client.train(msg.content))  # DP: clipped here
     client.save_state(msg.content)
     return Message(content=content, reply_to=msg)
 

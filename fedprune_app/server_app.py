@@ -78,7 +78,7 @@ def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirect
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
-    check_private(cfg)  # a method that cannot be differentially private says so before any model loads
+    check_private(cfg)  # a method that cannot be DP says so, before any model loads
     checkpoint = load_checkpoint(cfg) if cfg.resume_from else None  # checked before anything is loaded
     quiet_libraries()
     seed_everything(cfg.seed)
@@ -116,9 +116,10 @@ def main(grid: Grid, context: Context) -> None:
         artefacts = strategy.save_final(final, run.path)
         score_references(cfg, strategy, run)
         strategy.score_client_references(grid)
+        privacy = strategy.privacy_summary()  # ε at δ, where DP is on
         summary = run.finish("completed", {"artefacts": artefacts,
                                            "initial-state-seconds": round(initial_ready, 3),
-                                           **({"privacy": p} if (p := strategy.privacy_summary()) else {})})
+                                           **({"privacy": privacy} if privacy else {})})
     except BaseException as err:
         error = traceback.format_exc()[-4000:]
         message = f"{type(err).__name__}: {err}".strip()  # what `fedprune run` prints as the run's error

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 def dp_accounting_epsilon(sigma: float, rounds: int, delta: float) -> float:
-    """ε at δ of `rounds` Gaussian mechanisms of noise multiplier σ (no sampling), by dp_accounting's RDP
-    accountant with its default orders."""
+    """ε at δ of `rounds` Gaussian mechanisms of noise multiplier σ (no sampling), by
+    dp_accounting's RDP accountant with its default orders."""
     from dp_accounting import dp_event
     from dp_accounting.rdp import RdpAccountant
 

@@ -26,7 +26,7 @@ class FederatedClient:
     """Partition bookkeeping, the client's data and its private state."""
 
     name = "client"
-    dp_clips_on_client: ClassVar[bool] = False  # its train reply is the sent arrays + an update (DP clips it here)
+    dp_clips_on_client: ClassVar[bool] = False  # its train reply = the sent arrays + an update
 
     def __init__(self, cfg: RunConfig, context: Context) -> None:
         self.cfg = cfg
@@ -99,16 +99,18 @@ class FederatedClient:
         raise NotImplementedError
 
     def private_reply(self, content: RecordDict, reply: RecordDict) -> RecordDict:
-        """With `dp-clipping-norm` = C > 0 and a reply whose arrays update the sent ones (`dp_clips_on_client`):
-        the update Δ = reply − sent of every float tensor sent back in the same shape, clipped on this device to
-        ‖Δ‖₂ ≤ C jointly (DP-FedAvg's per-user clipping, `core/privacy.clip_update`), so the server never holds an
-        unclipped update; the metric `dp-clipped` says (0/1) whether clipping shrank it. Otherwise `reply`."""
+        """With `dp-clipping-norm` = C > 0 and a reply whose arrays update the sent ones
+        (`dp_clips_on_client`): the update Δ = reply − sent of every float tensor sent back in the
+        same shape, clipped on this device to ‖Δ‖₂ ≤ C jointly (DP-FedAvg's per-user clipping,
+        `core/privacy.clip_update`), so the server never holds an unclipped update; the metric
+        `dp-clipped` says (0/1) whether clipping shrank it. Otherwise `reply`."""
         dp = self.cfg.section(DPConfig)
         sent, mine = content.array_records.get("arrays"), reply.array_records.get("arrays")
         if not dp.enabled or not self.dp_clips_on_client or sent is None or mine is None:
             return reply
         reference, local = numpy_state(sent), numpy_state(mine)
-        keys = [k for k in float_keys(local) if k in reference and reference[k].shape == local[k].shape]
+        keys = [k for k in float_keys(local)
+                if k in reference and reference[k].shape == local[k].shape]
         if not keys:
             return reply
         clipped, norm = clip_update(local, reference, keys, dp.dp_clipping_norm)

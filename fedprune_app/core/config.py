@@ -350,8 +350,8 @@ def split_list(value: str) -> list[str]:
 
 
 def all_sections() -> list[type[ConfigSection]]:
-    """`SharedConfig`, the differential-privacy keys every method reads (`core/privacy.py`) and every registered
-    method's section."""
+    """`SharedConfig`, the differential-privacy keys every method reads (`core/privacy.py`) and
+    every registered method's section."""
     from fedprune_app.core import registry  # the registry imports this module
     from fedprune_app.core.privacy import DPConfig  # which imports this module
 

@@ -46,7 +46,7 @@ class StatisticsThenRecovery(FederatedStrategy):
     statistics_name: ClassVar[str] = "statistics"
     array_state: ClassVar[tuple[str, ...]] = ()
     json_state: ClassVar[tuple[str, ...]] = ()
-    dp_release = "rounds 2..R: the LoRA on the fixed structure, one update per client, clipped on the client"
+    dp_release = "rounds 2..R: the LoRA on the fixed structure, one update per client"
 
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
         super().__init__(cfg, recorder)
@@ -68,14 +68,15 @@ class StatisticsThenRecovery(FederatedStrategy):
 
     @classmethod
     def dp_refusal(cls, cfg: RunConfig) -> str | None:
-        """Round 1's statistics are a one-shot release that is neither clipped nor noised: the run is not
-        differentially private even though rounds 2..R could be (`dp_release_keys`)."""
-        return (f"round 1 sends the dense model's {cls.statistics_name} (one-shot statistics), neither clipped "
-                "nor noised (only its LoRA recovery rounds are a clipped mean)")
+        """Round 1's statistics are a one-shot release that is neither clipped nor noised: the run
+        is not differentially private even though rounds 2..R could be (`dp_release_keys`)."""
+        return (f"round 1 sends the dense model's {cls.statistics_name} (one-shot statistics), "
+                "neither clipped nor noised (only its LoRA recovery rounds are a clipped mean)")
 
     def dp_release_keys(self, server_round: int, reference: Mapping[str, Any]) -> list[str]:
         """Rounds 2..R release the LoRA tensors; the structure rides along unchanged."""
-        return [k for k in super().dp_release_keys(server_round, reference) if not k.startswith(self.structure_prefix)]
+        return [k for k in super().dp_release_keys(server_round, reference)
+                if not k.startswith(self.structure_prefix)]
 
     # --- the protocol --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

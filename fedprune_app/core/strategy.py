@@ -19,10 +19,11 @@ or resume). It fills in what all methods share and leaves a few small hooks:
 
 - `state_dict()` / `load_state_dict(state)`  the server-side state a checkpoint holds beyond the global arrays
                                 (FedSpaLLM's pruned weights, FedTPA's β_i, ...); the base holds the sampling RNG.
-- `dp_release` / `dp_release_keys` / `dp_refusal`  what a round releases under client-level DP (DP-FedAvg,
-                                `core/privacy.py`, `PrivateRelease`): with `dp-clipping-norm` > 0 a round's
-                                aggregate is `dp_aggregate` (clipped updates, uniform mean, Gaussian noise) and a
-                                round the budget `dp-max-epsilon` cannot pay for is not started.
+- `dp_release` / `dp_release_keys` / `dp_refusal`  what a round releases under client-level DP
+                                (DP-FedAvg, `core/privacy.py`, `PrivateRelease`): with
+                                `dp-clipping-norm` > 0 a round's aggregate is `dp_aggregate`
+                                (clipped updates, uniform mean, Gaussian noise) and a round the
+                                budget `dp-max-epsilon` cannot pay for is not started.
 
 `start` (Flower's signature plus `first_round` / `on_round_end` for resume and checkpoints) asks every connected
 node who it is (`identify`: partition id, node-config `resources`), so sampling and per-client state follow
@@ -173,8 +174,8 @@ class FederatedStrategy(PrivateRelease, Strategy):
 
     def state_dict(self) -> dict[str, Any]:
         """Server-side state a checkpoint needs beyond the global arrays (subclasses add theirs to this)."""
-        return {"rng": self.rng.getstate(), "numpy-rng": np.random.get_state(), "torch-rng": torch.get_rng_state(),
-                **self.dp_state()}
+        return {"rng": self.rng.getstate(), "numpy-rng": np.random.get_state(),
+                "torch-rng": torch.get_rng_state(), **self.dp_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.setstate(state["rng"])
@@ -339,9 +340,10 @@ class FederatedStrategy(PrivateRelease, Strategy):
             self.evaluate_round(0, grid, arrays, evaluate_config, evaluate_fn, result)
             log.info("%s", progress.round_done(0))
         for server_round in range(first_round, num_rounds + 1):
-            if not self.dp_allows(server_round, num_rounds):  # the privacy budget cannot pay for this round
-                if server_round > 1 and server_round - 1 not in result.evaluate_metrics_clientapp:
-                    self.evaluate_round(server_round - 1, grid, arrays, evaluate_config, None, result)
+            if not self.dp_allows(server_round, num_rounds):  # the privacy budget is spent
+                last = server_round - 1  # its models are final: scored by the clients, once
+                if last > 0 and last not in result.evaluate_metrics_clientapp:
+                    self.evaluate_round(last, grid, arrays, evaluate_config, None, result)
                 break
             log.info("[fedprune] round %d/%d", server_round, num_rounds)
             progress.start_round()
@@ -476,7 +478,7 @@ class FederatedStrategy(PrivateRelease, Strategy):
         """Round 0 (unless `eval-untouched` is false) and the last round; every `eval-every` rounds between."""
         if server_round == 0 and not self.cfg.eval_untouched:
             return False
-        if server_round == self.__dict__.get("dp_last_round"):  # a privacy budget ended the run after it
+        if server_round == self.__dict__.get("dp_last_round"):  # the privacy budget's last round
             return True
         every = self.cfg.eval_every
         return server_round in (0, self.cfg.num_server_rounds) or (every > 0 and server_round % every == 0)
