@@ -58,6 +58,11 @@ def test_a_dp_run_clips_on_the_client_and_reports_epsilon_every_round(
     assert done["status"] == "completed" and done["privacy"]["rounds-released"] == 3
     assert done["privacy"]["epsilon"] == pytest.approx(released[-1]["dp-epsilon"])
     assert "## Differential privacy" in (run / "results.md").read_text()
+    from tests.core.test_tensorboard import _events
+
+    board = _events(run)
+    for r in released:  # TensorBoard: ε per round
+        assert board[("privacy/dp-epsilon", r["round"])] == [pytest.approx(r["dp-epsilon"])]
 
 
 def test_the_budget_ends_the_run_with_the_last_allowed_rounds_models(

@@ -357,3 +357,10 @@ def test_the_dp_presets_run_every_planned_round_within_their_budget(preset: str)
     assert dp.enabled and dp.dp_noise_multiplier > 0
     eps = epsilon_after(dp.dp_noise_multiplier, cfg.num_server_rounds, dp.dp_delta)
     assert dp.dp_max_epsilon - 0.02 < eps <= dp.dp_max_epsilon
+
+
+def test_fedprune_run_refuses_a_method_that_cannot_be_private_before_flower_starts() -> None:
+    from fedprune_cli.preflight import preflight
+
+    with pytest.raises(ConfigError, match="method 'fedtpa' cannot run with differential privacy"):
+        preflight({"method": "fedtpa", "dp-clipping-norm": 1.0}, 4)
