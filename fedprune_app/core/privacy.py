@@ -108,17 +108,6 @@ class DPConfig(ConfigSection):
 # --- clipping and noise: Flower's helpers ---------------------------------------------------------
 
 
-def update_norm(
-    local: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], keys: Sequence[str]
-) -> float:
-    """‖Δ‖₂ of Δ = local − reference over `keys` jointly (Flower's `get_norm`)."""
-    from flwr.supercore.differential_privacy import get_norm
-
-    return get_norm(
-        [np.asarray(local[k], np.float64) - np.asarray(reference[k], np.float64) for k in keys]
-    )
-
-
 def clip_update(
     local: Mapping[str, np.ndarray],
     reference: Mapping[str, np.ndarray],
@@ -194,26 +183,16 @@ class PrivacyLedger:
 
     def __init__(self, dp: DPConfig) -> None:
         self.dp = dp
-        self.accountant: Any = (
-            None  # flwr RdpAccountant, built at the first round (it needs the population)
-        )
+        self.accountant: Any = None  # flwr's RdpAccountant, built at the first round (population)
         self.releases = 0  # released rounds, σ = 0 included
 
     def start(self, population: int) -> None:
         """Build the accountant for a population of `population` clients (kept as is once built or
         restored)."""
         if self.accountant is None and self.dp.dp_noise_multiplier > 0.0:
-            from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
-            from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
-
-            config = PrivacyConfig(
-                target_delta=self.dp.dp_delta,
-                population_size=max(1, population),
-                neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-                sampling_method=SamplingMethod(ACCOUNTANT_SAMPLING),
-                max_epsilon=self.dp.dp_max_epsilon or None,
+            self.accountant = rdp_accountant(
+                self.dp.dp_delta, max(1, population), self.dp.dp_max_epsilon or None
             )
-            self.accountant = RdpAccountant(config)
 
     def event(self, sampled: int) -> Any:
         """One round's release. Without amplification the accountant uses σ alone; m is recorded
@@ -253,7 +232,7 @@ class PrivacyLedger:
             return []
         from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-        scratch = RdpAccountant(self.accountant.config)
+        scratch = RdpAccountant(self.accountant.config)  # the same config, a copy of the ledger
         scratch.load_state_dict(self.accountant.state_dict())
         out = []
         for _ in range(rounds):
@@ -275,38 +254,35 @@ class PrivacyLedger:
         if saved is None:
             self.accountant = None
             return
-        from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
-        from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
-
         config = dict(saved["config"])
-        self.accountant = RdpAccountant(
-            PrivacyConfig(
-                target_delta=float(config["target_delta"]),
-                population_size=int(config["population_size"]),
-                neighboring_relation=NeighboringRelation(config["neighboring_relation"]),
-                sampling_method=SamplingMethod(config["sampling_method"]),
-                max_epsilon=config["max_epsilon"],
-            )
+        self.accountant = rdp_accountant(
+            float(config["target_delta"]), int(config["population_size"]), config["max_epsilon"]
         )
-        self.accountant.load_state_dict(_plain(saved))
+        self.accountant.load_state_dict(_plain(saved))  # refuses another relation or sampling
+
+
+def rdp_accountant(delta: float, population: int, max_epsilon: float | None = None) -> Any:
+    """Flower's `RdpAccountant` as fedprune accounts: add-or-remove-one client, no amplification."""
+    from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    return RdpAccountant(
+        PrivacyConfig(
+            target_delta=delta,
+            population_size=population,
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+            sampling_method=SamplingMethod(ACCOUNTANT_SAMPLING),
+            max_epsilon=max_epsilon,
+        )
+    )
 
 
 def epsilon_after(noise_multiplier: float, rounds: int, delta: float) -> float:
     """ε at δ after `rounds` releases of noise multiplier σ, as a run reports it (Flower's RDP
     accountant, no amplification by sampling, add-or-remove-one)."""
-    from flwr.serverapp import (
-        GaussianPrivacyEvent,
-        NeighboringRelation,
-        PrivacyConfig,
-        SamplingMethod,
-    )
-    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+    from flwr.serverapp import GaussianPrivacyEvent
 
-    accountant = RdpAccountant(
-        PrivacyConfig(
-            delta, 1, NeighboringRelation.ADD_OR_REMOVE_ONE, SamplingMethod(ACCOUNTANT_SAMPLING)
-        )
-    )
+    accountant = rdp_accountant(delta, 1)
     accountant.compose(GaussianPrivacyEvent(noise_multiplier, 1, 1), rounds)
     return float(accountant.get_epsilon(delta))
 
