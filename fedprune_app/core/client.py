@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
 from fedprune_app.core.checkpoint import client_state_dir, load_client_state, save_client_state
 from fedprune_app.core.config import NodeConfig, RunConfig
@@ -114,7 +114,7 @@ class FederatedClient:
         if not keys:
             return reply
         clipped, norm = clip_update(local, reference, keys, dp.dp_clipping_norm)
-        reply["arrays"] = to_record(clipped) if clipped else ArrayRecord()
+        reply["arrays"] = to_record(clipped)
         if "metrics" in reply.metric_records:
             reply.metric_records["metrics"]["dp-clipped"] = int(norm > dp.dp_clipping_norm)
         return reply
