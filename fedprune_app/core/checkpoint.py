@@ -3,7 +3,8 @@
 Server side, `<run dir>/checkpoint/state.safetensors`, rewritten atomically after every k-th round:
 `{"round": r, "run-key": ..., "arrays": {name: ndarray}, "strategy": strategy.state_dict()}` — the loop's global
 arrays and the strategy's server-side state (sampling RNG, FedSpaLLM's pruned weights and so its masks, FedTPA's
-β_i and last losses, FlexLoRA's ranks, SFT-P's kept-ratio history).
+β_i and last losses, FlexLoRA's ranks, SFT-P's kept-ratio history; with differential privacy the accountant's
+ledger, Flower's JSON `state_dict`, so a resumed run continues the same ε).
 
 Client side, on the client's own device: `<state-dir>/<run-key>/partition-<id>/round-<r>.pb` = its `context.state`
 after its round-r train message (FedTPA's EMA, SFT-P's e_k and its optimizer moments). It never travels; a resumed
