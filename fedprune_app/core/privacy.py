@@ -21,7 +21,17 @@ accounted mode requires): fedprune samples with a seeded RNG whose seed is in th
 sample is not secret. Central DP: the aggregator is trusted with the clipped updates; Flower's
 Message API has no secure aggregation. The noise comes from NumPy's global RNG (Flower's
 `add_gaussian_noise_inplace`), seeded by `seed` and kept in the checkpoint: reproducible, not a
-cryptographic RNG."""
+cryptographic RNG.
+
+What is Flower's and what is not: the clipping and noise are Flower's helpers
+(`flwr.supercore.differential_privacy` in Flower 1.42: `get_norm`, `clip_inputs_inplace`,
+`compute_stdv`, `add_gaussian_noise_inplace`) and ε is Flower's `RdpAccountant`. Flower's strategy
+wrappers (`DifferentialPrivacy{Client,Server}SideFixedClipping`) are not used: they wrap Flower's
+own `start` loop, which `FederatedStrategy.start` replaces (per-node payloads, retries, resume), and
+their accounted mode needs `FedAvg.aggregate_train`. Flower's `fixedclipping_mod` is not used
+either: a mod wraps every method's ClientApp alike, while the clipping is per method (FlexLoRA's
+factors at a client's own rank, a recovery method's round-1 statistics are no update of the sent
+arrays), and it takes C from the message's config rather than the validated run config."""
 
 from __future__ import annotations
 
