@@ -429,7 +429,7 @@ def profile(records: Sequence[Record]) -> str:
     """Each record's phase table (`benchmarks.profile.table`), with its command and load."""
     from benchmarks.profile import table
 
-    return "\n".join(f"{table(r)}\n`{shown_command(r)}`; {load_line(r)}.\n" for r in records)
+    return "\n".join(f"{table(r)}\n`{shown_command(r)}`; {load_line(r)}." for r in records)
 
 
 RENDERERS: dict[str, Callable[[Sequence[Record]], str]] = {

@@ -20,6 +20,7 @@ class FedITClient(FederatedClient):
     """Homogeneous LoRA; the reply holds the adapter tensors and training metrics."""
 
     name = "fedit"
+    dp_clips_on_client = True  # the reply is the sent adapter after local steps
 
     def load(self, content: RecordDict):  # -> (model, tokenizer) with the message's adapter loaded
         model, tokenizer = peft_model_for(self.cfg)

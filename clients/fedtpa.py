@@ -65,6 +65,7 @@ def mean_feature(model: Any, tokenizer: Any, examples: list[Example], seq_len: i
 
 @register_client("fedtpa")
 class FedTPAClient(FedITClient):
+    dp_clips_on_client = False  # a rank-pruned adapter, not an update of the sent one
     """Adaptive-rank local training; evaluation as FedIT's (the global rank-r_g adapter)."""
 
     name = "fedtpa"

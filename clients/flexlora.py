@@ -29,6 +29,7 @@ class FlexLoRAClient(FedITClient):
     """Heterogeneous-rank LoRA; the reply also reports the rank."""
 
     name = "flexlora"
+    dp_clips_on_client = False  # its factors are at its own rank: the server clips its ΔW
 
     def rank(self) -> int:
         ranks = per_client(self.cfg.section(FlexLoRAConfig).flexlora_ranks, self.num_partitions, int, "flexlora-ranks")

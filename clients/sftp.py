@@ -56,6 +56,7 @@ class SFTPClient(FederatedClient):
     """Trains Θ (+Φ) and its private e_k; evaluates its own deployed mask on its own task."""
 
     name = "sftp"
+    dp_clips_on_client = True  # the reply is the sent (Θ, Φ) after local steps; e_k is not in it
 
     @property
     def keep_ratio(self) -> float:

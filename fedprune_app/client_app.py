@@ -37,7 +37,7 @@ def _restored(msg: Message, context: Context) -> FederatedClient:
 def train(msg: Message, context: Context) -> Message:
     """`train` messages: private state restored, trained, then checkpointed on this device."""
     client = _restored(msg, context)
-    content = client.train(msg.content)
+    content = client.private_reply(msg.content, client.train(msg.content))  # DP: clipped here
     client.save_state(msg.content)
     return Message(content=content, reply_to=msg)
 

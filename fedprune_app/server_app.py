@@ -25,6 +25,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedprune_app.core import registry
 from fedprune_app.core.checkpoint import load_checkpoint, save_checkpoint
 from fedprune_app.core.config import RunConfig, split_list
+from fedprune_app.core.privacy import check_private
 from fedprune_app.core.protocol import numpy_state
 from fedprune_app.core.replies import to_record
 from fedprune_app.core.rundir import RunDirectory, left_out_line
@@ -100,6 +101,7 @@ def main(grid: Grid, context: Context) -> None:
     if (warning := environment_warning()) is not None:
         log.warning(warning)
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
+    check_private(cfg)  # a method that cannot be DP says so, before any model loads
     checkpoint = load_checkpoint(cfg) if cfg.resume_from else None  # checked before anything is loaded
     quiet_libraries()
     seed_everything(cfg.seed)
@@ -143,8 +145,10 @@ def main(grid: Grid, context: Context) -> None:
         score_references(cfg, strategy, run)
         strategy.score_client_references(grid)
         phases["references"] = round(time.time() - started, 3)
+        privacy = strategy.privacy_summary()  # ε at δ, where DP is on
         summary = run.finish("completed", {"artefacts": artefacts, "phase-seconds": phases,
-                                           "initial-state-seconds": round(initial_ready, 3)},
+                                           "initial-state-seconds": round(initial_ready, 3),
+                                           **({"privacy": privacy} if privacy else {})},
                              report)
     except BaseException as err:
         error = traceback.format_exc()[-4000:]

@@ -375,6 +375,9 @@ def preflight(values: dict[str, Any], num_supernodes: int | None, *, client_data
     None: the federation is not known (no federation check). `client_data` False: every node brings its own data
     (a deployment's `data-path`), so `client-data` is not read."""
     cfg = RunConfig.from_flower(values, methods=method_names())
+    from fedprune_app.core.privacy import check_private
+
+    check_private(cfg)  # a method that cannot run with the dp-* keys says so before Flower starts
     if num_supernodes is not None:
         check_federation(cfg, num_supernodes)
     check_output_dir(cfg)

@@ -22,6 +22,8 @@ from fedprune_app.llm.models import initial_adapter_state, peft_model_for, save_
 class FedITStrategy(FederatedStrategy):
     """FedAvg over LoRA adapter tensors."""
 
+    dp_release = "the LoRA adapter (every A and B), one update per client, clipped on the client"
+
     def initial_arrays(self) -> ArrayRecord:
         """Fresh LoRA (A seeded, B = 0): round 0 evaluates exactly the untouched model."""
         model, _ = peft_model_for(self.cfg)

@@ -62,6 +62,9 @@ from fedprune_app.methods.fedspallm.pruners import prune_sequentially, pruner_fo
 
 @register_strategy("fedspallm")
 class FedSpaLLMStrategy(FederatedStrategy):
+    dp_unsupported = ("its clients send SparseGPT-updated weights and masks of the layers they "
+                      "sampled, and the server's ℓ0-norm average and mask expansion are not a "
+                      "clipped mean of updates")
     """Layer sampling down, pruned weights + masks up, ℓ0 aggregation + mask expansion."""
 
     def __init__(self, cfg: RunConfig, recorder: Any = None) -> None:

@@ -50,6 +50,10 @@ from strategies.fedit import FedITStrategy
 
 @register_strategy("fedtpa")
 class FedTPAStrategy(FedITStrategy):
+    dp_release = None
+    dp_unsupported = ("its aggregate is contribution-weighted and zero-padded by each client's "
+                      "pruning log, and the pruning logs, contribution scores and mean feature "
+                      "vector λ_i travel unclipped and unnoised")
     """ITPA before round 1, per-client keep-ratios down, LCWA + DAPR on the pruned replies."""
 
     def __init__(self, cfg: RunConfig, recorder: Any = None) -> None:

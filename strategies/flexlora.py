@@ -27,7 +27,7 @@ from fedprune_app.core.replies import examples_problem, to_record, values_of_pro
 from fedprune_app.core.strategy import log
 from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers, factor_problem, truncate_factors
 from fedprune_app.llm.models import peft_model_for, save_adapter, set_adapter_state
-from fedprune_app.methods.flexlora.svd import average_deltas, max_rank, svd_factors
+from fedprune_app.methods.flexlora.svd import average_deltas, lora_delta, max_rank, svd_factors
 from strategies.fedit import FedITStrategy
 
 # --- pure functions -------------------------------------------------------------------------------------
@@ -45,6 +45,9 @@ from strategies.fedit import FedITStrategy
 @register_strategy("flexlora")
 class FlexLoRAStrategy(FedITStrategy):
     """Per-node ranks down, heterogeneous adapters up, ΔW average + truncated SVD."""
+
+    dp_release = ("ΔW of every adapted layer: each client's change of (α/r_i)·B_i A_i from the "
+                  "global ΔW truncated to its rank, all layers jointly, clipped on the server")
 
     def __init__(self, cfg: RunConfig, recorder: Any = None) -> None:
         super().__init__(cfg.replace(lora_rank=max_rank(cfg)), recorder)
@@ -117,6 +120,49 @@ class FlexLoRAStrategy(FedITStrategy):
         metrics = [flat_metrics(r) for r in replies]
         deltas = average_deltas(states, [int(m["rank"]) for m in metrics],
                                 [float(m["num-examples"]) for m in metrics], self.layers, self.alpha)
+        return self.factors(server_round, deltas)
+
+    def dp_aggregate(self, server_round: int, replies: list[RecordDict], arrays: ArrayRecord,
+                     sampled: int) -> ArrayRecord:
+        """DP-FedAvg on ΔW (McMahan et al. 2018, on the products, not the factors): client i's
+        change D_i = (α/r_i)·B_i A_i − ΔW_g^(r_i) (ΔW_g^(r): the global ΔW truncated to rank r,
+        what it was sent) over all layers jointly, clipped to C here, on the server: factors at a
+        client's own rank are no update of the sent ones, and clipping B and A does not bound
+        their product, so the server sees unclipped factors. ΔW = (1/n)·Σ_i ΔW_g^(r_i) +
+        (1/m)·Σ_i D̂_i + N(0, (σ·C/m)²) on the dense matrices, then the truncated SVD
+        (post-processing). With σ = 0 and no update clipped: FlexLoRA's uniform-weight mean."""
+        from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, compute_stdv
+
+        from fedprune_app.core.privacy import clip_update
+
+        dp, state = self.dp, numpy_state(arrays)
+        base = {layer: 0.0 for layer in self.layers}
+        change = {layer: 0.0 for layer in self.layers}
+        norms = []
+        for reply in replies:
+            rank = int(flat_metrics(reply)["rank"])
+            local = numpy_state(reply.array_records["arrays"])
+            sent = self.at_rank(state, rank)
+            ref = {layer: lora_delta(sent[layer + LORA_B], sent[layer + LORA_A], self.alpha, rank)
+                   for layer in self.layers}
+            own = {layer: lora_delta(local[layer + LORA_B], local[layer + LORA_A], self.alpha, rank)
+                   for layer in self.layers}
+            clipped, norm = clip_update(own, ref, self.layers, dp.dp_clipping_norm)
+            norms.append(norm)
+            for layer in self.layers:
+                base[layer] = base[layer] + ref[layer] / len(replies)
+                change[layer] = change[layer] + (clipped[layer] - ref[layer]) / sampled
+        noise = [np.asarray(change[layer], np.float64) for layer in self.layers]
+        if dp.dp_noise_multiplier > 0:
+            std = compute_stdv(dp.dp_noise_multiplier, dp.dp_clipping_norm, sampled)
+            add_gaussian_noise_inplace(noise, std)
+        self.dp_account(server_round, sampled, replies, norms)
+        return self.factors(server_round, {layer: base[layer] + n for layer, n in
+                                           zip(self.layers, noise, strict=True)})
+
+    def factors(self, server_round: int, deltas: dict[str, np.ndarray]) -> ArrayRecord:
+        """The global factors at r_max: the truncated SVD of each layer's averaged ΔW (and the
+        share of ‖ΔW‖²_F it keeps, logged)."""
         out: dict[str, np.ndarray] = {}
         energy = []
         for layer, delta in deltas.items():

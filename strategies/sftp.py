@@ -64,6 +64,20 @@ from fedprune_app.structural.routing import (
 class SFTPStrategy(FederatedStrategy):
     """FedAvg over Θ (+Φ); collects the clients' final masks and compiles one model per client."""
 
+    dp_release = "Θ (mask generator) and Φ (LoRA), one joint update per client; e_k stays"
+
+    @classmethod
+    def dp_refusal(cls, cfg: RunConfig) -> str | None:
+        """DP-FedAvg averages with equal weights and releases only the noised global (Θ, Φ)."""
+        sftp_cfg = cfg.section(SFTPConfig)
+        if sftp_cfg.sftp_aggregation != "equal":
+            return (f"sftp-aggregation = {sftp_cfg.sftp_aggregation!r} weights clients by data "
+                    "size; DP-FedAvg's mean is uniform: use 'equal'")
+        if sftp_cfg.sftp_deploy_state == "local" and sftp_cfg.sftp_adapters:
+            return ("sftp-deploy-state = 'local' compiles each client's model from its own "
+                    "un-noised Φ_k on the server: use 'global'")
+        return None
+
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
         super().__init__(cfg, recorder)
         self.final_masks: dict[int, dict[str, np.ndarray]] = {}

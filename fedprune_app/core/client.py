@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections import Counter
 from functools import cached_property
 from pathlib import Path
+from typing import ClassVar
 
 from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
 from fedprune_app.core.checkpoint import client_state_dir, load_client_state, save_client_state
 from fedprune_app.core.config import NodeConfig, RunConfig
+from fedprune_app.core.privacy import DPConfig, clip_update, float_keys
+from fedprune_app.core.protocol import numpy_state, to_record
 from fedprune_app.core.runtime import client_seed
 from fedprune_app.llm.data import ClientData, client_data, source_splits
 
@@ -23,6 +26,7 @@ class FederatedClient:
     """Partition bookkeeping, the client's data and its private state."""
 
     name = "client"
+    dp_clips_on_client: ClassVar[bool] = False  # its train reply = the sent arrays + an update
 
     def __init__(self, cfg: RunConfig, context: Context) -> None:
         self.cfg = cfg
@@ -103,6 +107,27 @@ class FederatedClient:
             The reply's content.
         """
         raise NotImplementedError
+
+    def private_reply(self, content: RecordDict, reply: RecordDict) -> RecordDict:
+        """With `dp-clipping-norm` = C > 0 and a reply whose arrays update the sent ones
+        (`dp_clips_on_client`): the update Δ = reply − sent of every float tensor sent back in the
+        same shape, clipped on this device to ‖Δ‖₂ ≤ C jointly (DP-FedAvg's per-user clipping,
+        `core/privacy.clip_update`), so the server never holds an unclipped update; the metric
+        `dp-clipped` says (0/1) whether clipping shrank it. Otherwise `reply`."""
+        dp = self.cfg.section(DPConfig)
+        sent, mine = content.array_records.get("arrays"), reply.array_records.get("arrays")
+        if not dp.enabled or not self.dp_clips_on_client or sent is None or mine is None:
+            return reply
+        reference, local = numpy_state(sent), numpy_state(mine)
+        keys = [k for k in float_keys(local)
+                if k in reference and reference[k].shape == local[k].shape]
+        if not keys:
+            return reply
+        clipped, norm = clip_update(local, reference, keys, dp.dp_clipping_norm)
+        reply["arrays"] = to_record(clipped)
+        if "metrics" in reply.metric_records:
+            reply.metric_records["metrics"]["dp-clipped"] = int(norm > dp.dp_clipping_norm)
+        return reply
 
     def evaluate(self, content: RecordDict) -> RecordDict:
         """The reply to an evaluate message: the client's scores on its own test split (`metrics`).

@@ -371,10 +371,12 @@ def _coerce(key: Key, value: Any) -> Scalar:
 
 
 def all_sections() -> list[type[ConfigSection]]:
-    """`SharedConfig` and every registered method's section."""
+    """`SharedConfig`, the differential-privacy keys every method reads (`core/privacy.py`) and
+    every registered method's section."""
     from fedprune_app.core import registry  # the registry imports this module
+    from fedprune_app.core.privacy import DPConfig  # which imports this module
 
-    return [SharedConfig, *registry.config_sections()]
+    return [SharedConfig, DPConfig, *registry.config_sections()]
 
 
 def all_keys() -> tuple[Key, ...]:

@@ -47,6 +47,7 @@ class StatisticsThenRecovery(FederatedStrategy):
     statistics_name: ClassVar[str] = "statistics"
     array_state: ClassVar[tuple[str, ...]] = ()
     json_state: ClassVar[tuple[str, ...]] = ()
+    dp_release = "rounds 2..R: the LoRA on the fixed structure, one update per client"
 
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
         super().__init__(cfg, recorder)
@@ -65,6 +66,18 @@ class StatisticsThenRecovery(FederatedStrategy):
     def structure_arrays(self) -> dict[str, np.ndarray] | None:
         """The structure as it travels (names prefixed by `structure_prefix`); None before round 1."""
         raise NotImplementedError
+
+    @classmethod
+    def dp_refusal(cls, cfg: RunConfig) -> str | None:
+        """Round 1's statistics are a one-shot release that is neither clipped nor noised: the run
+        is not differentially private even though rounds 2..R could be (`dp_release_keys`)."""
+        return (f"round 1 sends the dense model's {cls.statistics_name} (one-shot statistics), "
+                "neither clipped nor noised (only its LoRA recovery rounds are a clipped mean)")
+
+    def dp_release_keys(self, server_round: int, reference: Mapping[str, Any]) -> list[str]:
+        """Rounds 2..R release the LoRA tensors; the structure rides along unchanged."""
+        return [k for k in super().dp_release_keys(server_round, reference)
+                if not k.startswith(self.structure_prefix)]
 
     # --- the protocol --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fedprune_app.core.config import RunConfig
+from fedprune_app.core.privacy import render_privacy
 from fedprune_app.llm.intervals import proportion_interval
 
 
@@ -165,6 +166,7 @@ class RunDirectory:
         text = render_results(self.cfg, table, scored, summary["seconds"], flags, columns)
         text += render_references(self.cfg, server, self.rows("reference"), scored)
         text += report.results_sections(self.records) if report is not None else ""
+        text += render_privacy(self.rows("privacy"))
         if dropped:
             text += (f"\n{len(dropped)} client replies failed or were rejected and left out "
                      "(details in summary.json and metrics.jsonl).\n")

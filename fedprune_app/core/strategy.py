@@ -25,6 +25,11 @@ or resume). It fills in what all methods share and leaves a few small hooks:
 - `state_dict()` / `load_state_dict(state)`  the server-side state a checkpoint holds beyond the
                                 global arrays (pruned weights, per-client keep ratios, ...); the
                                 base holds the sampling RNG.
+- `dp_release` / `dp_release_keys` / `dp_refusal`  what a round releases under client-level DP
+                                (DP-FedAvg, `core/privacy.py`, `PrivateRelease`): with
+                                `dp-clipping-norm` > 0 a round's aggregate is `dp_aggregate`
+                                (clipped updates, uniform mean, Gaussian noise) and a round the
+                                budget `dp-max-epsilon` cannot pay for is not started.
 
 `start` (Flower's signature plus `first_round` / `on_round_end` for resume and checkpoints) asks every connected
 node who it is (`identify`: partition id, node-config `resources`), so sampling and per-client state follow
@@ -58,6 +63,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedprune_app.core.config import RunConfig
+from fedprune_app.core.privacy import PrivateRelease
 from fedprune_app.core.progress import RoundProgress
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id, record_bytes, spec_of
 from fedprune_app.core.replies import check_arrays, examples_problem, to_record, weighted_average
@@ -93,7 +99,7 @@ class RoundFailed(RuntimeError):
     """Fewer than `min-replies` usable train replies after every retry: the run stops, the last checkpoint stays."""
 
 
-class FederatedStrategy(Strategy):
+class FederatedStrategy(PrivateRelease, Strategy):
     """Flower's `Strategy` with the run loop in `start`: seeded sampling by partition, per-node messages, reply
     checks, per-client logging, retries and checkpoints. Subclasses override the hooks listed above."""
 
@@ -285,7 +291,8 @@ class FederatedStrategy(Strategy):
 
     def state_dict(self) -> dict[str, Any]:
         """Server-side state a checkpoint needs beyond the global arrays (subclasses add theirs to this)."""
-        return {"rng": self.rng.getstate(), "numpy-rng": np.random.get_state(), "torch-rng": torch.get_rng_state()}
+        return {"rng": self.rng.getstate(), "numpy-rng": np.random.get_state(),
+                "torch-rng": torch.get_rng_state(), **self.dp_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (a resumed run; subclasses restore theirs, then call
@@ -293,6 +300,7 @@ class FederatedStrategy(Strategy):
         self.rng.setstate(state["rng"])
         np.random.set_state(state["numpy-rng"])
         torch.set_rng_state(state["torch-rng"])
+        self.load_dp_state(state)
 
     def summary(self) -> None:
         """Flower's hook: log what this strategy runs with."""
@@ -456,6 +464,11 @@ class FederatedStrategy(Strategy):
             self.evaluate_round(0, grid, arrays, evaluate_config, evaluate_fn, result)
             log.info("%s", progress.round_done(0))
         for server_round in range(first_round, num_rounds + 1):
+            if not self.dp_allows(server_round, num_rounds):  # the privacy budget is spent
+                last = server_round - 1  # its models are final: scored by the clients, once
+                if last > 0 and last not in result.evaluate_metrics_clientapp:
+                    self.evaluate_round(last, grid, arrays, evaluate_config, None, result)
+                break
             log.info("[fedprune] round %d/%d", server_round, num_rounds)
             progress.start_round()
             new_arrays, metrics = self.train_round(server_round, grid, arrays, train_config)
@@ -488,7 +501,9 @@ class FederatedStrategy(Strategy):
             del messages  # the payloads now live in the SuperLink; the server keeps only their specs
             accepted = self.accept_train(server_round, self.pull(grid, pending, server_round, "train"))
             if len(accepted) >= need:
-                return self.aggregate(server_round, accepted), self.mean_metrics(accepted)
+                new = self.dp_aggregate(server_round, accepted, arrays, n_sent) if self.dp.enabled \
+                    else self.aggregate(server_round, accepted)
+                return new, self.mean_metrics(accepted)
             usable += len(accepted)
             self.record({"round": server_round, "phase": "round-retry", "attempt": attempt,
                          "usable": len(accepted), "sent": n_sent})
@@ -587,6 +602,8 @@ class FederatedStrategy(Strategy):
         """Round 0 (unless `eval-untouched` is false) and the last round; every `eval-every` rounds between."""
         if server_round == 0 and not self.cfg.eval_untouched:
             return False
+        if server_round == self.__dict__.get("dp_last_round"):  # the privacy budget's last round
+            return True
         every = self.cfg.eval_every
         return server_round in (0, self.cfg.num_server_rounds) or (every > 0 and server_round % every == 0)
 

@@ -1,0 +1,577 @@
+"""Client-level differential privacy: DP-FedAvg (McMahan et al., 2018) with Flower's helpers and
+accountant.
+
+A round of a method that declares a private release (`FederatedStrategy.dp_release`):
+
+- each sampled client k clips its update Δ_k = θ_k − θ to L2 norm C over all released tensors
+  jointly, Δ̂_k = Δ_k · min(1, C / ‖Δ_k‖₂) (the paper's per-user clipping, `clip_update`), before it
+  replies where the payload allows (`FederatedClient.dp_clips_on_client`), so the server never holds
+  an unclipped update;
+- the server clips every reply again (a no-op for a clipped one: the guarantee does not rest on the
+  clients), and releases θ' = θ + (1/m)·Σ_k Δ̂_k + N(0, (σ·C/m)²·I) with uniform weights and the
+  fixed denominator m = the clients sampled for the round (the paper's f̃_f estimator with w_k = 1;
+  a dropped reply adds 0 and the noise stays calibrated), `private_mean`;
+- the release is one Gaussian mechanism of noise multiplier σ on a sum of sensitivity C
+  (add-or-remove-one client); `PrivacyLedger` composes it in Flower's RDP accountant (Google's
+  `dp-accounting`) and reports ε at δ after every round; `dp-max-epsilon` refuses a round whose
+  release would exceed the budget.
+
+No amplification by sampling is claimed (`SamplingMethod.NO_AMPLIFICATION`, as Flower's own
+accounted mode requires): fedprune samples with a seeded RNG whose seed is in the run config, so the
+sample is not secret. Central DP: the aggregator is trusted with the clipped updates; Flower's
+Message API has no secure aggregation. The noise comes from NumPy's global RNG (Flower's
+`add_gaussian_noise_inplace`), seeded by `seed` and kept in the checkpoint: reproducible, not a
+cryptographic RNG.
+
+What is Flower's and what is not: the clipping and noise are Flower's helpers
+(`flwr.supercore.differential_privacy` in Flower 1.42: `get_norm`, `clip_inputs_inplace`,
+`compute_stdv`, `add_gaussian_noise_inplace`) and ε is Flower's `RdpAccountant`. Flower's strategy
+wrappers (`DifferentialPrivacy{Client,Server}SideFixedClipping`) are not used: they wrap Flower's
+own `start` loop, which `FederatedStrategy.start` replaces (per-node payloads, retries, resume), and
+their accounted mode needs `FedAvg.aggregate_train`. Flower's `fixedclipping_mod` is not used
+either: a mod wraps every method's ClientApp alike, while the clipping is per method (LoRA
+factors at a client's own rank, a recovery method's round-1 statistics are no update of the sent
+arrays), and it takes C from the message's config rather than the validated run config."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fedprune_app.core.config import ConfigError, ConfigSection, RunConfig, key
+
+ACCOUNTANT_SAMPLING = "no-amplification"
+log = logging.getLogger("flwr")
+
+
+@dataclass(frozen=True)
+class DPConfig(ConfigSection):
+    """Client-level differential privacy (DP-FedAvg) and its budget."""
+
+    title: ClassVar[str] = "Differential privacy"
+
+    dp_clipping_norm: float = key(
+        0.0,
+        "C: each client's update (local - global, all released tensors jointly) is clipped to "
+        "this L2 norm before it is averaged with uniform weights; 0 = differential privacy off. "
+        "See docs/reliability.md.",
+        minimum=0.0,
+    )
+    dp_noise_multiplier: float = key(
+        0.0,
+        "σ: the server adds Gaussian noise of standard deviation σ·C/m to the mean of the m "
+        "sampled clients' clipped updates; 0 = clipping alone (no privacy guarantee, ε reported "
+        "as infinite). Needs dp-clipping-norm > 0.",
+        minimum=0.0,
+    )
+    dp_delta: float = key(
+        1e-5,
+        "δ at which ε is reported after every round (RDP accountant); keep it below "
+        "1 / (number of clients).",
+        minimum=0.0,
+        maximum=1.0,
+        allowed_text="a float in (0, 1)",
+    )
+    dp_max_epsilon: float = key(
+        0.0,
+        "Privacy budget: a round whose release would take ε (at dp-delta) above this is not "
+        "started and the run ends with the models of the last allowed round; 0 = no budget. "
+        "Needs dp-noise-multiplier > 0.",
+        minimum=0.0,
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """DP is on: `dp-clipping-norm` > 0."""
+        return self.dp_clipping_norm > 0.0
+
+    def check(self, cfg: RunConfig) -> None:
+        """Refuse non-finite or out-of-range DP keys, each with one line naming the key."""
+        for name, value in (
+            ("dp-clipping-norm", self.dp_clipping_norm),
+            ("dp-noise-multiplier", self.dp_noise_multiplier),
+            ("dp-max-epsilon", self.dp_max_epsilon),
+        ):
+            if not math.isfinite(value):
+                raise ConfigError(
+                    f"run-config key '{name}' must be a finite float >= 0, got {value!r}"
+                )
+        if not 0.0 < self.dp_delta < 1.0:
+            raise ConfigError(
+                f"run-config key 'dp-delta' must be a float in (0, 1), got {self.dp_delta!r}"
+            )
+        if not self.enabled and self.dp_noise_multiplier > 0.0:
+            raise ConfigError(
+                "run-config key 'dp-noise-multiplier' > 0 needs dp-clipping-norm > 0 (the noise is "
+                f"σ·C/m), got dp-clipping-norm = {self.dp_clipping_norm:g}"
+            )
+        if self.dp_max_epsilon > 0.0 and self.dp_noise_multiplier == 0.0:
+            raise ConfigError(
+                "run-config key 'dp-max-epsilon' needs dp-noise-multiplier > 0 (without noise ε is "
+                f"infinite), got dp-noise-multiplier = {self.dp_noise_multiplier:g}"
+            )
+
+
+# --- clipping and noise: Flower's helpers ---------------------------------------------------------
+
+
+def clip_update(
+    local: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    keys: Sequence[str],
+    clipping_norm: float,
+) -> tuple[dict[str, np.ndarray], float]:
+    """(reference + Δ·min(1, C/‖Δ‖₂) over `keys`, other entries of `local` as they are; ‖Δ‖₂ before
+    clipping).
+
+    Flower's `clip_inputs_inplace` (FlatClip) on the float64 difference; the result in each tensor's
+    dtype."""
+    from flwr.supercore.differential_privacy import clip_inputs_inplace, get_norm
+
+    delta = [np.asarray(local[k], np.float64) - np.asarray(reference[k], np.float64) for k in keys]
+    norm = get_norm(delta)
+    out = dict(local)
+    if norm <= clipping_norm:  # untouched, bit for bit
+        return out, norm
+    clip_inputs_inplace(delta, clipping_norm)
+    for k, d in zip(keys, delta, strict=True):
+        out[k] = (np.asarray(reference[k], np.float64) + d).astype(np.asarray(local[k]).dtype)
+    return out, norm
+
+
+def private_mean(
+    reference: Mapping[str, np.ndarray],
+    states: Sequence[Mapping[str, np.ndarray]],
+    keys: Sequence[str],
+    clipping_norm: float,
+    noise_multiplier: float,
+    sampled: int,
+) -> tuple[dict[str, np.ndarray], list[float]]:
+    """DP-FedAvg's release over `keys`: θ + (1/m)·Σ_k clip_C(θ_k − θ) + N(0, (σ·C/m)²) with m =
+    `sampled` (the clients sampled, ≥ the states given); the pre-clipping norm of every update.
+    Noise: Flower's `compute_stdv` and `add_gaussian_noise_inplace` (NumPy's global RNG), in
+    float64, then each tensor's dtype."""
+    from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, compute_stdv
+
+    if sampled < len(states) or sampled < 1:
+        raise ValueError(f"private_mean: {len(states)} updates from {sampled} sampled clients")
+    total = [np.zeros(np.shape(reference[k]), np.float64) for k in keys]
+    norms = []
+    for state in states:
+        clipped, norm = clip_update(state, reference, keys, clipping_norm)
+        norms.append(norm)
+        for acc, k in zip(total, keys, strict=True):
+            acc += np.asarray(clipped[k], np.float64) - np.asarray(reference[k], np.float64)
+    mean = [acc / sampled for acc in total]
+    if noise_multiplier > 0.0:
+        add_gaussian_noise_inplace(mean, compute_stdv(noise_multiplier, clipping_norm, sampled))
+    out = {
+        k: (np.asarray(reference[k], np.float64) + d).astype(np.asarray(reference[k]).dtype)
+        for k, d in zip(keys, mean, strict=True)
+    }
+    return out, norms
+
+
+def float_keys(state: Mapping[str, np.ndarray]) -> list[str]:
+    """The floating-point tensors of a state, in its order (masks and integer buffers are not
+    updates)."""
+    return [k for k, v in state.items() if np.asarray(v).dtype.kind == "f"]
+
+
+# --- accounting: Flower's RDP accountant ----------------------------------------------------------
+
+
+class PrivacyLedger:
+    """ε at δ of the releases so far, through Flower's `RdpAccountant` (dp-accounting): one
+    `GaussianPrivacyEvent(σ, m, N)` per released round, no amplification by sampling,
+    add-or-remove-one neighbouring clients. Its state (Flower's JSON `state_dict`: the config and
+    the event ledger) goes in the checkpoint, so a resumed run continues the same budget. σ = 0
+    releases nothing private: ε = ∞ (None)."""
+
+    def __init__(self, dp: DPConfig) -> None:
+        self.dp = dp
+        self.accountant: Any = None  # flwr's RdpAccountant, built at the first round (population)
+        self.releases = 0  # released rounds, σ = 0 included
+
+    def start(self, population: int) -> None:
+        """Build the accountant for a population of `population` clients (kept as is once built or
+        restored)."""
+        if self.accountant is None and self.dp.dp_noise_multiplier > 0.0:
+            self.accountant = rdp_accountant(
+                self.dp.dp_delta, max(1, population), self.dp.dp_max_epsilon or None
+            )
+
+    def event(self, sampled: int) -> Any:
+        """One round's release. Without amplification the accountant uses σ alone; m is recorded
+        (capped at the population, which a later resume on more nodes may exceed)."""
+        from flwr.serverapp import GaussianPrivacyEvent
+
+        population = self.accountant.config.population_size
+        return GaussianPrivacyEvent(
+            self.dp.dp_noise_multiplier, min(max(1, sampled), population), population
+        )
+
+    def allows(self, sampled: int) -> bool:
+        """Whether one more release stays within `dp-max-epsilon` (always, without a budget)."""
+        if self.accountant is None or not self.dp.dp_max_epsilon:
+            return True
+        return not self.accountant.would_exceed(self.event(sampled))
+
+    def compose(self, sampled: int) -> None:
+        """Account one released round."""
+        self.releases += 1
+        if self.accountant is not None:
+            self.accountant.compose(self.event(sampled))
+
+    def epsilon(self) -> float | None:
+        """ε at dp-delta so far: 0 before any release, None (infinite) once a round released without
+        noise."""
+        if self.releases == 0:
+            return 0.0
+        if self.accountant is None:
+            return None
+        return float(self.accountant.get_privacy_spent().epsilon)
+
+    def planned(self, rounds: int) -> list[float]:
+        """ε after each of `rounds` more releases (a scratch copy; without amplification each costs
+        the same)."""
+        if self.accountant is None or rounds < 1:
+            return []
+        from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+        scratch = RdpAccountant(self.accountant.config)  # the same config, a copy of the ledger
+        scratch.load_state_dict(self.accountant.state_dict())
+        out = []
+        for _ in range(rounds):
+            scratch.compose(self.event(1))
+            out.append(float(scratch.get_privacy_spent().epsilon))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The ledger as JSON-able data: the releases so far and Flower's accountant state."""
+        return {
+            "releases": self.releases,
+            "accountant": None if self.accountant is None else self.accountant.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the ledger; the accountant's config (δ, population, sampling) is the
+        checkpoint's."""
+        self.releases = int(state["releases"])
+        saved = state.get("accountant")
+        if saved is None:
+            self.accountant = None
+            return
+        config = dict(saved["config"])
+        self.accountant = rdp_accountant(
+            float(config["target_delta"]), int(config["population_size"]), config["max_epsilon"]
+        )
+        self.accountant.load_state_dict(_plain(saved))  # refuses another relation or sampling
+
+
+def rdp_accountant(delta: float, population: int, max_epsilon: float | None = None) -> Any:
+    """Flower's `RdpAccountant` as fedprune accounts: add-or-remove-one client, no amplification."""
+    from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    return RdpAccountant(
+        PrivacyConfig(
+            target_delta=delta,
+            population_size=population,
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+            sampling_method=SamplingMethod(ACCOUNTANT_SAMPLING),
+            max_epsilon=max_epsilon,
+        )
+    )
+
+
+def epsilon_after(noise_multiplier: float, rounds: int, delta: float) -> float:
+    """ε at δ after `rounds` releases of noise multiplier σ, as a run reports it (Flower's RDP
+    accountant, no amplification by sampling, add-or-remove-one)."""
+    from flwr.serverapp import GaussianPrivacyEvent
+
+    accountant = rdp_accountant(delta, 1)
+    accountant.compose(GaussianPrivacyEvent(noise_multiplier, 1, 1), rounds)
+    return float(accountant.get_epsilon(delta))
+
+
+def noise_multiplier_for(epsilon: float, rounds: int, delta: float) -> float:
+    """The smallest σ (to 0.1%) whose `rounds` releases stay within ε at δ (`epsilon_after`,
+    bisection): what `dp-noise-multiplier` to set for a target ε over the planned rounds."""
+    lo, hi = 1e-3, 1e4
+    if epsilon_after(hi, rounds, delta) > epsilon:
+        raise ValueError(
+            f"no noise multiplier up to {hi:g} reaches ε = {epsilon:g} at δ = {delta:g}"
+        )
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if epsilon_after(mid, rounds, delta) > epsilon else (lo, mid)
+    return hi
+
+
+def _plain(value: Any) -> Any:
+    """A decoded checkpoint value as Flower's accountant expects its JSON: tuples as lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --- what results.md says -------------------------------------------------------------------------
+
+
+def render_privacy(rows: Sequence[Mapping[str, Any]]) -> str:
+    """results.md's privacy table: per round ε at δ, σ, C, m and the noise's standard deviation; the
+    budget stop when there was one. Empty when the run had no differential privacy."""
+    released = [r for r in rows if r.get("status") == "released"]
+    stopped = [r for r in rows if r.get("status") == "budget-exhausted"]
+    if not released and not stopped:
+        return ""
+    lines = [
+        "",
+        "## Differential privacy",
+        "",
+        "| round | ε | δ | σ | C | sampled m | replies | noise std σ·C/m | clipped |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in released:
+        eps = r.get("dp-epsilon")
+        lines.append(
+            f"| {r['round']} | {'∞' if eps is None else f'{eps:.3f}'} | {r['dp-delta']:g} | "
+            f"{r['dp-noise-multiplier']:g} | {r['dp-clipping-norm']:g} | {r['dp-sampled']} | "
+            f"{r['dp-replies']} | {r['dp-noise-std']:.3g} | {r['dp-clipped']}/{r['dp-replies']} |"
+        )
+    for r in stopped:
+        lines += [
+            "",
+            f"Round {r['round']} was not started: its release would take ε to "
+            f"{r['dp-epsilon-next']:.3f} > dp-max-epsilon = {r['dp-max-epsilon']:g}; the final "
+            f"models are those of round {r['round'] - 1}.",
+        ]
+    lines += [
+        "",
+        "Client-level DP-FedAvg (McMahan et al. 2018): each update clipped to L2 norm C, uniform "
+        "mean over the m sampled clients, Gaussian noise σ·C/m; ε from Flower's RDP accountant "
+        "(dp-accounting), no amplification by sampling, add-or-remove-one client. Central DP: the "
+        "server is trusted with the clipped updates. Metrics, evaluation replies and per-client "
+        "artefacts are not covered (docs/reliability.md). ∞: σ = 0, clipping alone.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --- the strategy base's half and the refusal -----------------------------------------------------
+
+
+def check_private(cfg: RunConfig) -> None:
+    """With `dp-clipping-norm` > 0, ConfigError (one line naming the method and why) when the
+    method's strategy cannot release its aggregate as DP-FedAvg (`dp_refusal`). Called before any
+    model loads."""
+    if not cfg.section(DPConfig).enabled:
+        return
+    from fedprune_app.core import registry
+
+    reason = registry.strategy_class(cfg.method).dp_refusal(cfg)
+    if reason:
+        raise ConfigError(
+            f"run-config key 'dp-clipping-norm' > 0: method '{cfg.method}' cannot run with "
+            f"differential privacy: {reason}"
+        )
+
+
+class PrivateRelease:
+    """What `FederatedStrategy` does with `dp-clipping-norm` > 0 (mixed into it). A method opts in
+    by saying what a round releases (`dp_release`, in words) and, where not every float tensor of
+    the global state is an averaged update, which tensors (`dp_release_keys`); `dp_refusal` says why
+    a configuration cannot."""
+
+    dp_release: ClassVar[str | None] = (
+        None  # None: the method's aggregate is not a mean of same-shaped updates
+    )
+    dp_unsupported: ClassVar[str] = (
+        "its aggregate is not a mean of same-shaped client updates"  # why, when None
+    )
+    cfg: RunConfig
+    num_connected: int
+    record: Any
+
+    @classmethod
+    def dp_refusal(cls, cfg: RunConfig) -> str | None:
+        """Why this method (with this config) cannot run as DP-FedAvg; None when it can."""
+        return cls.dp_unsupported if cls.dp_release is None else None
+
+    def dp_release_keys(self, server_round: int, reference: Mapping[str, np.ndarray]) -> list[str]:
+        """The tensors of the global state whose update is clipped, averaged and noised (default:
+        every float tensor); the others come from the method's own `aggregate` of the clipped
+        replies."""
+        return float_keys(reference)
+
+    @property
+    def dp(self) -> DPConfig:
+        """The run's DP keys."""
+        return self.cfg.section(DPConfig)
+
+    @property
+    def privacy(self) -> PrivacyLedger:
+        """This strategy's ledger of released rounds (created on first use)."""
+        if "_privacy" not in self.__dict__:
+            self.__dict__["_privacy"] = PrivacyLedger(self.dp)
+        return self.__dict__["_privacy"]
+
+    def dp_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of DP: the ledger, where DP is on."""
+        return {"privacy": self.privacy.state_dict()} if self.dp.enabled else {}
+
+    def load_dp_state(self, state: Mapping[str, Any]) -> None:
+        """Continue the checkpointed ledger, so a resumed run spends the same budget."""
+        if self.dp.enabled and "privacy" in state:
+            self.privacy.load_state_dict(state["privacy"])
+
+    def dp_allows(self, server_round: int, num_rounds: int) -> bool:
+        """Before round `server_round`: whether its release fits `dp-max-epsilon`. The first time, a
+        `privacy` row `planned` (ε after the planned rounds, rounds the budget allows); a refused
+        round, a row `budget-exhausted`, the log line, and `dp_last_round` = the round whose models
+        are final."""
+        if not self.dp.enabled:
+            return True
+        ledger = self.privacy
+        fresh = ledger.accountant is None and ledger.releases == 0
+        ledger.start(self.num_connected)
+        if fresh and ledger.accountant is not None:
+            plan = ledger.planned(num_rounds - server_round + 1)
+            budget = self.dp.dp_max_epsilon
+            allowed = sum(1 for eps in plan if not budget or eps <= budget)
+            self.record(
+                {
+                    "round": server_round - 1,
+                    "phase": "privacy",
+                    "status": "planned",
+                    "dp-planned-epsilon": plan[-1] if plan else 0.0,
+                    "dp-allowed-rounds": allowed,
+                    "dp-delta": self.dp.dp_delta,
+                    "dp-max-epsilon": budget,
+                }
+            )
+            log.info(
+                "[fedprune] DP: ε after %d planned rounds = %.3f at δ = %g%s",
+                len(plan),
+                plan[-1] if plan else 0.0,
+                self.dp.dp_delta,
+                f"; dp-max-epsilon = {budget:g} allows {allowed}" if budget else "",
+            )
+        if ledger.allows(self.num_connected):
+            return True
+        spent, nxt = ledger.epsilon() or 0.0, ledger.planned(1)[0]
+        self.record(
+            {
+                "round": server_round,
+                "phase": "privacy",
+                "status": "budget-exhausted",
+                "dp-epsilon": spent,
+                "dp-epsilon-next": nxt,
+                "dp-delta": self.dp.dp_delta,
+                "dp-max-epsilon": self.dp.dp_max_epsilon,
+            }
+        )
+        log.warning(
+            "[fedprune] DP: round %d not started: ε would reach %.3f > dp-max-epsilon = %g "
+            "(spent %.3f); the run ends with the models of round %d",
+            server_round,
+            nxt,
+            self.dp.dp_max_epsilon,
+            spent,
+            server_round - 1,
+        )
+        self.__dict__["dp_last_round"] = server_round - 1
+        return False
+
+    def dp_aggregate(self, server_round: int, replies: list[Any], arrays: Any, sampled: int) -> Any:
+        """DP-FedAvg's release of one round: every reply's update clipped to C (again: a no-op where
+        the client did), the method's `aggregate` of the clipped replies for what is not released,
+        and `private_mean` over `dp_release_keys` with the fixed denominator m = `sampled`; the
+        round composed in the accountant and its `privacy` row logged (ε at δ, σ, C, m, replies,
+        noise std, how many updates clipping shrank)."""
+        from flwr.app import RecordDict
+
+        from fedprune_app.core.protocol import numpy_state, to_record
+
+        dp = self.dp
+        reference = numpy_state(arrays)
+        keys = self.dp_release_keys(server_round, reference)
+        states = [numpy_state(r.array_records["arrays"]) for r in replies]
+        clipped: list[Any] = []
+        for reply, state in zip(replies, states, strict=True):
+            copy = RecordDict(dict(reply.items()))
+            copy["arrays"] = to_record(clip_update(state, reference, keys, dp.dp_clipping_norm)[0])
+            clipped.append(copy)
+        own = numpy_state(self.aggregate(server_round, clipped))  # type: ignore[attr-defined]
+        released, norms = private_mean(
+            reference, states, keys, dp.dp_clipping_norm, dp.dp_noise_multiplier, sampled
+        )
+        self.dp_account(server_round, sampled, replies, norms)
+        return to_record(own | released)
+
+    def dp_account(self, server_round: int, sampled: int, replies: list[Any], norms: list[float]
+                   ) -> None:
+        """A released round: composed in the accountant; its `privacy` row (ε at δ, σ, C, m,
+        replies, noise std, updates clipping shrank, here or on the client), its log line."""
+        from flwr.supercore.differential_privacy import compute_stdv
+
+        from fedprune_app.core.protocol import flat_metrics
+
+        dp = self.dp
+        shrunk = sum(
+            1
+            for r, n in zip(replies, norms, strict=True)
+            if n > dp.dp_clipping_norm * (1 + 1e-6) or flat_metrics(r).get("dp-clipped") == 1
+        )
+        self.privacy.compose(sampled)
+        eps = self.privacy.epsilon()
+        std = compute_stdv(dp.dp_noise_multiplier, dp.dp_clipping_norm, sampled)
+        self.record(
+            {
+                "round": server_round,
+                "phase": "privacy",
+                "status": "released",
+                "dp-epsilon": eps,
+                "dp-delta": dp.dp_delta,
+                "dp-noise-multiplier": dp.dp_noise_multiplier,
+                "dp-clipping-norm": dp.dp_clipping_norm,
+                "dp-sampled": sampled,
+                "dp-replies": len(replies),
+                "dp-noise-std": std,
+                "dp-clipped": shrunk,
+            }
+        )
+        log.info(
+            "[fedprune] DP round %d: %d replies of %d sampled clients clipped to C = %g (%d "
+            "shrunk), noise std %.3g; ε = %s at δ = %g",
+            server_round,
+            len(replies),
+            sampled,
+            dp.dp_clipping_norm,
+            shrunk,
+            std,
+            "∞" if eps is None else f"{eps:.3f}",
+            dp.dp_delta,
+        )
+
+    def privacy_summary(self) -> dict[str, Any]:
+        """summary.json's `privacy`: ε at δ after the released rounds, and the round a budget stop
+        ended at."""
+        if not self.dp.enabled:
+            return {}
+        return {
+            "epsilon": self.privacy.epsilon(),
+            "delta": self.dp.dp_delta,
+            "noise-multiplier": self.dp.dp_noise_multiplier,
+            "clipping-norm": self.dp.dp_clipping_norm,
+            "rounds-released": self.privacy.releases,
+            "stopped-after-round": self.__dict__.get("dp_last_round"),
+        }

@@ -1,0 +1,91 @@
+"""The privacy-utility curve's cells and table (experiments/dp_utility.py), without running them."""
+
+from __future__ import annotations
+
+import math
+import shlex
+
+import pytest
+
+from experiments import dp_utility
+from fedprune_app.core.config import RunConfig
+from fedprune_app.core.privacy import DPConfig, check_private
+from tests.dp_reference import dp_accounting_epsilon
+
+
+def _args(*argv: str):  # -> argparse.Namespace as main parses it
+    captured = {}
+
+    def keep(args):  # noqa: ANN001, ANN202
+        captured["args"] = args
+        return []
+
+    real = dp_utility.cells
+    dp_utility.cells = keep  # type: ignore[assignment]
+    try:
+        dp_utility.main(["--dry-run", *argv])
+    finally:
+        dp_utility.cells = real  # type: ignore[assignment]
+    return captured["args"]
+
+
+def test_every_cell_is_a_valid_dp_run_reaching_its_target_epsilon_at_delta_one_over_n() -> None:
+    from fedprune_cli import launch
+
+    args = _args("--clients", "100", "--rounds", "3", "--out", "/tmp/dp-utility-test")
+    cells = dp_utility.cells(args)
+    assert [(c.method, c.epsilon) for c in cells] == [
+        (m, e) for m in ("fedit", "sftp") for e in (math.inf, 8.0, 2.0)
+    ]
+    for cell in cells:
+        cfg = RunConfig.from_flower(launch.merged_config(dp_utility.ROOT, list(cell.run_config)))
+        check_private(cfg)
+        dp = cfg.section(DPConfig)
+        assert (
+            cfg.method == cell.method
+            and cfg.num_server_rounds == 3
+            and dp.dp_delta == pytest.approx(0.01)
+        )
+        assert dp.dp_clipping_norm == 0.1 and dp.dp_noise_multiplier == cell.sigma
+        if math.isinf(cell.epsilon):
+            assert cell.sigma == 0.0  # the same clipping, no noise
+        else:
+            eps = dp_accounting_epsilon(cell.sigma, 3, 0.01)
+            assert 0.995 * cell.epsilon < eps <= cell.epsilon
+
+
+def test_the_table_shows_each_client_before_and_after_with_n_and_interval() -> None:
+    row = {
+        "client": 3,
+        "data": "bigbench:social_iqa",
+        "acc/untouched": 0.45,
+        "acc/tuned": 0.5,
+        "acc-lo/tuned": 0.4,
+        "acc-hi/tuned": 0.6,
+        "acc-n/tuned": 60,
+    }
+    record = {
+        "cells": [
+            {
+                "method": "fedit",
+                "epsilon": 8.0,
+                "sigma": 0.78,
+                "result": {"privacy": {"epsilon": 7.99}, "clients": [row]},
+            }
+        ]
+    }
+    text = dp_utility.render(record)
+    assert (
+        "| fedit | 8.0 | 0.78 | 7.99 | 3 | bigbench:social_iqa | acc | 0.450 | 0.500 [0.400, "
+        "0.600] | 60 |"
+        in text
+    )
+    assert "Not measured" in text
+
+
+def test_the_dry_run_prints_one_fedprune_command_per_cell(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert dp_utility.main(["--dry-run", "--methods", "fedit", "--epsilons", "inf,8"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(shlex.split(line)[:2] == ["fedprune", "run"] for line in lines)
