@@ -432,13 +432,28 @@ def profile(records: Sequence[Record]) -> str:
     return "\n".join(f"{table(r)}\n`{shown_command(r)}`; {load_line(r)}." for r in records)
 
 
+def precision(records: Sequence[Record]) -> str:
+    """`fedprune bench precision`: CPU seconds per step of one train message per method and mode."""
+    lines = []
+    for r in records:
+        st = r["settings"]
+        lines += ["| method | mixed-precision | CPU s per step (median) | speed-up | training loss |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {row['method']} | {row['mode']} | {row['cpu-s-per-step']:.3f} | {row['ratio']:.2f}× | "
+                  f"{row['train-loss']:.4f} |" for row in r["rows"]]
+        lines += ["", f"Client {st['partition']}'s round-1 train message, {st['steps']} steps, medians of "
+                  f"{st['repeats']} interleaved repeats, thread clock, {st['threads']} thread; "
+                  f"`{shown_command(r)}` ({load_line(r)})."]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[Sequence[Record]], str]] = {
     "compiled-speed": compiled_speed,
     "pruning": pruning, "aggregation-memory": aggregation_memory, "overhead": overhead,
     "budget-trajectory": budget_trajectory, "mask-rounding": mask_rounding, "packing": packing,
     "deployed-speed": deployed_speed, "sftp-conditioning": sftp_conditioning,
     "fedspallm-resolved": fedspallm_resolved, "fedspallm-compare": fedspallm_compare,
-    "fedtpa-adapter-norms": fedtpa_adapter_norms, "profile": profile,
+    "fedtpa-adapter-norms": fedtpa_adapter_norms, "profile": profile, "precision": precision,
 }
 
 
