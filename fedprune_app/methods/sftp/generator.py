@@ -67,10 +67,8 @@ def reinmax_binary(s: Tensor, tau: float, c: float, generator: torch.Generator |
     (E_g[2π1(1−π1)] = 3/2·π0(1−π0)); with τ < 1 the sharper σ((s+c)/τ) shrinks it at saturated gates
     (at s + c = 3, τ = 0.4: mean 0.0016 instead of 0.045, and of the wrong sign whenever g = 1),
     i.e. slower, noisier movement away from the all-ones start. It keeps the right sign in
-    expectation, and the paper reports its budgets reached with it, so we follow the paper. Measured
-    on a budget-only toy (4 layers × 4 masks × 64 gates, generator + AdamW, p = 0.5): τ = 0.4
-    reaches p in ~500 steps at lr 1e-3 (τ = 1: ~100), and at lr 1e-2 stalls at 0.76 with saturated
-    gates; τ = 1 at lr 1e-2 takes ~40.
+    expectation, and the paper reports its budgets reached with it, so we follow the paper (what τ
+    does to the budget's trajectory: docs/notes/2026-11-sftp-investigations.md).
     """
     if not tau > 0:
         raise ValueError(f"ReinMax temperature tau must be > 0, got {tau}")
