@@ -49,7 +49,6 @@ def run_phases(run_dir: Path) -> dict[str, Any]:
     for r in rows:
         if isinstance(r.get("round"), int) and r.get("phase") in ("train", "evaluate", "server-evaluate"):
             ends[r["round"]] = max(ends[r["round"]], r["time"])
-    server = sum(r.get("seconds", 0.0) for r in rows if r.get("phase") == "server-evaluate")
     server_by_round: dict[int, float] = defaultdict(float)
     for r in rows:
         if r.get("phase") == "server-evaluate":
@@ -64,7 +63,7 @@ def run_phases(run_dir: Path) -> dict[str, Any]:
         phases["training"] += train_end - previous
         phases["client evaluation"] += max(ends[rnd] - train_end - server_by_round.get(rnd, 0.0), 0.0)
         previous = ends[rnd]
-    phases["server evaluation"] = server
+    phases["server evaluation"] = sum(server_by_round.values())
     if "final-artefacts" in stages:
         phases["final artefacts"] = float(stages["final-artefacts"])
         phases["references"] = float(stages.get("references", 0.0))
