@@ -37,6 +37,7 @@ smoke-all: setup
 
 test: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q
 
 test-slow: setup
@@ -44,6 +45,7 @@ test-slow: setup
 
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 bench-overhead: setup
 	$(FEDPRUNE) bench overhead

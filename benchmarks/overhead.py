@@ -1,15 +1,17 @@
-"""Flower's overhead: the same FedIT work through `flwr run` and as a plain in-process loop, on SmolLM2.
+"""Flower's overhead: the same FedIT work through `flwr run` and as a plain in-process loop, on
+SmolLM2.
 
-Same clients (the 4 default BIG-bench tasks), same local steps, batch, seeds and FedAvg; no evaluation in
-either (it is the same code on both sides and would only dilute the difference). Both sides get the same
-2 threads: the simulation runs one client at a time in a 2-CPU actor (`client-resources-num-cpus=2`), the
-plain loop runs the clients one after another. Printed: wall time of both and their ratio, the fixed
-start-up cost of the simulation (SuperLink + Ray + ServerApp up to its first line), and the steady-state
-per-round time (rounds 2..R, after the actors have loaded the model) with Flower's per-round overhead. The
-record (figures, command, machine, load average, flwr version) goes to `--out`;
-`fedprune bench render docs/bench/overhead.json` prints the table docs/scale.md shows.
+Same clients (the 4 default BIG-bench tasks), same local steps, batch, seeds and FedAvg; no
+evaluation in either (it is the same code on both sides and would only dilute the difference). Both
+sides get the same 2 threads: the simulation runs one client at a time in a 2-CPU actor
+(`client-resources-num-cpus=2`), the plain loop runs the clients one after another. Printed: wall
+time of both and their ratio, the fixed start-up cost of the simulation (SuperLink + Ray + ServerApp
+up to its first line), and the steady-state per-round time (rounds 2..R, after the actors have
+loaded the model) with Flower's per-round overhead. The record (figures, command, machine, load
+average, flwr version) goes to `--out`; `fedprune bench render docs/bench/overhead.json` prints the
+table docs/scale.md shows.
 
-    make bench-overhead            # or: .venv/bin/python benchmarks/overhead.py --rounds 3 --steps 5
+    make bench-overhead  # or: .venv/bin/python benchmarks/overhead.py --rounds 3 --steps 5
 """
 
 from __future__ import annotations
@@ -51,20 +53,27 @@ def plain_loop(cfg: RunConfig, clients: int) -> dict[str, object]:
             train_steps(model, tokenizer, d.train, cfg, seed=seed)
             states.append({k: v.numpy() for k, v in get_adapter_state(model).items()})
             weights.append(len(d.train))
-        global_state = {k: torch.from_numpy(v) for k, v in weighted_average(states, weights).items()}
+        global_state = {
+            k: torch.from_numpy(v) for k, v in weighted_average(states, weights).items()
+        }
         rounds.append(time.perf_counter() - t0)
     return {"total": time.perf_counter() - start, "setup": setup, "rounds": rounds}
 
 
 def flower_run(overrides: str, clients: int, cpus: int) -> dict[str, object]:
     start = time.time()
-    launched = launch.launch([str(ROOT / "conf" / "fedit.toml"), overrides],
-                             f"num-supernodes={clients} client-resources-num-cpus={cpus}", quiet=True)
+    launched = launch.launch(
+        [str(ROOT / "conf" / "fedit.toml"), overrides],
+        f"num-supernodes={clients} client-resources-num-cpus={cpus}",
+        quiet=True,
+    )
     total = time.time() - start
     if launched.code != 0 or launched.run_dir is None:
         raise RuntimeError(f"flwr run failed: {launched.status}")
     summary = json.loads((launched.run_dir / "summary.json").read_text())
-    rows = [json.loads(line) for line in (launched.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (launched.run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     ends = {}
     for r in rows:
         if r["phase"] == "train":
@@ -77,42 +86,88 @@ def flower_run(overrides: str, clients: int, cpus: int) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3, help="FedIT rounds on both sides (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=5, help="local steps per round (default: %(default)s)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="FedIT rounds on both sides (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=5, help="local steps per round (default: %(default)s)"
+    )
     parser.add_argument("--clients", type=int, default=4, help="clients (default: %(default)s)")
-    parser.add_argument("--cpus-per-client", type=int, default=2,
-                        help="CPUs of each simulated client and threads of the plain loop (default: %(default)s)")
+    parser.add_argument(
+        "--cpus-per-client",
+        type=int,
+        default=2,
+        help="CPUs of each simulated client and threads of the plain loop (default: %(default)s)",
+    )
     parser.add_argument("--note", default="", help="free text stored in the record")
-    parser.add_argument("--out", default="docs/bench/overhead.json", help="the JSON record; '' = none")
+    parser.add_argument(
+        "--out", default="docs/bench/overhead.json", help="the JSON record; '' = none"
+    )
     args = parser.parse_args(argv)
     record = start_record("overhead", "benchmarks.overhead", note=args.note)
     quiet_libraries()
-    values = {"num-server-rounds": args.rounds, "local-steps": args.steps, "val-examples": 0,
-              "fraction-evaluate": 0.0, "server-eval-data": "", "torch-threads": 2, "run-tag": "bench-overhead"}
-    cfg = RunConfig.from_flower(launch.merged_config(ROOT, [str(ROOT / "conf" / "fedit.toml")]) | values)
+    values = {
+        "num-server-rounds": args.rounds,
+        "local-steps": args.steps,
+        "val-examples": 0,
+        "fraction-evaluate": 0.0,
+        "server-eval-data": "",
+        "torch-threads": 2,
+        "run-tag": "bench-overhead",
+    }
+    cfg = RunConfig.from_flower(
+        launch.merged_config(ROOT, [str(ROOT / "conf" / "fedit.toml")]) | values
+    )
     overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
-    print(f"FedIT work: {args.clients} clients x {args.rounds} rounds x {args.steps} steps x batch {cfg.batch_size}, "
-          f"SmolLM2-135M, 2 threads each side", flush=True)
+    print(
+        f"FedIT work: {args.clients} clients x {args.rounds} rounds x {args.steps} steps x batch "
+        f"{cfg.batch_size}, SmolLM2-135M, 2 threads each side",
+        flush=True,
+    )
     fl = flower_run(overrides, args.clients, args.cpus_per_client)
     pl = plain_loop(cfg, args.clients)
     steady_fl = sum(fl["rounds"][1:]) / max(1, len(fl["rounds"]) - 1)
     steady_pl = sum(pl["rounds"][1:]) / max(1, len(pl["rounds"]) - 1)
     print("\n| | flwr run (simulation) | plain loop | ratio |\n|---|---|---|---|")
-    print(f"| wall time, whole job | {fl['total']:.1f} s | {pl['total']:.1f} s | {fl['total'] / pl['total']:.2f} |")
+    print(
+        f"| wall time, whole job | {fl['total']:.1f} s | {pl['total']:.1f} s | "
+        f"{fl['total'] / pl['total']:.2f} |"
+    )
     print(f"| start-up (SuperLink + Ray + ServerApp) | {fl['startup']:.1f} s | – | |")
-    print(f"| round 1 (actors load the model) | {fl['rounds'][0]:.1f} s | {pl['rounds'][0]:.1f} s "
-          f"| {fl['rounds'][0] / pl['rounds'][0]:.2f} |")
-    print(f"| steady round (mean of rounds 2..{args.rounds}) | {steady_fl:.1f} s | {steady_pl:.1f} s "
-          f"| {steady_fl / steady_pl:.2f} |")
-    print(f"\nper-round overhead of Flower: {100 * (steady_fl / steady_pl - 1):+.1f}% (goal: within 15%)")
-    print(f"rounds (s): flwr {[round(x, 1) for x in fl['rounds']]}, plain {[round(x, 1) for x in pl['rounds']]}")
+    print(
+        f"| round 1 (actors load the model) | {fl['rounds'][0]:.1f} s | {pl['rounds'][0]:.1f} s "
+        f"| {fl['rounds'][0] / pl['rounds'][0]:.2f} |"
+    )
+    print(
+        f"| steady round (mean of rounds 2..{args.rounds}) | {steady_fl:.1f} s | {steady_pl:.1f} s "
+        f"| {steady_fl / steady_pl:.2f} |"
+    )
+    print(
+        f"\nper-round overhead of Flower: {100 * (steady_fl / steady_pl - 1):+.1f}% "
+        "(goal: within 15%)"
+    )
+    print(
+        f"rounds (s): flwr {[round(x, 1) for x in fl['rounds']]}, plain "
+        f"{[round(x, 1) for x in pl['rounds']]}"
+    )
     from importlib.metadata import version
 
-    record.update({"clients": args.clients, "rounds": args.rounds, "steps": args.steps, "batch-size": cfg.batch_size,
-                   "cpus-per-client": args.cpus_per_client, "torch-threads": cfg.torch_threads, "model": cfg.model_name,
-                   "flwr": version("flwr"), "flower": fl, "plain": pl,
-                   "steady-round": {"flower": steady_fl, "plain": steady_pl},
-                   "overhead-percent": 100 * (steady_fl / steady_pl - 1)})
+    record.update(
+        {
+            "clients": args.clients,
+            "rounds": args.rounds,
+            "steps": args.steps,
+            "batch-size": cfg.batch_size,
+            "cpus-per-client": args.cpus_per_client,
+            "torch-threads": cfg.torch_threads,
+            "model": cfg.model_name,
+            "flwr": version("flwr"),
+            "flower": fl,
+            "plain": pl,
+            "steady-round": {"flower": steady_fl, "plain": steady_pl},
+            "overhead-percent": 100 * (steady_fl / steady_pl - 1),
+        }
+    )
     finish_record(record, args.out)
 
 

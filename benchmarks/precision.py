@@ -1,13 +1,14 @@
-"""Mixed precision on this machine: one client's first train message, `mixed-precision` 'no' against 'bf16'.
+"""Mixed precision on this machine: one client's first train message, `mixed-precision` 'no' against
+'bf16'.
 
     fedprune bench precision [--methods fedit,sftp] [--steps 8] [--repeats 3] [--threads 1]
         [--out docs/bench/precision.json]
 
-Each repeat runs the same message (round 1, the same seed) once per mode, the modes interleaved, in this
-process with `--threads` torch threads; it reports the message's thread CPU seconds per local step (robust to
-other load on a shared machine) and its training loss. The ratio is 'no' / mode: above 1, the mode is faster.
-The losses of the two modes differ by rounding only; whether that changes a run's results is a question for
-paired runs (`fedprune compare`), not for this benchmark.
+Each repeat runs the same message (round 1, the same seed) once per mode, the modes interleaved, in
+this process with `--threads` torch threads; it reports the message's thread CPU seconds per local
+step (robust to other load on a shared machine) and its training loss. The ratio is 'no' / mode:
+above 1, the mode is faster. The losses of the two modes differ by rounding only; whether that
+changes a run's results is a question for paired runs (`fedprune compare`), not for this benchmark.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def preset(method: str, steps: int, mode: str) -> RunConfig:
     """The method's preset (the default clients), `steps` local steps, the given mixed precision."""
     import tomllib
 
-    values = tomllib.loads(open(PRESETS[method]).read()) if method in PRESETS else {"method": method}
+    values = (
+        tomllib.loads(open(PRESETS[method]).read()) if method in PRESETS else {"method": method}
+    )
     values |= {"local-steps": steps, "mixed-precision": mode, "torch-threads": 0}
     return RunConfig.from_flower(values, methods=registry.names())
 
@@ -40,12 +43,22 @@ def preset(method: str, steps: int, mode: str) -> RunConfig:
 def train_once(cfg: RunConfig, partition: int) -> tuple[float, float]:
     """Thread CPU seconds and training loss of partition `partition`'s round-1 train message."""
     strategy = registry.strategy_class(cfg.method)(cfg)
-    context = Context(run_id=1, node_id=partition + 1, state=RecordDict(), run_config=cfg.to_dict(),
-                      node_config={"partition-id": partition, "num-partitions": 4})
+    context = Context(
+        run_id=1,
+        node_id=partition + 1,
+        state=RecordDict(),
+        run_config=cfg.to_dict(),
+        node_config={"partition-id": partition, "num-partitions": 4},
+    )
     client = registry.client_class(cfg.method)(cfg, context)
-    content = RecordDict({"arrays": strategy.initial_arrays(),
-                          "config": ConfigRecord({**strategy.message_config(1),
-                                                  **strategy.node_config(1, partition + 1)})})
+    content = RecordDict(
+        {
+            "arrays": strategy.initial_arrays(),
+            "config": ConfigRecord(
+                {**strategy.message_config(1), **strategy.node_config(1, partition + 1)}
+            ),
+        }
+    )
     start = time.thread_time()
     reply = client.train(content)
     seconds = time.thread_time() - start
@@ -54,14 +67,28 @@ def train_once(cfg: RunConfig, partition: int) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--methods", default="fedit,sftp", help="comma-separated (default: %(default)s)")
-    parser.add_argument("--modes", default="no,bf16", help="mixed-precision values (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=8, help="local steps per message (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default: %(default)s)")
-    parser.add_argument("--partition", type=int, default=0, help="the client (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    parser.add_argument(
+        "--methods", default="fedit,sftp", help="comma-separated (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--modes", default="no,bf16", help="mixed-precision values (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=8, help="local steps per message (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="interleaved repeats (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--partition", type=int, default=0, help="the client (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default: %(default)s)"
+    )
     parser.add_argument("--note", default="", help="free text stored in the record")
-    parser.add_argument("--out", default="", help="the JSON record (e.g. docs/bench/precision.json)")
+    parser.add_argument(
+        "--out", default="", help="the JSON record (e.g. docs/bench/precision.json)"
+    )
     args = parser.parse_args(argv)
     record = start_record("precision", "benchmarks.precision", argv, note=args.note)
     quiet_libraries()
@@ -81,11 +108,21 @@ def main(argv: list[str] | None = None) -> None:
         base = statistics.median(seconds[modes[0]])
         for mode in modes:
             med = statistics.median(seconds[mode])
-            rows.append({"method": method, "mode": mode, "cpu-s-per-step": round(med, 3),
-                         "all": [round(x, 3) for x in seconds[mode]], "ratio": round(base / med, 3),
-                         "train-loss": round(losses[mode], 4)})
-            print(f"{method:6s} {mode:5s} {med:.3f} CPU s/step  ({base / med:.2f}x)  loss {losses[mode]:.4f}",
-                  flush=True)
+            rows.append(
+                {
+                    "method": method,
+                    "mode": mode,
+                    "cpu-s-per-step": round(med, 3),
+                    "all": [round(x, 3) for x in seconds[mode]],
+                    "ratio": round(base / med, 3),
+                    "train-loss": round(losses[mode], 4),
+                }
+            )
+            print(
+                f"{method:6s} {mode:5s} {med:.3f} CPU s/step  ({base / med:.2f}x)  loss "
+                f"{losses[mode]:.4f}",
+                flush=True,
+            )
     record["rows"] = rows
     record["settings"] = vars(args)
     finish_record(record, args.out or None)

@@ -1,23 +1,26 @@
-"""Where a run's wall time goes: `fedprune run` timed as a whole, each of its Flower runs split by phase.
+"""Where a run's wall time goes: `fedprune run` timed as a whole, each of its Flower runs split by
+phase.
 
     fedprune bench profile --out docs/bench/profile-make-run.json -- \\
-        --run-config conf/sftp.toml --federation-config "num-supernodes=4 client-resources-num-cpus=1"
+        --run-config conf/sftp.toml \\
+        --federation-config "num-supernodes=4 client-resources-num-cpus=1"
     fedprune bench profile --from outputs/<run> [<run> ...]     # a finished run (no launcher time)
 
-Everything after `--` goes to `fedprune run` unchanged. The phases of one run come from its summary.json
-(`phase-seconds`: the ServerApp's own stopwatch) and the `time` of its metrics.jsonl rows:
+Everything after `--` goes to `fedprune run` unchanged. The phases of one run come from its
+summary.json (`phase-seconds`: the ServerApp's own stopwatch) and the `time` of its metrics.jsonl
+rows:
 
 - set-up: the ServerApp's config check, run directory and initial global state;
-- start-up + untouched evaluation: Ray, the ClientApps and their model loads, then round 0: every client
-  scoring the model before training (replies arrive together, so the two are not told apart);
-- training: rounds 1..R from the end of the round before to the last train reply (local steps, transfers,
-  aggregation), server evaluations excluded;
+- start-up + untouched evaluation: Ray, the ClientApps and their model loads, then round 0: every
+  client scoring the model before training (replies arrive together, so the two are not told apart);
+- training: rounds 1..R from the end of the round before to the last train reply (local steps,
+  transfers, aggregation), server evaluations excluded;
 - server evaluation: the ServerApp scoring the global model after each round;
 - client evaluation: the federated evaluations after round 0;
 - final artefacts: saving models and adapters, compiling, scoring the compiled models, speed timing;
 - references: comparison models scored at the end;
-- launcher: the rest of `fedprune run`'s wall time (config checks, FAB build, SuperLink start and stop,
-  results, plots, TensorBoard).
+- launcher: the rest of `fedprune run`'s wall time (config checks, FAB build, SuperLink start and
+  stop, results, plots, TensorBoard).
 """
 
 from __future__ import annotations
@@ -35,19 +38,32 @@ from typing import Any
 from benchmarks.render import finish_record, start_record
 
 RUN_DIR_LINE = re.compile(r"run directory: (?P<path>\S+)\s*$")
-PHASES = ("set-up", "start-up + untouched evaluation", "training", "server evaluation",
-          "client evaluation", "final artefacts", "references")
+PHASES = (
+    "set-up",
+    "start-up + untouched evaluation",
+    "training",
+    "server evaluation",
+    "client evaluation",
+    "final artefacts",
+    "references",
+)
 
 
 def run_phases(run_dir: Path) -> dict[str, Any]:
     """The phase seconds of one finished run directory (see the module docstring)."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    rows = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line
+    ]
     stages = summary.get("phase-seconds") or {"set-up": summary.get("initial-state-seconds", 0.0)}
     set_up = float(stages["set-up"])
     ends: dict[int, float] = defaultdict(float)  # round -> the time of its last row
     for r in rows:
-        if isinstance(r.get("round"), int) and r.get("phase") in ("train", "evaluate", "server-evaluate"):
+        if isinstance(r.get("round"), int) and r.get("phase") in (
+            "train",
+            "evaluate",
+            "server-evaluate",
+        ):
             ends[r["round"]] = max(ends[r["round"]], r["time"])
     server_by_round: dict[int, float] = defaultdict(float)
     for r in rows:
@@ -55,13 +71,19 @@ def run_phases(run_dir: Path) -> dict[str, Any]:
             server_by_round[r["round"]] += r.get("seconds", 0.0)
     phases = dict.fromkeys(PHASES, 0.0)
     phases["set-up"] = set_up
-    previous = ends[0] if 0 in ends else set_up  # no round 0 (eval-untouched false): start-up is in round 1
+    previous = (
+        ends[0] if 0 in ends else set_up
+    )  # no round 0 (eval-untouched false): start-up is in round 1
     phases["start-up + untouched evaluation"] = previous - set_up - server_by_round.get(0, 0.0)
     for rnd in sorted(k for k in ends if k > 0):
-        train_end = max((r["time"] for r in rows if r.get("round") == rnd and r.get("phase") == "train"),
-                        default=previous)
+        train_end = max(
+            (r["time"] for r in rows if r.get("round") == rnd and r.get("phase") == "train"),
+            default=previous,
+        )
         phases["training"] += train_end - previous
-        phases["client evaluation"] += max(ends[rnd] - train_end - server_by_round.get(rnd, 0.0), 0.0)
+        phases["client evaluation"] += max(
+            ends[rnd] - train_end - server_by_round.get(rnd, 0.0), 0.0
+        )
         previous = ends[rnd]
     phases["server evaluation"] = sum(server_by_round.values())
     if "final-artefacts" in stages:
@@ -69,15 +91,26 @@ def run_phases(run_dir: Path) -> dict[str, Any]:
         phases["references"] = float(stages.get("references", 0.0))
     else:  # a record from before the ServerApp's stopwatch: up to its last row
         phases["final artefacts"] = max((r["time"] for r in rows), default=previous) - previous
-    return {"run": str(run_dir), "method": summary.get("method"), "status": summary.get("status"),
-            "seconds": summary.get("seconds"), "phases": {k: round(v, 1) for k, v in phases.items()}}
+    return {
+        "run": str(run_dir),
+        "method": summary.get("method"),
+        "status": summary.get("status"),
+        "seconds": summary.get("seconds"),
+        "phases": {k: round(v, 1) for k, v in phases.items()},
+    }
 
 
 def launch(fedprune_args: list[str]) -> tuple[float, list[Path], int]:
-    """Run `fedprune run <args>`, echoing its output; its wall seconds, run directories and exit status."""
+    """Run `fedprune run <args>`, echoing its output; its wall seconds, run directories and exit
+    status."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "fedprune_cli.main", "run", *fedprune_args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedprune_cli.main", "run", *fedprune_args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    )
     dirs: list[Path] = []
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -100,8 +133,12 @@ def table(record: dict[str, Any]) -> str:
             values = [record.get("launcher-seconds") if i == 0 else None for i in range(len(runs))]
         if all(v is None or v == 0 for v in values):
             continue
-        lines.append("| " + " | ".join([phase, *("" if v is None else f"{v:.0f} s" for v in values)]) + " |")
-    lines.append("| **run total** | " + " | ".join(f"**{r['seconds']:.0f} s**" for r in runs) + " |")
+        lines.append(
+            "| " + " | ".join([phase, *("" if v is None else f"{v:.0f} s" for v in values)]) + " |"
+        )
+    lines.append(
+        "| **run total** | " + " | ".join(f"**{r['seconds']:.0f} s**" for r in runs) + " |"
+    )
     wall = record.get("wall-seconds")
     if wall is not None:
         lines.append(f"\n`fedprune run` wall time: **{wall:.0f} s** ({wall / 60:.1f} min).")
@@ -110,12 +147,19 @@ def table(record: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
-    rest = args_in[args_in.index("--") + 1:] if "--" in args_in else []
-    own = args_in[:args_in.index("--")] if "--" in args_in else args_in
+    rest = args_in[args_in.index("--") + 1 :] if "--" in args_in else []
+    own = args_in[: args_in.index("--")] if "--" in args_in else args_in
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--from", dest="dirs", nargs="+", default=[],
-                        help="profile finished run directories instead of launching `fedprune run`")
-    parser.add_argument("--out", default="", help="the JSON record (e.g. docs/bench/profile-make-run.json)")
+    parser.add_argument(
+        "--from",
+        dest="dirs",
+        nargs="+",
+        default=[],
+        help="profile finished run directories instead of launching `fedprune run`",
+    )
+    parser.add_argument(
+        "--out", default="", help="the JSON record (e.g. docs/bench/profile-make-run.json)"
+    )
     parser.add_argument("--note", default="", help="free text stored in the record")
     args = parser.parse_args(own)
     if not args.dirs and not rest:

@@ -90,15 +90,21 @@ class SFTPClient(FederatedClient):
         if sftp_cfg.sftp_deploy_state == "local":
             state.deployed = arrays
         self.keep(state, embedding_trained=not recovery)
-        metrics = MetricRecord({
-            "num-examples": len(self.data.train), "partition-id": self.partition_id,
-            "keep-target": self.keep_ratio, "train-loss": _mean(report.losses),
-            "clm-loss": _mean(report.values.get("clm", [])),
-            "penalty": _mean(report.values.get("penalty", [])),
-            "val-loss": val_loss, **model_kept_ratios(model, masks), "kept-expected": expected,
-            "train-seconds": report.seconds,
-            "seconds": time.perf_counter() - start,
-        })
+        metrics = MetricRecord(
+            {
+                "num-examples": len(self.data.train),
+                "partition-id": self.partition_id,
+                "keep-target": self.keep_ratio,
+                "train-loss": _mean(report.losses),
+                "clm-loss": _mean(report.values.get("clm", [])),
+                "penalty": _mean(report.values.get("penalty", [])),
+                "val-loss": val_loss,
+                **model_kept_ratios(model, masks),
+                "kept-expected": expected,
+                "train-seconds": report.seconds,
+                "seconds": time.perf_counter() - start,
+            }
+        )
         return RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics, "info": self.info()})
 
     # --- a round's evaluation -----------------------------------------------------------
@@ -121,11 +127,16 @@ class SFTPClient(FederatedClient):
             masks = self.own_masks(model, tokenizer, generator, embedding)
         with masked(model, masks), torch.no_grad():
             scores = evaluate_client(model, tokenizer, self.data, self.cfg, self.num_partitions)
-        metrics = MetricRecord({
-            **scores, **model_kept_ratios(model, masks), "num-examples": len(self.data.test),
-            "partition-id": self.partition_id, "keep-target": self.keep_ratio,
-            "seconds": time.perf_counter() - start,
-        })
+        metrics = MetricRecord(
+            {
+                **scores,
+                **model_kept_ratios(model, masks),
+                "num-examples": len(self.data.test),
+                "partition-id": self.partition_id,
+                "keep-target": self.keep_ratio,
+                "seconds": time.perf_counter() - start,
+            }
+        )
         reply = RecordDict({"metrics": metrics, "info": self.info()})
         if masks is not None and server_round == self.cfg.num_server_rounds:
             stacked = stacked_masks(masks)
@@ -145,16 +156,27 @@ class SFTPClient(FederatedClient):
             return state.deployed
         return content.array_records["arrays"].to_torch_state_dict()
 
-    def own_masks(self, model: nn.Module, tokenizer: Any, generator: MaskGenerator,
-                  embedding: torch.Tensor | None) -> list[LayerMasks]:
+    def own_masks(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        generator: MaskGenerator,
+        embedding: torch.Tensor | None,
+    ) -> list[LayerMasks]:
         """This client's deployed mask of h_Θ(e_k) (`deployed_gates`: by default the top-π gates
         that fit its budget p, the `sftp-hold-open` gates at 1), one LayerMasks per decoder
         layer."""
         sftp_cfg = self.cfg.section(SFTPConfig)
         held = held_coordinates(self.cfg, model, tokenizer)
         with torch.no_grad():
-            gates = deployed_gates(generator(embedding), sftp_cfg.sftp_gate_bias, held,
-                                   model.config, self.keep_ratio, sftp_cfg.sftp_deploy_mask)
+            gates = deployed_gates(
+                generator(embedding),
+                sftp_cfg.sftp_gate_bias,
+                held,
+                model.config,
+                self.keep_ratio,
+                sftp_cfg.sftp_deploy_mask,
+            )
         return layer_masks(gates)
 
     # --- the private state --------------------------------------------------------------
@@ -182,8 +204,10 @@ class SFTPClient(FederatedClient):
         this round trained them, the deployed pair when there is one, and the count of rounds
         trained."""
         if state.embedding is not None and embedding_trained:
-            arrays = {"embedding": state.embedding.detach().to("cpu", copy=True),
-                      **{k: state.moments[k].cpu() for k in ("exp_avg", "exp_avg_sq")}}
+            arrays = {
+                "embedding": state.embedding.detach().to("cpu", copy=True),
+                **{k: state.moments[k].cpu() for k in ("exp_avg", "exp_avg_sq")},
+            }
             self.context.state[EMBEDDING_RECORD] = ArrayRecord(arrays)
             self.private["embedding-step"] = float(state.moments["step"])
         if state.deployed is not None:

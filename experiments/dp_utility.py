@@ -1,8 +1,8 @@
 """The privacy-utility curve: FedIT and SFT-P (keep 0.8) at ε = ∞ (the same clipping, no noise), 8
 and 2.
 
-    python -m experiments.dp_utility --clients 100 --fraction 0.1 --rounds 3 python -m
-experiments.dp_utility --clients 100 --fraction 0.1 --rounds 3 --dry-run   # the cells only
+    python -m experiments.dp_utility --clients 100 --fraction 0.1 --rounds 3
+    python -m experiments.dp_utility --clients 100 --fraction 0.1 --rounds 3 --dry-run  # cells only
 
 Each cell is one `fedprune run` of `conf/<method>-dp.toml` on `--clients` simulated SuperNodes (the
 default data dealt by source, so a task is shared by clients/4 of them), `--fraction` of them
@@ -19,6 +19,7 @@ import json
 import math
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,36 +87,93 @@ def scores(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
 def render(record: dict[str, Any]) -> str:
     """The curve as a table: per cell and client, accuracy (or perplexity) untouched -> trained, n,
-    interval."""
+    interval. Clients with identical rows (one global model scored on a task's shared test split)
+    share a line."""
     lines = [
-        "| method | target ε | σ | reported ε | client | data | score | untouched "
+        "| method | target ε | σ | reported ε | clients | data | score | untouched "
         "| trained [95% interval] | n |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in record["cells"]:
         res = cell.get("result") or {}
         eps = (res.get("privacy") or {}).get("epsilon")
+        rows: dict[str, list[str]] = {}  # the line after the clients column -> its clients
         for row in res.get("clients", []):
-            metric = next((m for m in METRICS if row.get(f"{m}/tuned") is not None), None)
-            if metric is None:
-                continue
-            lo, hi = row.get(f"{metric}-lo/tuned"), row.get(f"{metric}-hi/tuned")
-            interval = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else ""
+            for metric in ("acc", "ppl"):
+                if row.get(f"{metric}/tuned") is None:
+                    continue
+                lo, hi = row.get(f"{metric}-lo/tuned"), row.get(f"{metric}-hi/tuned")
+                interval = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else ""
+                rest = (
+                    f"{row.get('data', '')} | {metric} | "
+                    f"{_number(row.get(f'{metric}/untouched'))} | "
+                    f"{row[f'{metric}/tuned']:.3f}{interval} | {row.get(f'{metric}-n/tuned')} |"
+                )
+                rows.setdefault(rest, []).append(str(row["client"]))
+        for rest, clients in rows.items():
             lines.append(
                 f"| {cell['method']} | {cell['epsilon']} | {cell['sigma']:g} | "
-                f"{'∞' if eps is None else f'{eps:.2f}'} | {row['client']} | "
-                f"{row.get('data', '')} | {metric} | {row[f'{metric}/untouched']:.3f} | "
-                f"{row[f'{metric}/tuned']:.3f}{interval} | "
-                f"{row.get(f'{metric}-n/tuned')} |"
+                f"{'∞' if eps is None else f'{eps:.2f}'} | {', '.join(clients)} | {rest}"
             )
+    lines += ["", *server_rows(record)]
     lines += [
         "",
         "Not measured: clients outside the evaluation panel (fraction-evaluate), other seeds, "
         "amplification by sampling (none is claimed).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def server_rows(record: dict[str, Any]) -> list[str]:
+    """The server's held-out score per cell: round 0 (the untouched model) and the last round."""
+    lines = [
+        "| method | target ε | reported ε | server score | round 0 (untouched) | last round |",
+        "|---|---|---|---|---|---|",
+    ]
+    for cell in record["cells"]:
+        res = cell.get("result") or {}
+        server = res.get("server") or {}
+        if not server:
+            continue
+        first, last = server[min(server, key=int)], server[max(server, key=int)]
+        eps = (res.get("privacy") or {}).get("epsilon")
+        for name in sorted(first):
+            lines.append(
+                f"| {cell['method']} | {cell['epsilon']} | "
+                f"{'∞' if eps is None else f'{eps:.2f}'} | {name} | {first[name]:.3f} | "
+                f"{last.get(name, math.nan):.3f} (round {max(server, key=int)}) |"
+            )
+    return lines
+
+
+def merged(old: dict[str, Any] | None, new: dict[str, Any], force: bool) -> dict[str, Any]:
+    """`new`'s plan with the finished cells of an earlier record of the same grid kept (unless
+    `force`): the curve is run cell by cell, across sessions."""
+    if not old:
+        return new
+    grid = ("clients", "fraction", "rounds", "clipping-norm")
+    if any(old.get(k) != new.get(k) for k in grid):
+        held = ", ".join(f"{k}={old.get(k)}" for k in grid)
+        raise SystemExit(f"--out holds a record of another grid ({held}); choose another --out")
+    done = {(c["method"], str(c["epsilon"])): c for c in old.get("cells", []) if "result" in c}
+    cells = []
+    for cell in new["cells"]:
+        kept = done.pop((cell["method"], str(cell["epsilon"])), None)
+        cells.append(cell if force or kept is None else kept)
+    return {**new, "cells": cells + list(done.values())}
+
+
+def write(out: Path, record: dict[str, Any]) -> None:
+    """The record and its table, rewritten after every cell."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dp-utility.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "dp-utility.md").write_text(render(record))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         "--dry-run", action="store_true", help="print the cells' commands, run nothing"
     )
     parser.add_argument("--timeout", type=float, default=7200)
+    parser.add_argument(
+        "--force", action="store_true", help="run cells again that the record already holds"
+    )
     args = parser.parse_args(argv)
     args.out = str(Path(args.out).resolve())
     federation = f"num-supernodes={args.clients} client-resources-num-cpus=1"
@@ -157,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "clipping-norm": args.clipping_norm,
         "cells": [],
     }
-    for cell in cells(args):
+    planned = cells(args)
+    for cell in planned:
         command = [
             "fedprune",
             "run",
@@ -165,27 +227,34 @@ def main(argv: list[str] | None = None) -> int:
             "--federation-config",
             federation,
         ]
-        entry: dict[str, Any] = {
-            "method": cell.method,
-            "epsilon": "inf" if math.isinf(cell.epsilon) else cell.epsilon,
-            "sigma": cell.sigma,
-            "command": shlex.join(command),
-        }
-        if args.dry_run:
-            print(entry["command"])
-        else:
-            from fedprune_cli.launch import launch
-
-            launched = launch(list(cell.run_config), federation, timeout=args.timeout)
-            if launched.run_dir is not None and (launched.run_dir / "summary.json").is_file():
-                entry["result"] = scores(launched.run_dir)
-        record["cells"].append(entry)
+        record["cells"].append(
+            {
+                "method": cell.method,
+                "epsilon": "inf" if math.isinf(cell.epsilon) else cell.epsilon,
+                "sigma": cell.sigma,
+                "command": shlex.join(command),
+            }
+        )
     if args.dry_run:
+        print("\n".join(c["command"] for c in record["cells"]))
         return 0
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "dp-utility.json").write_text(json.dumps(record, indent=1) + "\n")
-    (out / "dp-utility.md").write_text(render(record))
+    path = out / "dp-utility.json"
+    record = merged(json.loads(path.read_text()) if path.is_file() else None, record, args.force)
+    plan = {(c.method, "inf" if math.isinf(c.epsilon) else str(c.epsilon)): c for c in planned}
+    for entry in record["cells"]:
+        cell = plan.get((entry["method"], str(entry["epsilon"])))
+        if "result" in entry or cell is None:
+            continue
+        from fedprune_cli.launch import launch
+
+        start = time.monotonic()
+        launched = launch(list(cell.run_config), federation, timeout=args.timeout)
+        entry["seconds"] = round(time.monotonic() - start, 1)
+        if launched.run_dir is not None and (launched.run_dir / "summary.json").is_file():
+            entry["result"] = scores(launched.run_dir)
+        write(out, record)  # each finished cell is kept, whatever the next one does
+    write(out, record)
     print(render(record))
     return 0 if all("result" in c for c in record["cells"]) else 1
 

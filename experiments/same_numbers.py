@@ -1,14 +1,17 @@
-"""Two runs of the same seed, number by number: do they agree? (Behaviour-preserving changes prove it so.)
+"""Two runs of the same seed, number by number: do they agree? (Behaviour-preserving changes prove
+it so.)
 
-Finding: the smoke preset's FedIT and SFT-P runs before (e00afe3) and after the `fedprune` command reshape agree
-  in every number of metrics.jsonl (110 and 182 compared, 0 differ).
-Record: docs/runs/smoke-e00afe3/ against docs/runs/smoke/; quoted in docs/notes/2026-12-01-fedprune-command.md.
+Finding: the smoke preset's FedIT and SFT-P runs before (e00afe3) and after the `fedprune` command
+  reshape agree in every number of metrics.jsonl (110 and 182 compared, 0 differ).
+Record: docs/runs/smoke-e00afe3/ against docs/runs/smoke/; quoted in
+  docs/notes/2026-12-01-fedprune-command.md.
 
     python -m experiments.same_numbers docs/runs/smoke-e00afe3/<run> docs/runs/smoke/<run>
 
-Rows of metrics.jsonl are matched by (phase, round, client, data, model), since replies arrive in any order;
-every number both rows hold is compared exactly, except timings, sizes on the wire and node ids. Prints the
-numbers that differ, the counts, and the keys only the second run has. Exits 1 when a number differs.
+Rows of metrics.jsonl are matched by (phase, round, client, data, model), since replies arrive in
+any order; every number both rows hold is compared exactly, except timings, sizes on the wire and
+node ids. Prints the numbers that differ, the counts, and the keys only the second run has. Exits 1
+when a number differs.
 """
 
 from __future__ import annotations
@@ -20,8 +23,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SKIPPED = ("seconds", "time", "wall", "speed", "prefill", "generate", "tokens-per", "-ms", "started", "latency",
-           "step-s", "node", "mb", "duration")  # parts of key names that are not results
+SKIPPED = (
+    "seconds",
+    "time",
+    "wall",
+    "speed",
+    "prefill",
+    "generate",
+    "tokens-per",
+    "-ms",
+    "started",
+    "latency",
+    "step-s",
+    "node",
+    "mb",
+    "duration",
+)  # parts of key names that are not results
 
 
 def rows(run: Path) -> dict[tuple[Any, ...], dict[str, Any]]:
@@ -30,8 +47,13 @@ def rows(run: Path) -> dict[tuple[Any, ...], dict[str, Any]]:
     for line in (run / "metrics.jsonl").read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            key = (row.get("phase"), row.get("round"), row.get("client"), str(row.get("data")),
-                   str(row.get("model")))
+            key = (
+                row.get("phase"),
+                row.get("round"),
+                row.get("client"),
+                str(row.get("data")),
+                str(row.get("model")),
+            )
             out[key] = row
     return out
 
@@ -44,7 +66,11 @@ def differences(a: Path, b: Path) -> tuple[int, list[str], list[str]]:
         x, y = ra[key], rb[key]
         for name in sorted(set(x) & set(y)):
             u, v = x[name], y[name]
-            if any(s in name.lower() for s in SKIPPED) or isinstance(u, bool) or isinstance(v, bool):
+            if (
+                any(s in name.lower() for s in SKIPPED)
+                or isinstance(u, bool)
+                or isinstance(v, bool)
+            ):
                 continue
             if isinstance(u, int | float) and isinstance(v, int | float):
                 compared += 1
@@ -54,15 +80,24 @@ def differences(a: Path, b: Path) -> tuple[int, list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.same_numbers", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.same_numbers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("a", type=Path, help="a run directory (with metrics.jsonl)")
     parser.add_argument("b", type=Path, help="the run of the same seed to compare it with")
     args = parser.parse_args(argv)
     compared, differ, unmatched = differences(args.a, args.b)
     print("\n".join(differ[:20]))
-    print(f"{compared} numbers compared, {len(differ)} differ; rows in one run only: {unmatched or 'none'}")
-    new = sorted({k for r in rows(args.b).values() for k in r} - {k for r in rows(args.a).values() for k in r})
+    print(
+        f"{compared} numbers compared, {len(differ)} differ; rows in one run only: "
+        f"{unmatched or 'none'}"
+    )
+    new = sorted(
+        {k for r in rows(args.b).values() for k in r}
+        - {k for r in rows(args.a).values() for k in r}
+    )
     print(f"keys only in {args.b.name}: {', '.join(new) or 'none'}")
     return 1 if differ or unmatched else 0
 

@@ -11,8 +11,12 @@ import sys
 
 # what the app can set for itself; a variable the user set (e.g. HF_HUB_OFFLINE=0 to download a Hub
 # model) is kept. Flower telemetry and Ray usage stats start before the app: see docs/running.md.
-APP_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+APP_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 REQUIRED = ("torch", "transformers", "peft", "lm_eval", "datasets")
 
 for _name, _value in APP_ENV.items():
@@ -20,6 +24,8 @@ for _name, _value in APP_ENV.items():
 
 _missing = [name for name in REQUIRED if importlib.util.find_spec(name) is None]
 if _missing:
-    raise ImportError(f"fedprune needs {', '.join(_missing)} in the Python that runs Flower "
-                      f"({sys.executable}): install the app there (`make setup`, or `pip install "
-                      "-e .` after the CPU torch wheel), then run `flwr run .` from it")
+    raise ImportError(
+        f"fedprune needs {', '.join(_missing)} in the Python that runs Flower "
+        f"({sys.executable}): install the app there (`make setup`, or `pip install "
+        "-e .` after the CPU torch wheel), then run `flwr run .` from it"
+    )

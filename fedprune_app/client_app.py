@@ -1,7 +1,8 @@
 """The ClientApp: validate the run config, build the method's client, answer the server's messages.
 
-Every handler first restores the client's checkpointed private state when a resumed run starts it with an
-empty `context.state` (`FederatedClient.restore_state`); a train handler saves it afterwards, on this device.
+Every handler first restores the client's checkpointed private state when a resumed run starts it
+with an empty `context.state` (`FederatedClient.restore_state`); a train handler saves it
+afterwards, on this device.
 """
 
 from __future__ import annotations
@@ -44,16 +45,21 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Round 0 (the untouched model) is answered from this machine's cache when it holds the same model,
-    data, settings and code (`cache-untouched`, fedprune_app/core/untouched.py); scored and kept otherwise."""
+    """Round 0 (the untouched model) is answered from this machine's cache when it holds the same
+    model, data, settings and code (`cache-untouched`, fedprune_app/core/untouched.py); scored and
+    kept otherwise."""
     client = _restored(msg, context)
     config = msg.content.config_records.get("config")
     if not client.cfg.cache_untouched or config is None or int(config.get("server-round", -1)) != 0:
         return Message(content=client.evaluate(msg.content), reply_to=msg)
-    key = untouched.cache_key(dict(context.run_config), dict(context.node_config), type(client).__module__)
+    key = untouched.cache_key(
+        dict(context.run_config), dict(context.node_config), type(client).__module__
+    )
     cached = untouched.lookup(key)
     if cached is not None:
-        content = RecordDict({"metrics": MetricRecord({**cached, "cached": 1}), "info": client.info()})
+        content = RecordDict(
+            {"metrics": MetricRecord({**cached, "cached": 1}), "info": client.info()}
+        )
         return Message(content=content, reply_to=msg)
     content = client.evaluate(msg.content)
     if set(content.keys()) <= {"metrics", "info"} and "metrics" in content.metric_records:
@@ -63,16 +69,20 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.evaluate("reference")
 def reference(msg: Message, context: Context) -> Message:
-    """`evaluate.reference` messages: a baseline the client builds from its own data (see FederatedClient)."""
+    """`evaluate.reference` messages: a baseline the client builds from its own data (see
+    FederatedClient)."""
     return Message(content=_restored(msg, context).reference(msg.content), reply_to=msg)
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """`query` messages: `{"query": "identity"}` (every method, before round 0: partition id and resources) or the
-    method's own one-off question (e.g. a client's mean feature vector)."""
+    """`query` messages: `{"query": "identity"}` (every method, before round 0: partition id and
+    resources) or the method's own one-off question (e.g. a client's mean feature vector)."""
     client = make_client(context)
     config = msg.content.config_records.get("config")
-    content: RecordDict = client.identity() if config and config.get("query") == "identity" \
+    content: RecordDict = (
+        client.identity()
+        if config and config.get("query") == "identity"
         else client.query(msg.content)
+    )
     return Message(content=content, reply_to=msg)

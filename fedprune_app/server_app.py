@@ -3,12 +3,13 @@
 1. validate the run config (before any model or data is touched);
 2. create the run directory (config.json);
 3. build the method's strategy and its initial global state;
-4. round 0: every client scores the untouched model; rounds 1..R: train / evaluate (the strategy's loop), each
-   reply logged to metrics.jsonl, the server scoring the global model's perplexity after every round and
-   writing checkpoint/ (`resume-from` continues a run from it: its rows, arrays and strategy state);
-5. save the final artefacts, score the comparison models (built by the server, or by every client from its
-   own data), write summary.json / results.md / plots, print results.md and, when a final model is
-   broken (summary.json's `warnings`), say so in one warning line.
+4. round 0: every client scores the untouched model; rounds 1..R: train / evaluate (the strategy's
+   loop), each reply logged to metrics.jsonl, the server scoring the global model's perplexity after
+   every round and writing checkpoint/ (`resume-from` continues a run from it: its rows, arrays and
+   strategy state);
+5. save the final artefacts, score the comparison models (built by the server, or by every client
+   from its own data), write summary.json / results.md / plots, print results.md and, when a final
+   model is broken (summary.json's `warnings`), say so in one warning line.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedprune_app.core import registry
-from fedprune_app.core.checkpoint import load_checkpoint, save_checkpoint
+from fedprune_app.core.checkpoint import check_fits, load_checkpoint, save_checkpoint
 from fedprune_app.core.config import RunConfig, split_list
 from fedprune_app.core.privacy import check_private
 from fedprune_app.core.protocol import numpy_state
@@ -37,8 +38,9 @@ app = ServerApp()
 log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
 
 
-def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
-                      ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
+def server_evaluation(
+    cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
+) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
     """Perplexity of the global model on the held-out text of each `server-eval-data` source,
     after the rounds `server-eval-every` names. A strategy whose `global_model` is not simply "the"
     global model says what it built in `global_model_notes` (e.g. a mask no client has, and its
@@ -59,10 +61,23 @@ def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirec
         for source, text in texts.items():
             start = time.perf_counter()
             scored = held_out_metrics(model, tokenizer, text, cfg)
-            run.log({**notes, "round": server_round, "phase": "server-evaluate", "data": source, **scored,
-                     "seconds": time.perf_counter() - start})
-            log.info("[fedprune] round %d: server perplexity on %s = %.2f (%d tokens)", server_round, source,
-                     scored["ppl"], scored["ppl-tokens"])
+            run.log(
+                {
+                    **notes,
+                    "round": server_round,
+                    "phase": "server-evaluate",
+                    "data": source,
+                    **scored,
+                    "seconds": time.perf_counter() - start,
+                }
+            )
+            log.info(
+                "[fedprune] round %d: server perplexity on %s = %.2f (%d tokens)",
+                server_round,
+                source,
+                scored["ppl"],
+                scored["ppl-tokens"],
+            )
             metrics[f"ppl/{source}"] = scored["ppl"]
         return MetricRecord(metrics)
 
@@ -70,15 +85,18 @@ def server_evaluation(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirec
 
 
 def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory) -> None:
-    """Perplexity of each of the strategy's comparison models on the same held-out texts, per window too (rows as
-    the server's own: `held_out_metrics`), so every comparison with the global model can be paired."""
+    """Perplexity of each of the strategy's comparison models on the same held-out texts, per window
+    too (rows as the server's own: `held_out_metrics`), so every comparison with the global model
+    can be paired."""
     sources = split_list(cfg.server_eval_data)
     for name, build in strategy.reference_models().items():
         model, tokenizer = build()
         for source in sources:
             scored = held_out_metrics(model, tokenizer, held_out_text(source, cfg), cfg)
             run.log({"phase": "reference", "model": name, "data": source, **scored})
-            log.info("[fedprune] reference %s: perplexity on %s = %.2f", name, source, scored["ppl"])
+            log.info(
+                "[fedprune] reference %s: perplexity on %s = %.2f", name, source, scored["ppl"]
+            )
 
 
 PHONING_HOME = ("FLWR_TELEMETRY_ENABLED", "RAY_USAGE_STATS_ENABLED")  # read before the app starts
@@ -90,9 +108,12 @@ def environment_warning() -> str | None:
     on = [name for name in PHONING_HOME if os.environ.get(name) != "0"]
     if not on:
         return None
-    return (f"[fedprune] {' and '.join(on)} not set to 0 where the SuperLink started: Flower and "
-            "Ray may report usage over the network; `export " + " ".join(f"{n}=0" for n in on)
-            + "` before `flwr run` (fedprune run sets them)")
+    return (
+        f"[fedprune] {' and '.join(on)} not set to 0 where the SuperLink started: Flower and "
+        "Ray may report usage over the network; `export "
+        + " ".join(f"{n}=0" for n in on)
+        + "` before `flwr run` (fedprune run sets them)"
+    )
 
 
 @app.main()
@@ -102,7 +123,8 @@ def main(grid: Grid, context: Context) -> None:
         log.warning(warning)
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
     check_private(cfg)  # a method that cannot be DP says so, before any model loads
-    checkpoint = load_checkpoint(cfg) if cfg.resume_from else None  # checked before anything is loaded
+    # checked before anything is loaded
+    checkpoint = load_checkpoint(cfg) if cfg.resume_from else None
     quiet_libraries()
     seed_everything(cfg.seed)
     run = RunDirectory.create(cfg, context.run_id)
@@ -113,7 +135,10 @@ def main(grid: Grid, context: Context) -> None:
         strategy.run_key = checkpoint.run_key if checkpoint else run.path.name
         initial = strategy.initial_arrays()
         first_round = 1
-        if checkpoint is not None:  # continue after the checkpointed round, with its rows, arrays and state
+        # continue after the checkpointed round, with its rows, arrays and state
+        if checkpoint is not None:
+            spec = strategy.checkpoint_spec(initial, checkpoint.arrays)  # as the launcher's
+            check_fits(checkpoint, cfg, spec)
             run.extend(checkpoint.rows())
             strategy.load_state_dict(checkpoint.strategy)
             initial, first_round = to_record(checkpoint.arrays), checkpoint.round + 1
@@ -123,9 +148,16 @@ def main(grid: Grid, context: Context) -> None:
         def on_round_end(server_round: int, arrays: ArrayRecord) -> None:
             every = cfg.checkpoint_every
             if every and (server_round % every == 0 or server_round == cfg.num_server_rounds):
-                save_checkpoint(run.path, server_round, strategy.run_key, numpy_state(arrays), strategy.state_dict())
+                save_checkpoint(
+                    run.path,
+                    server_round,
+                    strategy.run_key,
+                    numpy_state(arrays),
+                    strategy.state_dict(),
+                )
 
-        phases = {"set-up": round(initial_ready, 3)}  # seconds per stage; `fedprune bench profile` splits rounds
+        # seconds per stage; `fedprune bench profile` splits rounds
+        phases = {"set-up": round(initial_ready, 3)}
         started = time.time()
         result = strategy.start(
             grid=grid,
@@ -139,20 +171,28 @@ def main(grid: Grid, context: Context) -> None:
             on_round_end=on_round_end,
         )
         phases["rounds"], started = round(time.time() - started, 3), time.time()
-        final = result.arrays if len(result.arrays) else initial  # no round produced an update: keep the start
+        # no round produced an update: keep the start
+        final = result.arrays if len(result.arrays) else initial
         artefacts = strategy.save_final(final, run.path)
         phases["final-artefacts"], started = round(time.time() - started, 3), time.time()
         score_references(cfg, strategy, run)
         strategy.score_client_references(grid)
         phases["references"] = round(time.time() - started, 3)
         privacy = strategy.privacy_summary()  # ε at δ, where DP is on
-        summary = run.finish("completed", {"artefacts": artefacts, "phase-seconds": phases,
-                                           "initial-state-seconds": round(initial_ready, 3),
-                                           **({"privacy": privacy} if privacy else {})},
-                             report)
+        summary = run.finish(
+            "completed",
+            {
+                "artefacts": artefacts,
+                "phase-seconds": phases,
+                "initial-state-seconds": round(initial_ready, 3),
+                **({"privacy": privacy} if privacy else {}),
+            },
+            report,
+        )
     except BaseException as err:
         error = traceback.format_exc()[-4000:]
-        message = f"{type(err).__name__}: {err}".strip()  # what `fedprune run` prints as the run's error
+        # what `fedprune run` prints as the run's error
+        message = f"{type(err).__name__}: {err}".strip()
         try:
             run.finish("failed", {"error": error, "error-message": message}, report)
         finally:
@@ -160,8 +200,11 @@ def main(grid: Grid, context: Context) -> None:
         raise
     print((run.path / "results.md").read_text(), flush=True)
     if summary["warnings"]:
-        log.warning("[fedprune] %d broken model(s), listed at the top of results.md above and in "
-                    "summary.json's \"warnings\"", len(summary["warnings"]))
+        log.warning(
+            "[fedprune] %d broken model(s), listed at the top of results.md above and in "
+            'summary.json\'s "warnings"',
+            len(summary["warnings"]),
+        )
     log.info("[fedprune] run directory: %s", run.path)
     if left_out := left_out_line(summary):  # the last line of a run that lost replies
         log.warning("[fedprune] the run completed, but %s", left_out)

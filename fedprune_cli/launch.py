@@ -1,23 +1,26 @@
 """`fedprune run`: one `flwr run` simulation, checked and cleaned up.
 
-`flwr run . --stream` exits 0 even when the run fails, and the local SuperLink it starts keeps running.
-This wrapper, used by `make run`, the end-to-end test and the benchmarks:
+`flwr run . --stream` exits 0 even when the run fails, and the local SuperLink it starts keeps
+running. This wrapper, used by `make run`, the end-to-end test and the benchmarks:
 
 1. merges pyproject's defaults with the `--run-config` files/strings and runs the preflight checks
-   (`fedprune_cli/preflight.py`: every key's value, the keys against the federation's `num-supernodes`, the data files,
-   the checkpoint and the model): a bad config fails here, with one line naming the key, before Ray starts;
+   (`fedprune_cli/preflight.py`: every key's value, the keys against the federation's
+   `num-supernodes`, the data files, the checkpoint and the model): a bad config fails here, with
+   one line naming the key, before Ray starts;
 2. gives the run its own FLWR_HOME and free SuperLink ports, and the offline environment;
 3. runs `flwr run <app> --stream`, then reads the run's status with `flwr list --format json`;
 4. stops the SuperLink it started (by its PID, with everything it started) and prints results.md;
-5. exits non-zero unless the run finished `completed` and left a completed summary.json; a failed run's error
-   (summary.json) is the last line it prints.
+5. exits non-zero unless the run finished `completed` and left a completed summary.json; a failed
+   run's error (summary.json) is the last line it prints.
 
-`--ray-address HOST:PORT` runs the simulation on an existing Ray cluster (docs/scale.md): Flower (1.41, 1.42) has
-no federation-config key for it; its Ray backend calls `ray.init()` only when Ray is not initialised, so Ray's own
-discovery decides. The launcher checks that the head answers on that address, refuses `init-args-num-cpus/gpus`
-(Ray rejects them when joining a cluster) and puts `RAY_ADDRESS` in the environment of the SuperLink it starts,
-which SuperExec and the simulation process inherit. The cluster is left running; only the SuperLink's processes
-(the Ray driver among them) are stopped, and Ray ends the run's actors with its driver.
+`--ray-address HOST:PORT` runs the simulation on an existing Ray cluster (docs/scale.md): Flower
+(1.41, 1.42) has no federation-config key for it; its Ray backend calls `ray.init()` only when Ray
+is not initialised, so Ray's own discovery decides. The launcher checks that the head answers on
+that address and that a client's resources fit on one of the cluster's nodes, refuses
+`init-args-num-cpus/gpus` (Ray rejects them when joining a cluster) and puts `RAY_ADDRESS` in the
+environment of the SuperLink it starts, which SuperExec and the simulation process inherit. The
+cluster is left running; only the SuperLink's processes (the Ray driver among them) are stopped, and
+Ray ends the run's actors with its driver.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ APP_DIR = Path(__file__).resolve().parent.parent
 
 
 def parse_overrides(text: str, flag: str = "--run-config") -> dict[str, Any]:
-    """'k=v k2="s"' -> dict, with TOML value syntax (the same pattern `flwr run --run-config` uses)."""
+    """'k=v k2="s"' -> dict, with TOML value syntax (the same pattern `flwr run --run-config`
+    uses)."""
     pairs = re.findall(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)", text)
     if not pairs and text.strip():
         raise ConfigError(f"{flag} {text!r} is neither a .toml file nor 'key=value ...' pairs")
@@ -61,8 +65,13 @@ def parse_overrides(text: str, flag: str = "--run-config") -> dict[str, Any]:
 
 
 def merged_config(app_dir: Path, run_configs: list[str]) -> dict[str, Any]:
-    """pyproject defaults, then each --run-config (a TOML file path or 'k=v ...'), later ones winning."""
-    merged = dict(_flatten(tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]))
+    """pyproject defaults, then each --run-config (a TOML file path or 'k=v ...'), later ones
+    winning."""
+    merged = dict(
+        _flatten(
+            tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+        )
+    )
     for item in run_configs:
         path = Path(item)
         if path.suffix == ".toml" and path.is_file():
@@ -87,8 +96,12 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def write_run_config(path: Path, values: dict[str, Any]) -> Path:
     """The flat run config as a TOML file that `flwr run --run-config <file>` reads."""
-    path.write_text("".join(f"{json.dumps(k)} = {str(v).lower() if isinstance(v, bool) else json.dumps(v)}\n"
-                            for k, v in values.items()))
+    path.write_text(
+        "".join(
+            f"{json.dumps(k)} = {str(v).lower() if isinstance(v, bool) else json.dumps(v)}\n"
+            for k, v in values.items()
+        )
+    )
     return path
 
 
@@ -100,8 +113,9 @@ def run_status(env: dict[str, str], flwr: str) -> str:
 def run_identity(env: dict[str, str], flwr: str, timeout: float = 120) -> tuple[int | None, str]:
     """The id and status of the run on the launch's own SuperLink (its newest, though it holds only
     the one)."""
-    done = subprocess.run([flwr, "list", "--format", "json"], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    done = subprocess.run(
+        [flwr, "list", "--format", "json"], env=env, capture_output=True, text=True, timeout=timeout
+    )
     try:
         runs = json.loads(done.stdout).get("runs", [])
     except json.JSONDecodeError:
@@ -115,45 +129,65 @@ def run_identity(env: dict[str, str], flwr: str, timeout: float = 120) -> tuple[
 
 
 def run_error(run_dir: Path | None) -> str:
-    """One line saying why a run failed: summary.json's `error-message` (the exception the ServerApp raised), else
-    the last line of its `error` traceback; what is missing when there is no summary."""
+    """One line saying why a run failed: summary.json's `error-message` (the exception the ServerApp
+    raised), else the last line of its `error` traceback; what is missing when there is no
+    summary."""
     summary = run_dir / "summary.json" if run_dir is not None else None
     if summary is None or not summary.is_file():
-        return "the run left no summary.json (it failed before its run directory was written; see the log above)"
+        return (
+            "the run left no summary.json (it failed before its run directory was written; see the "
+            "log above)"
+        )
     record = json.loads(summary.read_text())
     message = record.get("error-message") or next(
-        (line for line in reversed(str(record.get("error", "")).splitlines()) if line.strip()), "")
+        (line for line in reversed(str(record.get("error", "")).splitlines()) if line.strip()), ""
+    )
     return message.strip() or f"status {record.get('status')!r} without an error message"
 
 
-INIT_ARGS_REFUSED = ("init-args-num-cpus", "init-args-num-gpus")  # ray.init(num_cpus=..) on a cluster: refused
+INIT_ARGS_REFUSED = (
+    "init-args-num-cpus",
+    "init-args-num-gpus",
+)  # ray.init(num_cpus=..) on a cluster: refused
 
 
-def ray_cluster_env(address: str, federation: dict[str, Any], timeout: float = 5.0) -> dict[str, str]:
-    """The environment that makes the run's simulation join the Ray cluster at `address` ('HOST:PORT', the GCS
-    address `ray start --head` prints), after checking the federation config and that the head accepts TCP
-    connections there; ConfigError naming the option or key otherwise."""
+def ray_cluster_env(
+    address: str, federation: dict[str, Any], timeout: float = 5.0
+) -> dict[str, str]:
+    """The environment that makes the run's simulation join the Ray cluster at `address`
+    ('HOST:PORT', the GCS address `ray start --head` prints), after checking the federation config,
+    that the head accepts TCP connections there (in `timeout` s) and that a client's resources fit
+    on one of the cluster's nodes (a short-lived driver reads them: `preflight.ray_nodes`);
+    ConfigError naming the option or key otherwise."""
     refused = [k for k in INIT_ARGS_REFUSED if k in federation]
     if refused:
-        raise ConfigError(f"--federation-config key '{refused[0]}' cannot be used with --ray-address: Ray refuses "
-                          "num_cpus/num_gpus when connecting to an existing cluster (its resources are what each "
-                          "node offered with `ray start --num-cpus/--num-gpus`); remove it")
+        raise ConfigError(
+            f"--federation-config key '{refused[0]}' cannot be used with --ray-address: Ray "
+            "refuses num_cpus/num_gpus when connecting to an existing cluster (its resources are "
+            "what each node offered with `ray start --num-cpus/--num-gpus`); remove it"
+        )
     host, sep, port = address.strip().rpartition(":")
     if not sep or not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--ray-address must be HOST:PORT, the address `ray start --head` prints (e.g. "
-                          f"10.0.0.1:6379), got {address!r}")
+        raise ConfigError(
+            f"--ray-address must be HOST:PORT, the address `ray start --head` prints (e.g. "
+            f"10.0.0.1:6379), got {address!r}"
+        )
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
     except OSError as err:
-        raise ConfigError(f"--ray-address {address}: nothing accepts connections there ({err}); start the head "
-                          f"first (`ray start --head --port {port}`)") from None
+        raise ConfigError(
+            f"--ray-address {address}: nothing accepts connections there ({err}); start the head "
+            f"first (`ray start --head --port {port}`)"
+        ) from None
+    preflight.check_cluster_resources(federation, preflight.ray_nodes(address), address)
     return {"RAY_ADDRESS": f"{host}:{port}"}
 
 
 @dataclass
 class Launched:
-    """What one launch did: its exit code, the run directory, the SuperLink port it used, the run status."""
+    """What one launch did: its exit code, the run directory, the SuperLink port it used, the run
+    status."""
 
     code: int
     run_dir: Path | None
@@ -161,12 +195,19 @@ class Launched:
     status: str
 
 
-def checked_config(app_dir: Path, run_configs: list[str], federation_config: str, check_data: bool = True,
-                   advise: bool = True, cluster: bool = False) -> dict[str, Any]:
-    """The merged run config after the preflight checks (ConfigError naming the key otherwise), as the run gets
-    it: `output-dir` and `resume-from` made absolute (the ServerApp resolves them from another directory).
-    `check_data` False leaves `client-data`'s files unchecked; `advise` prints the method's warnings
-    (`preflight.advice`), off for a run that is meant to be what they warn of (the references' floor)."""
+def checked_config(
+    app_dir: Path,
+    run_configs: list[str],
+    federation_config: str,
+    check_data: bool = True,
+    advise: bool = True,
+    cluster: bool = False,
+) -> dict[str, Any]:
+    """The merged run config after the preflight checks (ConfigError naming the key otherwise), as
+    the run gets it: `output-dir` and `resume-from` made absolute (the ServerApp resolves them from
+    another directory). `check_data` False leaves `client-data`'s files unchecked; `advise` prints
+    the method's warnings (`preflight.advice`), off for a run that is meant to be what they warn of
+    (the references' floor)."""
     values = merged_config(app_dir, run_configs)
     federation = parse_overrides(federation_config, "--federation-config")
     preflight.check_federation_config(federation, cluster)
@@ -179,15 +220,20 @@ def checked_config(app_dir: Path, run_configs: list[str], federation_config: str
     return values
 
 
-def own_run_dir(out_root: Path, before: set[Path], values: dict[str, Any],
-                run_id: int | None = None) -> Path | None:
+def own_run_dir(
+    out_root: Path, before: set[Path], values: dict[str, Any], run_id: int | None = None
+) -> Path | None:
     """The run's directory: new since the start, a directory (a grid writes tables.md into the same
     root). With the Flower `run_id`, the one whose `flower-run.json` holds it (None if none does:
     another launch's directory is never taken for this one's). Without it (an older app), the newest
     whose `config.json` holds the values this launch passed, else the newest new directory."""
-    new = sorted(p for p in set(out_root.iterdir()) - before if p.is_dir()) \
-        if out_root.is_dir() else []
+    new = (
+        sorted(p for p in set(out_root.iterdir()) - before if p.is_dir())
+        if out_root.is_dir()
+        else []
+    )
     if run_id is not None:
+
         def run_of(path: Path) -> int | None:
             try:
                 return json.loads((path / "flower-run.json").read_text()).get("run-id")
@@ -216,8 +262,11 @@ def raise_terminated(*_: Any) -> None:
     raise Terminated
 
 
-STOPS = {KeyboardInterrupt: ("Ctrl-C (SIGINT)", 130), Terminated: ("SIGTERM", 143),
-         subprocess.TimeoutExpired: ("its --timeout", 124)}
+STOPS = {
+    KeyboardInterrupt: ("Ctrl-C (SIGINT)", 130),
+    Terminated: ("SIGTERM", 143),
+    subprocess.TimeoutExpired: ("its --timeout", 124),
+}
 
 
 def resume_command(run_configs: list[str], federation_config: str, run_dir: Path) -> str:
@@ -251,12 +300,15 @@ def record_interruption(run_dir: Path | None, reason: str, resume: str) -> str:
     if record.get("status") == "completed":
         return f"stopped by {reason} after the run completed; run directory: {run_dir}"
     checkpoint = (run_dir / "checkpoint" / "state.safetensors").is_file()
-    record.update({"status": "interrupted", "interrupted-by": reason,
-                   "resume": resume if checkpoint else ""})
+    record.update(
+        {"status": "interrupted", "interrupted-by": reason, "resume": resume if checkpoint else ""}
+    )
     path.write_text(json.dumps(record, indent=2) + "\n")
     if not checkpoint:
-        return (f"stopped by {reason} before the first checkpoint: {run_dir} holds no checkpoint; "
-                "start the run again")
+        return (
+            f"stopped by {reason} before the first checkpoint: {run_dir} holds no checkpoint; "
+            "start the run again"
+        )
     return f"stopped by {reason}; run directory {run_dir}; continue it with: {resume}"
 
 
@@ -271,9 +323,17 @@ def failure_line(run_dir: Path | None) -> str:
         return ""
 
 
-def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_DIR,
-           timeout: float = 7200, quiet: bool = False, check_data: bool = True,
-           ray_address: str | None = None, advise: bool = True, strict: bool = False) -> Launched:
+def launch(
+    run_configs: list[str],
+    federation_config: str,
+    app_dir: Path = APP_DIR,
+    timeout: float = 7200,
+    quiet: bool = False,
+    check_data: bool = True,
+    ray_address: str | None = None,
+    advise: bool = True,
+    strict: bool = False,
+) -> Launched:
     """Run one simulation and clean up after it. `check_data` False leaves `client-data`'s files to
     the clients (a test that needs a client to fail inside the run). `ray_address` ('HOST:PORT'):
     run on that Ray cluster instead of a Ray started for this run. `advise`: print the method's
@@ -281,36 +341,56 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
     reference meant to be broken. `strict`: a left-out reply fails the launch. Ctrl-C, SIGTERM (with
     `raise_terminated` installed) and the timeout stop everything the run started and mark its
     directory interrupted (exit 130, 143, 124)."""
-    cluster_env = ray_cluster_env(ray_address, parse_overrides(federation_config, "--federation-config")) \
-        if ray_address else {}
-    values = checked_config(app_dir, run_configs, federation_config, check_data, advise,
-                            cluster=bool(ray_address))
+    cluster_env = (
+        ray_cluster_env(ray_address, parse_overrides(federation_config, "--federation-config"))
+        if ray_address
+        else {}
+    )
+    values = checked_config(
+        app_dir, run_configs, federation_config, check_data, advise, cluster=bool(ray_address)
+    )
     from fedprune_app.core.runtime import OFFLINE_ENV  # imports torch: after the checks
 
     out_root = Path(values["output-dir"])
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
-    flwr = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    flwr = shutil.which(
+        "flwr", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    )
     if flwr is None:
-        raise FileNotFoundError("the `flwr` command is not installed in this environment (run `make setup`)")
+        raise FileNotFoundError(
+            "the `flwr` command is not installed in this environment (run `make setup`)"
+        )
     http_port, control_port = free_port(), free_port()
     flwr_home = Path(tempfile.mkdtemp(prefix="fedprune-flwr-"))
-    env = {**os.environ, **OFFLINE_ENV, "FLWR_HOME": str(flwr_home),
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port), "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
-           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-           "RAY_DEDUP_LOGS": os.environ.get("RAY_DEDUP_LOGS", "0"), **cluster_env}  # every `layer i/N` line
-    resolved = write_run_config(flwr_home / "run-config.toml", values)  # merged, checked, paths absolute
+    env = {
+        **os.environ,
+        **OFFLINE_ENV,
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        "RAY_DEDUP_LOGS": os.environ.get("RAY_DEDUP_LOGS", "0"),
+        **cluster_env,
+    }  # every `layer i/N` line
+    resolved = write_run_config(
+        flwr_home / "run-config.toml", values
+    )  # merged, checked, paths absolute
     cmd = [flwr, "run", str(app_dir), "--stream", "--run-config", str(resolved)]
     if federation_config:
         cmd += ["--federation-config", federation_config]
     if cluster_env:
-        print(f"[fedprune] the simulation joins the Ray cluster at {cluster_env['RAY_ADDRESS']}", flush=True)
+        print(
+            f"[fedprune] the simulation joins the Ray cluster at {cluster_env['RAY_ADDRESS']}",
+            flush=True,
+        )
     stopped_by: tuple[str, int] | None = None
     run_id, status, returncode = None, "unknown", 1
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         stream = subprocess.DEVNULL if quiet else None
-        returncode = subprocess.run(cmd, env=env, cwd=app_dir, timeout=timeout, stdout=stream,
-                                    stderr=stream).returncode
+        returncode = subprocess.run(
+            cmd, env=env, cwd=app_dir, timeout=timeout, stdout=stream, stderr=stream
+        ).returncode
         run_id, status = run_identity(env, flwr)
     except tuple(STOPS) as stop:
         stopped_by = STOPS[type(stop)]
@@ -332,11 +412,16 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
         line = record_interruption(run_dir, stopped_by[0], resume)
         print(f"\n[fedprune] {line}", file=sys.stderr, flush=True)
         return Launched(stopped_by[1], run_dir, http_port, status)
-    summary_ok = run_dir is not None and (run_dir / "summary.json").is_file() and json.loads(
-        (run_dir / "summary.json").read_text()).get("status") == "completed"
+    summary_ok = (
+        run_dir is not None
+        and (run_dir / "summary.json").is_file()
+        and json.loads((run_dir / "summary.json").read_text()).get("status") == "completed"
+    )
     ok = returncode == 0 and status.endswith("completed") and summary_ok
     if quiet and run_dir is not None and (run_dir / "results.md").is_file():
-        print((run_dir / "results.md").read_text(), flush=True)  # the ServerApp printed it in the stream
+        print(
+            (run_dir / "results.md").read_text(), flush=True
+        )  # the ServerApp printed it in the stream
     print(f"\n[fedprune] flwr run status: {status}; run directory: {run_dir}", flush=True)
     for line in broken_model_lines(run_dir) if advise else []:
         print(f"[fedprune] {line}", file=sys.stderr, flush=True)
@@ -350,40 +435,76 @@ def launch(run_configs: list[str], federation_config: str, app_dir: Path = APP_D
 
 
 def broken_model_lines(run_dir: Path | None) -> list[str]:
-    """The run's broken-model warnings (summary.json `warnings`: models whose perplexity is above twice the
-    untouched model's, or whose accuracy is below chance by its 95% interval) under a line saying what
-    they mean."""
+    """The run's broken-model warnings (summary.json `warnings`: models whose perplexity is above
+    twice the untouched model's, or whose accuracy is below chance by its 95% interval) under a line
+    saying what they mean."""
     summary = None if run_dir is None else run_dir / "summary.json"
     try:
-        flags = json.loads(summary.read_text()).get("warnings", []) if summary and summary.is_file() else []
+        flags = (
+            json.loads(summary.read_text()).get("warnings", [])
+            if summary and summary.is_file()
+            else []
+        )
     except ValueError:
         return []
     if not flags:
         return []
-    return [f"the run completed, but {len(flags)} model(s) it produced are broken: a bug report, not a result",
-            *flags]
+    return [
+        (
+            f"the run completed, but {len(flags)} model(s) it produced are broken: a bug report, "
+            "not a result"
+        ),
+        *flags,
+    ]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `fedprune run`."""
-    parser.add_argument("--run-config", action="append", default=[], metavar="PRESET_OR_OVERRIDES",
-                        help="a TOML preset (conf/X.toml) or 'key=value ...' overrides; repeatable, later "
-                             "wins (keys: `fedprune keys`, docs/config.md)")
-    parser.add_argument("--federation-config", default="num-supernodes=4 client-resources-num-cpus=1",
-                        help="Flower's simulation sizing (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=7200,
-                        help="seconds the run may take before it is stopped (default: %(default)s)")
-    parser.add_argument("--strict", action="store_true",
-                        help="exit 1 when any client reply was left out (failed, timed out or "
-                             "rejected), even if the run completed: for CI")
-    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                        help="run the simulation on this existing Ray cluster (the head's address, as `ray start "
-                             "--head` prints it) instead of starting Ray; see docs/scale.md")
-    parser.add_argument("--references", action="store_true",
-                        help="SFT-P only: also run its ceiling (every gate open) and floor (post hoc cut) on the "
-                             "same clients and print the three side by side (what `make run` does)")
-    parser.add_argument("--render", nargs=3, type=Path, metavar=("SFTP", "CEILING", "FLOOR"),
-                        help="with --references: only re-render the table from three finished runs")
+    parser.add_argument(
+        "--run-config",
+        action="append",
+        default=[],
+        metavar="PRESET_OR_OVERRIDES",
+        help="a TOML preset (conf/X.toml) or 'key=value ...' overrides; repeatable, later "
+        "wins (keys: `fedprune keys`, docs/config.md)",
+    )
+    parser.add_argument(
+        "--federation-config",
+        default="num-supernodes=4 client-resources-num-cpus=1",
+        help="Flower's simulation sizing (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=7200,
+        help="seconds the run may take before it is stopped (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when any client reply was left out (failed, timed out or "
+        "rejected), even if the run completed: for CI",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="run the simulation on this existing Ray cluster (the head's address, as `ray start "
+        "--head` prints it) instead of starting Ray; see docs/scale.md",
+    )
+    parser.add_argument(
+        "--references",
+        action="store_true",
+        help="SFT-P only: also run its ceiling (every gate open) and floor (post hoc cut) on the "
+        "same clients and print the three side by side (what `make run` does)",
+    )
+    parser.add_argument(
+        "--render",
+        nargs=3,
+        type=Path,
+        metavar=("SFTP", "CEILING", "FLOOR"),
+        help="with --references: only re-render the table from three finished runs",
+    )
 
 
 def stop_when_orphaned(poll: float = 1.0) -> None:
@@ -412,10 +533,16 @@ def run(args: argparse.Namespace) -> int:
     stop_when_orphaned()
     try:
         if args.references:
-            return references.run_references(args.run_config, args.federation_config, args.timeout,
-                                             args.render)
-        return launch(args.run_config, args.federation_config, timeout=args.timeout,
-                      ray_address=args.ray_address, strict=args.strict).code
+            return references.run_references(
+                args.run_config, args.federation_config, args.timeout, args.render
+            )
+        return launch(
+            args.run_config,
+            args.federation_config,
+            timeout=args.timeout,
+            ray_address=args.ray_address,
+            strict=args.strict,
+        ).code
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

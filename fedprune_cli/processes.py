@@ -1,9 +1,10 @@
-"""Processes and ports of the local Flower components that `fedprune run` and `fedprune_cli.deploy` start and stop.
+"""Processes and ports of the local Flower components that `fedprune run` and `fedprune_cli.deploy`
+start and stop.
 
-Flower's components start their own sessions (SuperExec, the ServerApp, the simulation, Ray's daemons and actors,
-ClientApps), so killing one PID leaves the rest running: a component is stopped with its *family* (its
-descendants, every process in their sessions, and optionally every process whose environment holds a marker),
-TERM first, then KILL. Everything here reads /proc (Linux).
+Flower's components start their own sessions (SuperExec, the ServerApp, the simulation, Ray's
+daemons and actors, ClientApps), so killing one PID leaves the rest running: a component is stopped
+with its *family* (its descendants, every process in their sessions, and optionally every process
+whose environment holds a marker), TERM first, then KILL. Everything here reads /proc (Linux).
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> 
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the SuperLink exited with code {proc.returncode} (port {port} taken?)")
+            raise RuntimeError(
+                f"the SuperLink exited with code {proc.returncode} (port {port} taken?)"
+            )
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
-                time.sleep(0.5)  # a port another process held would show up as our SuperLink exiting
+                time.sleep(
+                    0.5
+                )  # a port another process held would show up as our SuperLink exiting
                 if proc.poll() is None:
                     return
         time.sleep(0.2)
@@ -50,7 +55,7 @@ def proc_table() -> dict[int, tuple[int, int, list[bytes]]]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
         table[int(proc.name)] = (int(fields[1]), int(fields[3]), argv)
     return table
 
@@ -65,10 +70,10 @@ def alive(pid: int) -> bool:
 
 
 def process_family(pids: Iterable[int], marker: str = "") -> set[int]:
-    """`pids`, their descendants, every process in their sessions or their descendants' (SuperExec and the apps
-    it starts run in sessions of their own; a SuperExec outlives a SuperNode that exits; a pid started with a
-    session of its own is that session's id), and every process whose environment holds `marker` ("KEY=value").
-    Our own session is never included."""
+    """`pids`, their descendants, every process in their sessions or their descendants' (SuperExec
+    and the apps it starts run in sessions of their own; a SuperExec outlives a SuperNode that
+    exits; a pid started with a session of its own is that session's id), and every process whose
+    environment holds `marker` ("KEY=value"). Our own session is never included."""
     pids = list(pids)
     table = proc_table()
     family = {p for p in pids if p in table}
@@ -88,10 +93,14 @@ def process_family(pids: Iterable[int], marker: str = "") -> set[int]:
     return family
 
 
-def terminate(pids: set[int], grace: float = 10.0, is_alive: Callable[[int], bool] = alive,
-              tick: Callable[[], None] | None = None) -> None:
-    """TERM every pid, then KILL what is still alive after `grace` s (`tick` runs while waiting, e.g. to reap
-    children)."""
+def terminate(
+    pids: set[int],
+    grace: float = 10.0,
+    is_alive: Callable[[int], bool] = alive,
+    tick: Callable[[], None] | None = None,
+) -> None:
+    """TERM every pid, then KILL what is still alive after `grace` s (`tick` runs while waiting,
+    e.g. to reap children)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
@@ -108,10 +117,15 @@ def terminate(pids: set[int], grace: float = 10.0, is_alive: Callable[[int], boo
             return
 
 
-def stop_processes(procs: Sequence[subprocess.Popen], marker: str = "", grace: float = 10.0) -> set[int]:
-    """TERM, then KILL after `grace` s, the family of every started process; returns the PIDs it stopped."""
+def stop_processes(
+    procs: Sequence[subprocess.Popen], marker: str = "", grace: float = 10.0
+) -> set[int]:
+    """TERM, then KILL after `grace` s, the family of every started process; returns the PIDs it
+    stopped."""
     family = process_family([p.pid for p in procs], marker)
-    terminate(set(family), grace, tick=lambda: [proc.poll() for proc in procs])  # poll reaps our children
+    terminate(
+        set(family), grace, tick=lambda: [proc.poll() for proc in procs]
+    )  # poll reaps our children
     for proc in procs:
         try:
             proc.wait(timeout=5)
@@ -121,13 +135,18 @@ def stop_processes(procs: Sequence[subprocess.Popen], marker: str = "", grace: f
 
 
 def superlink_pids(port: int) -> list[int]:
-    """PIDs of `flower-superlink` processes serving `port` (the local SuperLink `flwr run` starts detached)."""
-    return [pid for pid, (_, _, argv) in proc_table().items()
-            if any(a.endswith(b"flower-superlink") for a in argv) and str(port).encode() in argv]
+    """PIDs of `flower-superlink` processes serving `port` (the local SuperLink `flwr run` starts
+    detached)."""
+    return [
+        pid
+        for pid, (_, _, argv) in proc_table().items()
+        if any(a.endswith(b"flower-superlink") for a in argv) and str(port).encode() in argv
+    ]
 
 
 def superlink_family(port: int) -> set[int]:
-    """The SuperLink on `port` and everything it started (SuperExec, the simulation, Ray's daemons and actors)."""
+    """The SuperLink on `port` and everything it started (SuperExec, the simulation, Ray's daemons
+    and actors)."""
     return process_family(superlink_pids(port))
 
 

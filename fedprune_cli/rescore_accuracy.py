@@ -1,23 +1,27 @@
-"""Re-score finished SFT-P grid runs (sftp, fedflap, llmpruner, slicegpt) on more held-out examples per client.
+"""Re-score finished SFT-P grid runs (sftp, fedflap, llmpruner, slicegpt) on more held-out examples
+per client.
 
-In-run each client evaluates a small test split (30 examples by default), so that Table 1/2 accuracies can be
-checked for noise.
+In-run each client evaluates a small test split (30 examples by default), so that Table 1/2
+accuracies can be checked for noise.
 
-Each client k is scored, with lm-eval zero-shot like in-run, on its own task's test split (the in-run examples)
-plus up to `--examples` examples of that task that no split of the run read (`data.unused_tail`: the seeded
-shuffle's tail after test | val | train; a small task may have none left, then only its test split counts), by
-the model it deploys:
-  sftp     `compiled/client-<k>` (its deterministic mask, LoRA merged; equal to the in-run masked model within
-           float tolerance, see tests/test_routing.py); with `--dense` also the base model (`dense`), so that a
-           run whose seed drew test splits no fedflap run scored is compared with the untouched model on its own
-           questions (`fedprune compare <run> <run> --b-model dense`);
-  fedflap  `compiled/` for every client, and the run's two references: `post-hoc` (the base model compiled with
-           the run's masks.npz, no LoRA: fedflap's round 1) and `dense` (the base model: round 0);
+Each client k is scored, with lm-eval zero-shot like in-run, on its own task's test split (the
+in-run examples) plus up to `--examples` examples of that task that no split of the run read
+(`data.unused_tail`: the seeded shuffle's tail after test | val | train; a small task may have none
+left, then only its test split counts), by the model it deploys:
+  sftp     `compiled/client-<k>` (its deterministic mask, LoRA merged; equal to the in-run
+           masked model within float tolerance, see tests/test_routing.py); with `--dense` also
+           the base model (`dense`), so that a run whose seed drew test splits no fedflap run
+           scored is compared with the untouched model on its own questions
+           (`fedprune compare <run> <run> --b-model dense`);
+  fedflap  `compiled/` for every client, and the run's two references: `post-hoc` (the base
+           model compiled with the run's masks.npz, no LoRA: fedflap's round 1) and `dense` (the
+           base model: round 0);
   llmpruner, slicegpt  `compiled/` (the pruned / sliced model, LoRA merged) for every client.
-Per-example correctness (acc and acc_norm) and the answer's NLL and token count (`nll`, `tokens`: answer
-perplexity, paired between models) go to `<run>/rescore.json`, with a digest of each client's questions
-(`fedprune_cli.compare` pairs two runs only on the same questions); the SFT-P grid renders it with paired,
-per-client stratified bootstrap intervals. A run whose rescore.json has the same `--examples` is skipped.
+Per-example correctness (acc and acc_norm) and the answer's NLL and token count (`nll`, `tokens`:
+answer perplexity, paired between models) go to `<run>/rescore.json`, with a digest of each client's
+questions (`fedprune_cli.compare` pairs two runs only on the same questions); the SFT-P grid renders
+it with paired, per-client stratified bootstrap intervals. A run whose rescore.json has the same
+`--examples` is skipped.
 
     fedprune rescore accuracy outputs/grids/sftp/2026* --examples 100
 """
@@ -45,30 +49,49 @@ from fedprune_app.llm.evaluation import (  # noqa: E402
     local_mc_task,
 )
 from fedprune_app.llm.models import load_base_model, load_run, load_tokenizer  # noqa: E402
-from fedprune_app.structural.routing import compile_model, load_compiled, per_layer_masks  # noqa: E402
+from fedprune_app.structural.routing import (  # noqa: E402
+    compile_model,
+    load_compiled,
+    per_layer_masks,
+)
 
 
 def evaluated_clients(run_dir: Path) -> list[int]:
     """The client (partition) ids that evaluated in the run, from its metrics.jsonl."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return sorted({int(r["client"]) for r in rows if r.get("phase") == "evaluate" and isinstance(r.get("client"), int)})
+    rows = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    return sorted(
+        {
+            int(r["client"])
+            for r in rows
+            if r.get("phase") == "evaluate" and isinstance(r.get("client"), int)
+        }
+    )
 
 
-def held_out(cfg: RunConfig, client: int, num_clients: int, n: int) -> tuple[str, list[Example], int]:
-    """(source, examples, how many of them are the in-run test split) of one client: its test split, then up to n
-    unused examples of the same source."""
+def held_out(
+    cfg: RunConfig, client: int, num_clients: int, n: int
+) -> tuple[str, list[Example], int]:
+    """(source, examples, how many of them are the in-run test split) of one client: its test split,
+    then up to n unused examples of the same source."""
     data = client_data(cfg, client, num_clients)
     return data.eval_source, list(data.test) + unused_tail(cfg, data.eval_source, n), len(data.test)
 
 
 def question_digest(rows: list[Example]) -> str:
-    """A short digest of the examples a client was scored on, in order: two records pair only when it is equal."""
+    """A short digest of the examples a client was scored on, in order: two records pair only when
+    it is equal."""
     return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def models_of(run_dir: Path, cfg: RunConfig, clients: list[int], dense: bool = False) -> dict[str, dict[int, Any]]:
-    """{row: {client: the model it is scored with}} of one run (see the module docstring); `dense` adds the
-    untouched base model (row `dense`) for every method."""
+def models_of(
+    run_dir: Path, cfg: RunConfig, clients: list[int], dense: bool = False
+) -> dict[str, dict[int, Any]]:
+    """{row: {client: the model it is scored with}} of one run (see the module docstring); `dense`
+    adds the untouched base model (row `dense`) for every method."""
     models = {"final": _final_models(run_dir, cfg, clients)}
     if cfg.method == "fedflap":
         base = load_base_model(cfg.model_name, cfg.model_dtype).eval()
@@ -76,13 +99,16 @@ def models_of(run_dir: Path, cfg: RunConfig, clients: list[int], dense: bool = F
         models["post-hoc"] = dict.fromkeys(clients, post_hoc)
         models["dense"] = dict.fromkeys(clients, base)
     elif dense:
-        models["dense"] = dict.fromkeys(clients, load_base_model(cfg.model_name, cfg.model_dtype).eval())
+        models["dense"] = dict.fromkeys(
+            clients, load_base_model(cfg.model_name, cfg.model_dtype).eval()
+        )
     return models
 
 
 def _final_models(run_dir: Path, cfg: RunConfig, clients: list[int]) -> dict[int, Any]:
-    """{client: the model it deploys}: a compiled / pruned / sliced model, the global adapter on the base model
-    (FedIT, FedTPA), client k's truncated adapter (FlexLoRA) or the sparse global model (FedSpaLLM)."""
+    """{client: the model it deploys}: a compiled / pruned / sliced model, the global adapter on the
+    base model (FedIT, FedTPA), client k's truncated adapter (FlexLoRA) or the sparse global model
+    (FedSpaLLM)."""
     if cfg.method == "sftp":
         return {k: load_compiled(run_dir / "compiled" / f"client-{k}") for k in clients}
     if cfg.method == "llmpruner":
@@ -98,25 +124,39 @@ def _final_models(run_dir: Path, cfg: RunConfig, clients: list[int]) -> dict[int
     if cfg.method == "fedspallm":
         from transformers import AutoModelForCausalLM
 
-        return dict.fromkeys(clients, AutoModelForCausalLM.from_pretrained(run_dir / "model").eval())
+        return dict.fromkeys(
+            clients, AutoModelForCausalLM.from_pretrained(run_dir / "model").eval()
+        )
     from peft import PeftModel
 
     if cfg.method == "flexlora":
-        return {k: PeftModel.from_pretrained(load_base_model(cfg.model_name, cfg.model_dtype),
-                                             run_dir / "client-adapters" / f"client-{k}").eval() for k in clients}
+        return {
+            k: PeftModel.from_pretrained(
+                load_base_model(cfg.model_name, cfg.model_dtype),
+                run_dir / "client-adapters" / f"client-{k}",
+            ).eval()
+            for k in clients
+        }
     return dict.fromkeys(clients, load_run(run_dir)[0])
 
 
-def answer_nll(model: Any, tokenizer: Any, rows: list[Example], seq_len: int, batch_size: int) -> dict[str, list]:
-    """Per example, in the task's document order: the summed NLL of its answer given its question (`nll`) and the
-    answer's token count (`tokens`): the units of a paired answer-perplexity comparison between two models."""
+def answer_nll(
+    model: Any, tokenizer: Any, rows: list[Example], seq_len: int, batch_size: int
+) -> dict[str, list]:
+    """Per example, in the task's document order: the summed NLL of its answer given its question
+    (`nll`) and the answer's token count (`tokens`): the units of a paired answer-perplexity
+    comparison between two models."""
     scores = answer_scores(model, tokenizer, rows, seq_len, batch_size)
-    return {"nll": [round(float(x), 6) for x in scores.nll], "tokens": [int(t) for t in scores.tokens]}
+    return {
+        "nll": [round(float(x), 6) for x in scores.nll],
+        "tokens": [int(t) for t in scores.tokens],
+    }
 
 
 def rescore(run_dir: Path, examples: int, batch_size: int, dense: bool = False) -> dict[str, Any]:
-    """Score one run's models on each client's held-out examples; the record written to rescore.json. `dense`:
-    an SFT-P run's record also scores the base model (fedflap's always does)."""
+    """Score one run's models on each client's held-out examples; the record written to
+    rescore.json. `dense`: an SFT-P run's record also scores the base model (fedflap's always
+    does)."""
     cfg = RunConfig.from_flower(json.loads((run_dir / "config.json").read_text()))
     clients = evaluated_clients(run_dir)
     tokenizer = load_tokenizer(cfg.model_name)
@@ -127,23 +167,38 @@ def rescore(run_dir: Path, examples: int, batch_size: int, dense: bool = False) 
         for k in clients:
             source, rows, n_test = held_out(cfg, k, len(clients), examples)
             rows_of[k] = rows
-            record["clients"][str(k)] = {"source": source, "examples": len(rows), "test-split": n_test,
-                                         "questions": question_digest(rows)}
-            tasks[k] = local_mc_task(f"fedprune_rescore_client_{k}", write_jsonl(Path(tmp) / f"client-{k}.jsonl", rows))
+            record["clients"][str(k)] = {
+                "source": source,
+                "examples": len(rows),
+                "test-split": n_test,
+                "questions": question_digest(rows),
+            }
+            tasks[k] = local_mc_task(
+                f"fedprune_rescore_client_{k}", write_jsonl(Path(tmp) / f"client-{k}.jsonl", rows)
+            )
         for name, per_client in models_of(run_dir, cfg, clients, dense).items():
-            record["models"][name] = {str(k): lm_eval_per_example(model, tokenizer, tasks[k], batch_size)
-                                      | answer_nll(model, tokenizer, rows_of[k], cfg.seq_len, batch_size)
-                                      for k, model in per_client.items()}
+            record["models"][name] = {
+                str(k): lm_eval_per_example(model, tokenizer, tasks[k], batch_size)
+                | answer_nll(model, tokenizer, rows_of[k], cfg.seq_len, batch_size)
+                for k, model in per_client.items()
+            }
     record["seconds"] = round(time.perf_counter() - start, 1)
     return record
 
 
-ARTEFACT = {"sftp": "compiled", "fedflap": "compiled", "llmpruner": "compiled", "slicegpt": "compiled",
-            "fedspallm": "model", "flexlora": "client-adapters"}  # the rest: adapter/
+ARTEFACT = {
+    "sftp": "compiled",
+    "fedflap": "compiled",
+    "llmpruner": "compiled",
+    "slicegpt": "compiled",
+    "fedspallm": "model",
+    "flexlora": "client-adapters",
+}  # the rest: adapter/
 
 
 def skip_reason(run_dir: Path) -> str | None:
-    """Why a directory cannot be re-scored (None when it can): no config.json, or its models are not there."""
+    """Why a directory cannot be re-scored (None when it can): no config.json, or its models are not
+    there."""
     config = run_dir / "config.json"
     if not config.is_file():
         return "no config.json (not a run directory)"
@@ -160,8 +215,11 @@ def report(run_dir: Path, record: dict[str, Any]) -> None:
         strata = [int(k) for k in sorted(per_client) for _ in per_client[k]["acc"]]
         mean, lo, hi = bootstrap_ci(values, strata=strata)
         sizes = "/".join(str(len(per_client[k]["acc"])) for k in sorted(per_client))
-        print(f"{run_dir.name} {name}: mean acc over clients ×100 {100 * mean:.2f} [{100 * lo:.2f}, {100 * hi:.2f}] "
-              f"on {sizes} examples ({record['seconds']} s)", flush=True)
+        print(
+            f"{run_dir.name} {name}: mean acc over clients ×100 {100 * mean:.2f} [{100 * lo:.2f}, "
+            f"{100 * hi:.2f}] on {sizes} examples ({record['seconds']} s)",
+            flush=True,
+        )
 
 
 FLAGS = {"dense": "also score the untouched base model (row `dense`; fedflap runs always do)"}

@@ -1,15 +1,17 @@
 """fedflap: a federated FLAP-style structural baseline on SFT-P's protocol (FLAP, An et al. 2024).
 
-Round 1: every sampled client scores the residual-bus coordinates of SFT-P's four masks per layer on its own data
-(`clients.fedflap.importance_scores`); the server averages the scores weighted by num-examples, standardises them
-per (layer, mask) and cuts ONE global mask at the budget p (`sftp-keep-ratios`, a single value: SFT-P's budget
-key), `cut_masks`. Rounds 2..R: FedAvg LoRA recovery (FedIT) on the routed model with those masks, which travel
-as bool arrays `fedflap-mask.<name>` (layers × d) in the global arrays and never change.
+Round 1: every sampled client scores the residual-bus coordinates of SFT-P's four masks per layer on
+its own data (`clients.fedflap.importance_scores`); the server averages the scores weighted by
+num-examples, standardises them per (layer, mask) and cuts ONE global mask at the budget p
+(`sftp-keep-ratios`, a single value: SFT-P's budget key), `cut_masks`. Rounds 2..R: FedAvg LoRA
+recovery (FedIT) on the routed model with those masks, which travel as bool arrays
+`fedflap-mask.<name>` (layers × d) in the global arrays and never change.
 
-References in one run: round 0 = dense, round 1 = "post hoc" (the cut masks, zero LoRA, no training), the last
-round = fedflap. `save_final` writes `compiled/` (LoRA merged, sliced:
+References in one run: round 0 = dense, round 1 = "post hoc" (the cut masks, zero LoRA, no
+training), the last round = fedflap. `save_final` writes `compiled/` (LoRA merged, sliced:
 `fedprune_app.structural.routing.load_compiled`),
-`adapter/`, `masks.npz`, `masks.json`, `importance.npz` and `fedflap.json` (per client: dense / post hoc / fedflap).
+`adapter/`, `masks.npz`, `masks.json`, `importance.npz` and `fedflap.json` (per client: dense / post
+hoc / fedflap).
 """
 
 from __future__ import annotations
@@ -23,11 +25,17 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.protocol import flat_metrics, parse_partition_id
+from fedprune_app.core.protocol import flat_metrics, parse_partition_id, spec_of
 from fedprune_app.core.recovery import Spec, StatisticsThenRecovery
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.strategy import Recorder
-from fedprune_app.llm.models import initial_adapter_state, model_device, save_adapter, set_adapter_state
+from fedprune_app.llm.models import (
+    initial_adapter_state,
+    model_config,
+    model_device,
+    save_adapter,
+    set_adapter_state,
+)
 from fedprune_app.methods.fedflap.importance import (
     IMPORTANCE_PREFIX,
     MASK_PREFIX,
@@ -38,6 +46,7 @@ from fedprune_app.methods.fedflap.importance import (
     single_keep_ratio,
     standardise,
 )
+from fedprune_app.methods.fedflap.shapes import structure_spec
 from fedprune_app.structural.held import held_coordinates
 from fedprune_app.structural.routing import (
     MASK_NAMES,
@@ -50,37 +59,36 @@ from fedprune_app.structural.routing import (
     save_compiled,
 )
 
-# --- pure server-side functions (tests call them without Flower or a model) ---------------------------------
-
-
-
-
-
-
-
-
-
-
-
+# --- pure server-side functions (tests call them without Flower or a model) -----------------------
 
 
 def render_reference_table(table: Mapping[str, Any]) -> str:
-    """fedflap.json as Markdown: a row per model (dense / post hoc / fedflap), acc per client and the mean."""
+    """fedflap.json as Markdown: a row per model (dense / post hoc / fedflap), acc per client and
+    the mean."""
     labels = [k for k in ("dense", "post-hoc", "fedflap") if k in table]
     clients = sorted({c for k in labels for c in table[k]["clients"]}, key=lambda c: (len(c), c))
-    lines = [f"fedflap at keep ratio {table['keep-ratio']:g} (acc on each client's own test split; post hoc = "
-             "the cut masks with no training)", "",
-             "| model (round) | " + " | ".join(f"client {c}" for c in clients) + " | mean | kept (prunable) |",
-             "|---|" + "---|" * (len(clients) + 2)]
+    lines = [
+        f"fedflap at keep ratio {table['keep-ratio']:g} (acc on each client's own test split; post "
+        "hoc = the cut masks with no training)",
+        "",
+        "| model (round) | "
+        + " | ".join(f"client {c}" for c in clients)
+        + " | mean | kept (prunable) |",
+        "|---|" + "---|" * (len(clients) + 2),
+    ]
     for k in labels:
         row, mean = table[k]["clients"], table[k]["mean"]
         cells = [f"{row[c]['acc']:.3f}" if "acc" in row.get(c, {}) else "–" for c in clients]
-        cells += [f"{mean['acc']:.3f}" if "acc" in mean else "–", f"{mean.get('kept-ratio-prunable', 1.0):.3f}"]
+        cells += [
+            f"{mean['acc']:.3f}" if "acc" in mean else "–",
+            f"{mean.get('kept-ratio-prunable', 1.0):.3f}",
+        ]
         lines.append(f"| {k} ({table['rounds'][k]}) | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-# --- the strategy ----------------------------------------------------------------------------------------
+# --- the strategy ---------------------------------------------------------------------------------
+
 
 @register_strategy("fedflap")
 class FedFLAPStrategy(StatisticsThenRecovery):
@@ -97,12 +105,22 @@ class FedFLAPStrategy(StatisticsThenRecovery):
         self.keep_ratio = single_keep_ratio(cfg)
         self.masks: dict[str, np.ndarray] | None = None
         self.importance: dict[str, np.ndarray] | None = None
-        self.scores: dict[str, dict[str, dict[str, float]]] = {}  # round -> client -> metrics (for fedflap.json)
+        # round -> client -> metrics (for fedflap.json)
+        self.scores: dict[str, dict[str, dict[str, float]]] = {}
 
     def initial_arrays(self) -> ArrayRecord:
         """Φ^(0) (A seeded, B = 0) and no masks: round 0 evaluates the dense model."""
         model, _ = fedflap_model_for(self.cfg)
         return ArrayRecord(initial_adapter_state(model))
+
+    def checkpoint_spec(
+        self, initial: ArrayRecord, arrays: Mapping[str, np.ndarray] | None = None
+    ) -> Spec | None:
+        """The masks and the state's masks and importance, whose shapes config.json fixes
+        (`fedflap.shapes.structure_spec`, as the launcher's), beside the LoRA of `initial`: the
+        routed model keeps every dense shape."""
+        structure = structure_spec(model_config(self.cfg.model_name))
+        return None if structure is None else structure | spec_of(initial)
 
     def statistics_shapes(self) -> Spec:
         """Round 1: float32 (layers, d) per mask name."""
@@ -115,28 +133,46 @@ class FedFLAPStrategy(StatisticsThenRecovery):
         problem = super().reply_problem(node_id, reply)
         if problem is not None:
             return problem
-        negative = [k for k, v in reply.array_records["arrays"].items()
-                    if k.startswith(IMPORTANCE_PREFIX) and (v.numpy() < 0).any()]
-        return f"importance scores must be >= 0 (variances times squared norms): {negative[0]}" if negative else None
+        negative = [
+            k
+            for k, v in reply.array_records["arrays"].items()
+            if k.startswith(IMPORTANCE_PREFIX) and (v.numpy() < 0).any()
+        ]
+        return (
+            f"importance scores must be >= 0 (variances times squared norms): {negative[0]}"
+            if negative
+            else None
+        )
 
-    def cut(self, states: list[dict[str, np.ndarray]], replies: list[RecordDict]) -> dict[str, np.ndarray]:
-        """Importance averaged by num-examples, standardised per (layer, mask), one global cut at the budget that
-        keeps the `sftp-hold-open` coordinates (default: the massive activations, as SFT-P's masks do)."""
+    def cut(
+        self, states: list[dict[str, np.ndarray]], replies: list[RecordDict]
+    ) -> dict[str, np.ndarray]:
+        """Importance averaged by num-examples, standardised per (layer, mask), one global cut at
+        the budget that keeps the `sftp-hold-open` coordinates (default: the massive activations, as
+        SFT-P's masks do)."""
         weights = [float(flat_metrics(r)["num-examples"]) for r in replies]
-        mean = average_importance([{k[len(IMPORTANCE_PREFIX):]: v for k, v in s.items()} for s in states], weights)
+        mean = average_importance(
+            [{k[len(IMPORTANCE_PREFIX) :]: v for k, v in s.items()} for s in states], weights
+        )
         model, tokenizer = fedflap_model_for(self.cfg)
         target = self.keep_ratio * prunable_parameters(model.config)
         held = held_coordinates(self.cfg, model, tokenizer)
         normalised = {n: standardise(v) for n, v in mean.items()}
         self.importance = {n: v.astype(np.float32) for n, v in mean.items()}
-        self.masks = cut_masks(normalised, coordinate_costs(model.config), target,
-                               None if held is None else held.numpy() > 0.5)
+        self.masks = cut_masks(
+            normalised,
+            coordinate_costs(model.config),
+            target,
+            None if held is None else held.numpy() > 0.5,
+        )
         return {k: v.numpy() for k, v in initial_adapter_state(model).items()}
 
     def structure_arrays(self) -> dict[str, np.ndarray] | None:
         return None if self.masks is None else {MASK_PREFIX + n: m for n, m in self.masks.items()}
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         replies = list(replies)
         for msg in replies:
             if not msg.has_error():
@@ -144,9 +180,13 @@ class FedFLAPStrategy(StatisticsThenRecovery):
                 try:
                     client = str(parse_partition_id(m.get("partition-id")))
                 except ValueError:
-                    continue  # the base class logs the reply (client None); fedflap.json holds clients only
+                    # the base class logs the reply (client None); fedflap.json holds clients only
+                    continue
                 self.scores.setdefault(str(server_round), {})[client] = {
-                    k: float(v) for k, v in m.items() if k in ("acc", "acc_norm", "ppl", "kept-ratio-prunable")}
+                    k: float(v)
+                    for k, v in m.items()
+                    if k in ("acc", "acc_norm", "ppl", "kept-ratio-prunable")
+                }
         return super().aggregate_evaluate(server_round, replies)
 
     def load(self, arrays: ArrayRecord) -> tuple[Any, Any]:
@@ -165,7 +205,12 @@ class FedFLAPStrategy(StatisticsThenRecovery):
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
         model, tokenizer = self.load(arrays)
-        save_adapter(model, out_dir / "adapter", out_dir / "merged" if self.cfg.save_merged else None, tokenizer)
+        save_adapter(
+            model,
+            out_dir / "adapter",
+            out_dir / "merged" if self.cfg.save_merged else None,
+            tokenizer,
+        )
         artefacts = {"adapter": "adapter"} | ({"merged": "merged"} if self.cfg.save_merged else {})
         table = self.reference_table()
         (out_dir / "fedflap.json").write_text(json.dumps(table, indent=1) + "\n")
@@ -173,14 +218,21 @@ class FedFLAPStrategy(StatisticsThenRecovery):
         artefacts["references"] = "fedflap.md"
         if self.masks is None:
             return artefacts
-        save_compiled(compile_model(model, per_layer_masks(self.masks)), out_dir / "compiled", tokenizer)
+        save_compiled(
+            compile_model(model, per_layer_masks(self.masks)), out_dir / "compiled", tokenizer
+        )
         np.savez_compressed(out_dir / "masks.npz", **self.masks)
         np.savez_compressed(out_dir / "importance.npz", **(self.importance or {}))
         (out_dir / "masks.json").write_text(json.dumps(mask_statistics({0: self.masks})) + "\n")
-        return artefacts | {"compiled": "compiled", "masks": "masks.npz", "importance": "importance.npz"}
+        return artefacts | {
+            "compiled": "compiled",
+            "masks": "masks.npz",
+            "importance": "importance.npz",
+        }
 
     def reference_table(self) -> dict[str, Any]:
-        """Per client and mean: dense (round 0), post hoc (round 1: masks, no training), fedflap (last round)."""
+        """Per client and mean: dense (round 0), post hoc (round 1: masks, no training), fedflap
+        (last round)."""
         evaluated = sorted(map(int, self.scores))
         rows = {"dense": "0", "post-hoc": "1"}
         if evaluated and evaluated[-1] > 1:
@@ -188,6 +240,11 @@ class FedFLAPStrategy(StatisticsThenRecovery):
         table: dict[str, Any] = {"keep-ratio": self.keep_ratio, "rounds": rows}
         for label, r in rows.items():
             per = self.scores.get(r, {})
-            table[label] = {"clients": per, "mean": {k: float(np.mean([c[k] for c in per.values() if k in c]))
-                                                     for k in sorted({k for c in per.values() for k in c})}}
+            table[label] = {
+                "clients": per,
+                "mean": {
+                    k: float(np.mean([c[k] for c in per.values() if k in c]))
+                    for k in sorted({k for c in per.values() for k in c})
+                },
+            }
         return table

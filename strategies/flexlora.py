@@ -1,15 +1,18 @@
-"""FlexLoRA (Bai et al., NeurIPS 2024; FedTPA's baseline [15]): heterogeneous LoRA ranks, ΔW averaging, SVD.
+"""FlexLoRA (Bai et al., NeurIPS 2024; FedTPA's baseline [15]): heterogeneous LoRA ranks, ΔW
+averaging, SVD.
 
-Client i trains LoRA at its own rank r_i (`flexlora-ranks`, by partition id: its resources). The server forms
-every client's full ΔW_i = (α/r_i)·B_i·A_i per adapter layer, averages them by data size,
-ΔW = Σ_i p_i ΔW_i (p_i ∝ num-examples), and gives each client its own rank back by truncated SVD:
-B = U_r·S_r/(α/r), A = V_rᵀ (the FederatedScope FlexLoRA split: the singular values go to B, A stays
-orthonormal; peft then applies α/r and reproduces U_r S_r V_rᵀ, the best rank-r approximation, Eckart–Young).
+Client i trains LoRA at its own rank r_i (`flexlora-ranks`, by partition id: its resources). The
+server forms every client's full ΔW_i = (α/r_i)·B_i·A_i per adapter layer, averages them by data
+size, ΔW = Σ_i p_i ΔW_i (p_i ∝ num-examples), and gives each client its own rank back by truncated
+SVD: B = U_r·S_r/(α/r), A = V_rᵀ (the FederatedScope FlexLoRA split: the singular values go to B, A
+stays orthonormal; peft then applies α/r and reproduces U_r S_r V_rᵀ, the best rank-r approximation,
+Eckart–Young).
 
-The global arrays the loop carries (and that federated evaluation, server evaluation and the saved adapter use)
-are the factors at the largest configured rank r_max; a node of known rank r is sent their first r dimensions
-(`truncate_factors`, identical to the rank-r SVD). A node not heard from yet gets the r_max factors and
-truncates them itself. The share of ‖ΔW‖²_F that rank r_max keeps is logged each round (`svd-energy`).
+The global arrays the loop carries (and that federated evaluation, server evaluation and the saved
+adapter use) are the factors at the largest configured rank r_max; a node of known rank r is sent
+their first r dimensions (`truncate_factors`, identical to the rank-r SVD). A node not heard from
+yet gets the r_max factors and truncates them itself. The share of ‖ΔW‖²_F that rank r_max keeps is
+logged each round (`svd-energy`).
 """
 
 from __future__ import annotations
@@ -21,33 +24,30 @@ import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig
+from fedprune_app.core.lora import LoRAStrategy
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import examples_problem, to_record, values_of_problem
 from fedprune_app.core.strategy import log
 from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers, factor_problem, truncate_factors
 from fedprune_app.llm.models import peft_model_for, save_adapter, set_adapter_state
-from fedprune_app.methods.flexlora.svd import average_deltas, lora_delta, max_rank, svd_factors
-from strategies.fedit import FedITStrategy
+from fedprune_app.methods.flexlora.config import max_rank
+from fedprune_app.methods.flexlora.svd import average_deltas, lora_delta, svd_factors
 
-# --- pure functions -------------------------------------------------------------------------------------
-
-
+# --- pure functions -------------------------------------------------------------------------------
 
 
+# --- the strategy ---------------------------------------------------------------------------------
 
-
-
-
-
-# --- the strategy ---------------------------------------------------------------------------------------
 
 @register_strategy("flexlora")
-class FlexLoRAStrategy(FedITStrategy):
+class FlexLoRAStrategy(LoRAStrategy):
     """Per-node ranks down, heterogeneous adapters up, ΔW average + truncated SVD."""
 
-    dp_release = ("ΔW of every adapted layer: each client's change of (α/r_i)·B_i A_i from the "
-                  "global ΔW truncated to its rank, all layers jointly, clipped on the server")
+    dp_release = (
+        "ΔW of every adapted layer: each client's change of (α/r_i)·B_i A_i from the "
+        "global ΔW truncated to its rank, all layers jointly, clipped on the server"
+    )
 
     def __init__(self, cfg: RunConfig, recorder: Any = None) -> None:
         super().__init__(cfg.replace(lora_rank=max_rank(cfg)), recorder)
@@ -57,7 +57,8 @@ class FlexLoRAStrategy(FedITStrategy):
         self.layers: list[str] = []
 
     def initial_arrays(self) -> ArrayRecord:
-        """Fresh LoRA at r_max (A seeded, B = 0: ΔW = 0); a rank-r client starts from its first r rows of A."""
+        """Fresh LoRA at r_max (A seeded, B = 0: ΔW = 0); a rank-r client starts from its first r
+        rows of A."""
         arrays = super().initial_arrays()
         self.layers = adapter_layers(arrays.keys())
         return arrays
@@ -83,16 +84,19 @@ class FlexLoRAStrategy(FedITStrategy):
         return to_record(self.at_rank(numpy_state(arrays), rank))
 
     def at_rank(self, state: dict[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
-        """The global factors truncated to `rank` (`truncate_factors`: the rank-r SVD of the same ΔW)."""
+        """The global factors truncated to `rank` (`truncate_factors`: the rank-r SVD of the same
+        ΔW)."""
         out: dict[str, np.ndarray] = {}
         for layer in adapter_layers(state):
-            out[layer + LORA_B], out[layer + LORA_A] = truncate_factors(state[layer + LORA_B], state[layer + LORA_A],
-                                                                        rank)
+            out[layer + LORA_B], out[layer + LORA_A] = truncate_factors(
+                state[layer + LORA_B], state[layer + LORA_A], rank
+            )
         return out
 
     def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
-        """Reject replies with missing/extra tensors, a rank outside [1, r_max] or not the same in every layer
-        (and as reported), shapes that do not fit the layers, non-finite values or bad metrics."""
+        """Reject replies with missing/extra tensors, a rank outside [1, r_max] or not the same in
+        every layer (and as reported), shapes that do not fit the layers, non-finite values or bad
+        metrics."""
         if "arrays" not in reply.array_records:
             return "reply holds no 'arrays' record"
         arrays, sent = reply.array_records["arrays"], self.sent[node_id]
@@ -118,12 +122,18 @@ class FlexLoRAStrategy(FedITStrategy):
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         states = [numpy_state(r.array_records["arrays"]) for r in replies]
         metrics = [flat_metrics(r) for r in replies]
-        deltas = average_deltas(states, [int(m["rank"]) for m in metrics],
-                                [float(m["num-examples"]) for m in metrics], self.layers, self.alpha)
+        deltas = average_deltas(
+            states,
+            [int(m["rank"]) for m in metrics],
+            [float(m["num-examples"]) for m in metrics],
+            self.layers,
+            self.alpha,
+        )
         return self.factors(server_round, deltas)
 
-    def dp_aggregate(self, server_round: int, replies: list[RecordDict], arrays: ArrayRecord,
-                     sampled: int) -> ArrayRecord:
+    def dp_aggregate(
+        self, server_round: int, replies: list[RecordDict], arrays: ArrayRecord, sampled: int
+    ) -> ArrayRecord:
         """DP-FedAvg on ΔW (McMahan et al. 2018, on the products, not the factors): client i's
         change D_i = (α/r_i)·B_i A_i − ΔW_g^(r_i) (ΔW_g^(r): the global ΔW truncated to rank r,
         what it was sent) over all layers jointly, clipped to C here, on the server: factors at a
@@ -143,10 +153,14 @@ class FlexLoRAStrategy(FedITStrategy):
             rank = int(flat_metrics(reply)["rank"])
             local = numpy_state(reply.array_records["arrays"])
             sent = self.at_rank(state, rank)
-            ref = {layer: lora_delta(sent[layer + LORA_B], sent[layer + LORA_A], self.alpha, rank)
-                   for layer in self.layers}
-            own = {layer: lora_delta(local[layer + LORA_B], local[layer + LORA_A], self.alpha, rank)
-                   for layer in self.layers}
+            ref = {
+                layer: lora_delta(sent[layer + LORA_B], sent[layer + LORA_A], self.alpha, rank)
+                for layer in self.layers
+            }
+            own = {
+                layer: lora_delta(local[layer + LORA_B], local[layer + LORA_A], self.alpha, rank)
+                for layer in self.layers
+            }
             clipped, norm = clip_update(own, ref, self.layers, dp.dp_clipping_norm)
             norms.append(norm)
             for layer in self.layers:
@@ -157,8 +171,10 @@ class FlexLoRAStrategy(FedITStrategy):
             std = compute_stdv(dp.dp_noise_multiplier, dp.dp_clipping_norm, sampled)
             add_gaussian_noise_inplace(noise, std)
         self.dp_account(server_round, sampled, replies, norms)
-        return self.factors(server_round, {layer: base[layer] + n for layer, n in
-                                           zip(self.layers, noise, strict=True)})
+        return self.factors(
+            server_round,
+            {layer: base[layer] + n for layer, n in zip(self.layers, noise, strict=True)},
+        )
 
     def factors(self, server_round: int, deltas: dict[str, np.ndarray]) -> ArrayRecord:
         """The global factors at r_max: the truncated SVD of each layer's averaged ΔW (and the
@@ -166,25 +182,34 @@ class FlexLoRAStrategy(FedITStrategy):
         out: dict[str, np.ndarray] = {}
         energy = []
         for layer, delta in deltas.items():
-            out[layer + LORA_B], out[layer + LORA_A], kept = svd_factors(delta, self.r_max, self.alpha)
+            out[layer + LORA_B], out[layer + LORA_A], kept = svd_factors(
+                delta, self.r_max, self.alpha
+            )
             energy.append(kept)
         share = float(np.mean(energy))
         self.record({"round": server_round, "phase": "server-aggregate", "svd-energy": share})
-        log.info("[fedprune] FlexLoRA round %d: rank %d keeps %.4f of ||dW||^2 (mean over layers)", server_round,
-                 self.r_max, share)
+        log.info(
+            "[fedprune] FlexLoRA round %d: rank %d keeps %.4f of ||dW||^2 (mean over layers)",
+            server_round,
+            self.r_max,
+            share,
+        )
         return to_record(out)
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        """`adapter/`: the global factors at r_max (FedIT's `save_final`); `client-adapters/client-<k>/`: client k's
-        final model, the global factors truncated to its rank r_k (what it evaluates, see `arrays_for`), a PEFT
-        directory at rank r_k (α unchanged, so α/r_k scales it); with `save-merged` also `client-merged/client-<k>/`."""
+        """`adapter/`: the global factors at r_max (the LoRA base's `save_final`);
+        `client-adapters/client-<k>/`: client k's final model, the global factors truncated to its
+        rank r_k (what it evaluates, see `arrays_for`), a PEFT directory at rank r_k (α unchanged,
+        so α/r_k scales it); with `save-merged` also `client-merged/client-<k>/`."""
         import torch
 
         artefacts = super().save_final(arrays, out_dir)
         state = numpy_state(arrays)
         for pid, rank in sorted(self.partition_rank.items()):
             model, tokenizer = peft_model_for(self.cfg, rank=rank)
-            set_adapter_state(model, {k: torch.from_numpy(v) for k, v in self.at_rank(state, rank).items()})
+            set_adapter_state(
+                model, {k: torch.from_numpy(v) for k, v in self.at_rank(state, rank).items()}
+            )
             merged = out_dir / "client-merged" / f"client-{pid}" if self.cfg.save_merged else None
             save_adapter(model, out_dir / "client-adapters" / f"client-{pid}", merged, tokenizer)
             artefacts[f"adapter-client-{pid}"] = f"client-adapters/client-{pid}"

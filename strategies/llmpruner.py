@@ -1,16 +1,21 @@
-"""LLM-Pruner, federated (Ma et al. 2023; SFT-P's Table 1 baseline "LLM-Pruner+FT" in federated form).
+"""LLM-Pruner, federated (Ma et al. 2023; SFT-P's Table 1 baseline "LLM-Pruner+FT" in federated
+form).
 
-Round 1: every sampled client sends its Taylor rows (`fedprune_app.methods.llmpruner.importance`); the server
-averages them weighted by the clients' token counts, takes |·|, sums them per coupled structure (kv groups, MLP
-channels) and cuts ONE global structure at the budget `llmpruner-keep-ratio` (`structure.cut`, LLM-Pruner's
-block-wise recipe over `llmpruner-layer-start/-end`). Rounds 2..R: FedAvg LoRA recovery (FedIT) on the pruned
-model; the structure travels as bool arrays `llmpruner-keep.heads` / `llmpruner-keep.channels` and never changes.
+Round 1: every sampled client sends its Taylor rows (`fedprune_app.methods.llmpruner.importance`);
+the server averages them weighted by the clients' token counts, takes |·|, sums them per coupled
+structure (kv groups, MLP channels) and cuts ONE global structure at the budget
+`llmpruner-keep-ratio` (`structure.cut`, LLM-Pruner's block-wise recipe over
+`llmpruner-layer-start/-end`). Rounds 2..R: FedAvg LoRA recovery (FedIT) on the pruned model; the
+structure travels as bool arrays `llmpruner-keep.heads` / `llmpruner-keep.channels` and never
+changes.
 
-References in one run: round 0 = dense, round 1 = post hoc (the cut, zero LoRA), the last round = llmpruner; with
-`llmpruner-centralized` the server also scores (simulation only) the cut from the pooled calibration data of all
-clients ('centralized') and the federated cut, both without recovery. `save_final` writes `compiled/` (LoRA merged,
-heads and channels removed: `fedprune_app.methods.llmpruner.structure.load_pruned`), `adapter/`, `structure.npz`,
-`importance.npz`, and `phase: compiled` rows (size, kept ratio, server perplexity, optional speed) for results.md.
+References in one run: round 0 = dense, round 1 = post hoc (the cut, zero LoRA), the last
+round = llmpruner; with `llmpruner-centralized` the server also scores (simulation only) the cut
+from the pooled calibration data of all clients ('centralized') and the federated cut, both without
+recovery. `save_final` writes `compiled/` (LoRA merged, heads and channels removed:
+`fedprune_app.methods.llmpruner.structure.load_pruned`), `adapter/`, `structure.npz`,
+`importance.npz`, and `phase: compiled` rows (size, kept ratio, server perplexity, optional speed)
+for results.md.
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ log = logging.getLogger("flwr")
 
 @register_strategy("llmpruner")
 class LLMPrunerStrategy(StatisticsThenRecovery):
-    """Round 1: Taylor rows → averaged → one global cut; rounds 2..R: FedAvg over LoRA on the pruned model."""
+    """Round 1: Taylor rows → averaged → one global cut; rounds 2..R: FedAvg over LoRA on the pruned
+    model."""
 
     structure_prefix = KEEP_PREFIX
     statistics_name = "importance"
@@ -78,33 +84,57 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
         """Round 1: float32 (layers, width) per Taylor row array."""
         model, _ = peft_model_for(self.cfg)
         layers = int(model.config.num_hidden_layers)
-        return {IMPORTANCE_PREFIX + n: ((layers, w), "float32") for n, w in row_widths(model.config).items()}
+        return {
+            IMPORTANCE_PREFIX + n: ((layers, w), "float32")
+            for n, w in row_widths(model.config).items()
+        }
 
     def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
         """The base checks, then `param_first` rows must be ≥ 0 (sums of absolute values)."""
         problem = super().reply_problem(node_id, reply)
         if problem is not None or self.section.llmpruner_taylor != "param_first":
             return problem
-        negative = [k for k, v in reply.array_records["arrays"].items()
-                    if k.startswith(IMPORTANCE_PREFIX) and (v.numpy() < 0).any()]
-        return f"param_first Taylor rows must be >= 0 (sums of |w * grad|): {negative[0]}" if negative else None
+        negative = [
+            k
+            for k, v in reply.array_records["arrays"].items()
+            if k.startswith(IMPORTANCE_PREFIX) and (v.numpy() < 0).any()
+        ]
+        return (
+            f"param_first Taylor rows must be >= 0 (sums of |w * grad|): {negative[0]}"
+            if negative
+            else None
+        )
 
-    def cut_from_rows(self, rows: dict[str, np.ndarray], config: Any) -> tuple[dict[str, np.ndarray],
-                                                                            dict[str, np.ndarray]]:
-        """(structure, group scores) of averaged Taylor rows at this run's budget and layer range."""
+    def cut_from_rows(
+        self, rows: dict[str, np.ndarray], config: Any
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(structure, group scores) of averaged Taylor rows at this run's budget and layer
+        range."""
         scores = group_scores(rows, config)
-        layers = layer_range(config, self.section.llmpruner_layer_start, self.section.llmpruner_layer_end)
+        layers = layer_range(
+            config, self.section.llmpruner_layer_start, self.section.llmpruner_layer_end
+        )
         return cut(scores, config, self.section.llmpruner_keep_ratio, layers), scores
 
-    def cut(self, states: list[dict[str, np.ndarray]], replies: list[RecordDict]) -> dict[str, np.ndarray]:
-        """Taylor rows averaged by token count, one global cut; the fresh LoRA of the pruned model."""
+    def cut(
+        self, states: list[dict[str, np.ndarray]], replies: list[RecordDict]
+    ) -> dict[str, np.ndarray]:
+        """Taylor rows averaged by token count, one global cut; the fresh LoRA of the pruned
+        model."""
         weights = [float(flat_metrics(r)["num-examples"]) for r in replies]
-        rows = average_rows([{k[len(IMPORTANCE_PREFIX):]: v for k, v in s.items()} for s in states], weights)
+        rows = average_rows(
+            [{k[len(IMPORTANCE_PREFIX) :]: v for k, v in s.items()} for s in states], weights
+        )
         model, _ = peft_model_for(self.cfg)
         self.keep, self.scores = self.cut_from_rows(rows, model.config)
         kept = kept_parameters(model.config, self.keep) / prunable_parameters(model.config)
-        log.info("[fedprune] llmpruner: global cut keeps %.4f of the prunable weights (%d kv groups, %d channels)",
-                 kept, int(self.keep["heads"].sum()), int(self.keep["channels"].sum()))
+        log.info(
+            "[fedprune] llmpruner: global cut keeps %.4f of the prunable weights (%d kv groups, "
+            "%d channels)",
+            kept,
+            int(self.keep["heads"].sum()),
+            int(self.keep["channels"].sum()),
+        )
         pruned, _ = pruned_model_for(self.cfg, self.keep)
         return {k: v.numpy() for k, v in initial_adapter_state(pruned).items()}
 
@@ -115,15 +145,18 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
         """The pruned LoRA model with the global adapter (the dense one before round 1)."""
         state = arrays.to_torch_state_dict()
         keep = keep_from_arrays(state)
-        model, tokenizer = peft_model_for(self.cfg) if keep is None else pruned_model_for(self.cfg, keep)
+        model, tokenizer = (
+            peft_model_for(self.cfg) if keep is None else pruned_model_for(self.cfg, keep)
+        )
         model.eval()
         set_adapter_state(model, self.lora_state(state))
         return model, tokenizer
 
     def reference_models(self) -> dict[str, Callable[[], tuple[Any, Any]]]:
-        """With `llmpruner-centralized` (simulation only): 'centralized' = the cut from the Taylor rows of every
-        partition's round-1 calibration batches pooled (the server rebuilds them from the run's data sources with
-        the clients' seeds), 'federated-cut' = the federated cut; both without LoRA recovery."""
+        """With `llmpruner-centralized` (simulation only): 'centralized' = the cut from the Taylor
+        rows of every partition's round-1 calibration batches pooled (the server rebuilds them from
+        the run's data sources with the clients' seeds), 'federated-cut' = the federated cut; both
+        without LoRA recovery."""
         if not self.section.llmpruner_centralized or self.keep is None:
             return {}
         keep = self.keep
@@ -137,15 +170,34 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
     def centralized_model(self) -> tuple[Any, Any]:
         model, tokenizer = dense_model(self.cfg)
         n = max(1, self.num_connected)
-        batches = [b for pid in range(n) for b in training_batches(
-            client_data(self.cfg, pid, n).train, tokenizer, self.cfg.batch_size, self.section.llmpruner_batches,
-            self.cfg.seq_len, client_seed(self.cfg.seed, 1, pid), targets="sequence")]
-        log.info("[fedprune] reference centralized: Taylor importance on the pooled calibration data of %d clients", n)
+        batches = [
+            b
+            for pid in range(n)
+            for b in training_batches(
+                client_data(self.cfg, pid, n).train,
+                tokenizer,
+                self.cfg.batch_size,
+                self.section.llmpruner_batches,
+                self.cfg.seq_len,
+                client_seed(self.cfg.seed, 1, pid),
+                targets="sequence",
+            )
+        ]
+        log.info(
+            "[fedprune] reference centralized: Taylor importance on the pooled calibration data "
+            "of %d clients",
+            n,
+        )
         rows, _ = client_importance(model, batches, self.section.llmpruner_taylor)
         keep, _ = self.cut_from_rows(rows, model.config)
-        agree = float(np.mean(np.concatenate([(keep[k] == self.keep[k]).reshape(-1) for k in keep])))
-        log.info("[fedprune] reference centralized: its cut agrees with the federated one on %.4f of the structures",
-                 agree)
+        agree = float(
+            np.mean(np.concatenate([(keep[k] == self.keep[k]).reshape(-1) for k in keep]))
+        )
+        log.info(
+            "[fedprune] reference centralized: its cut agrees with the federated one on %.4f of "
+            "the structures",
+            agree,
+        )
         self.record({"phase": "llmpruner-cut-agreement", "agreement": agree})
         return shrink_(model, keep), tokenizer
 
@@ -160,7 +212,11 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
         np.savez_compressed(out_dir / "structure.npz", **self.keep)
         np.savez_compressed(out_dir / "importance.npz", **(self.scores or {}))
         self.record_compiled(compiled, tokenizer)
-        return artefacts | {"compiled": "compiled", "structure": "structure.npz", "importance": "importance.npz"}
+        return artefacts | {
+            "compiled": "compiled",
+            "structure": "structure.npz",
+            "importance": "importance.npz",
+        }
 
     def results_sections(self, records: list[dict[str, Any]]) -> str:
         """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
@@ -169,19 +225,26 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
         return compiled_section(records)
 
     def record_compiled(self, compiled: Any, tokenizer: Any) -> None:
-        """`phase: compiled` rows for the dense and the pruned model: parameters, MB, kept ratio of the prunable
-        projections, the server's held-out perplexity, and (`llmpruner-speed-prefill` > 0) prefill latency and
-        generation speed against the dense model, each beside its FLOP ceiling (`structure.pruned_ceiling`)."""
+        """`phase: compiled` rows for the dense and the pruned model: parameters, MB, kept ratio of
+        the prunable projections, the server's held-out perplexity, and
+        (`llmpruner-speed-prefill` > 0) prefill latency and generation speed against the dense
+        model, each beside its FLOP ceiling (`structure.pruned_ceiling`)."""
         from fedprune_app.structural.speed import compiled_rows
 
         dense, _ = dense_model(self.cfg)
-        kept = {"dense": 1.0, "llmpruner": kept_parameters(dense.config, self.keep) / prunable_parameters(dense.config)}
+        kept = {
+            "dense": 1.0,
+            "llmpruner": kept_parameters(dense.config, self.keep)
+            / prunable_parameters(dense.config),
+        }
         prefill = self.section.llmpruner_speed_prefill
 
         def ceiling(name: str, task: str) -> float:
-            return 1.0 if name == "dense" else pruned_ceiling(dense.config, self.keep, task, prefill)
+            return (
+                1.0 if name == "dense" else pruned_ceiling(dense.config, self.keep, task, prefill)
+            )
 
-        for row in compiled_rows(self.cfg, {"dense": dense, "llmpruner": compiled}, tokenizer, kept, prefill,
-                                 ceiling):
+        for row in compiled_rows(
+            self.cfg, {"dense": dense, "llmpruner": compiled}, tokenizer, kept, prefill, ceiling
+        ):
             self.record(row)
-

@@ -1,23 +1,27 @@
-"""SFT-P (Structural Federated Tuning and Pruning; §3, Alg. 1): FedAvg over the mask generator Θ and the
-LoRA adapters Φ (Eq. 15); the client embeddings e_k stay on the clients.
+"""SFT-P (Structural Federated Tuning and Pruning; §3, Alg. 1): FedAvg over the mask generator Θ and
+the LoRA adapters Φ (Eq. 15); the client embeddings e_k stay on the clients.
 
-Weights of Eq. 15: equal per client (`sftp-aggregation = "equal"`, Table 4) or the clients' `num-examples`.
-At the last round each client's evaluate reply carries its hard masks; `save_final` writes under the run:
-- `generator/` Θ (`generator.safetensors`) + `config.json`; `adapter/` Φ (peft `save_pretrained`, with +A);
-- `compiled/client-<k>/` the deployable model of client k (LoRA merged, sliced by its masks; the global Φ, or under
-  `sftp-deploy-state = "local"` the Φ_k of the client's last train reply, the one its final evaluation used):
+Weights of Eq. 15: equal per client (`sftp-aggregation = "equal"`, Table 4) or the clients'
+`num-examples`. At the last round each client's evaluate reply carries its hard masks; `save_final`
+writes under the run:
+- `generator/` Θ (`generator.safetensors`) + `config.json`; `adapter/` Φ (peft `save_pretrained`,
+  with +A);
+- `compiled/client-<k>/` the deployable model of client k (LoRA merged, sliced by its masks; the
+  global Φ, or under `sftp-deploy-state = "local"` the Φ_k of the client's last train reply, the one
+  its final evaluation used):
   `fedprune_app.structural.routing.load_compiled("<run>/compiled/client-0")`;
-- `masks.npz` (`client-<k>/<mask>`: bool, layers × d), `masks.json` (per-layer density per client and cross-client
-  agreement per layer: Fig. 3/5), `kept_ratio.json` + `plots/kept-ratio.png` (kept ratio per client per round:
-  Fig. 4b).
+- `masks.npz` (`client-<k>/<mask>`: bool, layers × d), `masks.json` (per-layer density per client
+  and cross-client agreement per layer: Fig. 3/5), `kept_ratio.json` + `plots/kept-ratio.png` (kept
+  ratio per client per round: Fig. 4b).
 
-What the server scores. Every round (`server_app.server_evaluation`) it scores `global_model`: the backbone with
-the global Φ, routed by h_Θ at the shared fixed input e = 0. Under NOC that is every client's mask, so it is the
-model each client deploys. Under +C a client's mask is h_Θ(e_k) with its private e_k; e = 0 is no client's
-embedding, so that per-round score is of a model nobody deploys (labelled so in results.md, with its kept ratio:
-`global_model_notes`). After the last round the server holds each client's compiled model, the deployed artefact,
-and `record_compiled` scores every one of them (and the dense base model) on the same held-out text: the
-'Compiled models' rows of results.md.
+What the server scores. Every round (`server_app.server_evaluation`) it scores `global_model`: the
+backbone with the global Φ, routed by h_Θ at the shared fixed input e = 0. Under NOC that is every
+client's mask, so it is the model each client deploys. Under +C a client's mask is h_Θ(e_k) with its
+private e_k; e = 0 is no client's embedding, so that per-round score is of a model nobody deploys
+(labelled so in results.md, with its kept ratio: `global_model_notes`). After the last round the
+server holds each client's compiled model, the deployed artefact, and `record_compiled` scores every
+one of them (and the dense base model) on the same held-out text: the 'Compiled models' rows of
+results.md.
 """
 
 from __future__ import annotations
@@ -71,21 +75,27 @@ class SFTPStrategy(FederatedStrategy):
         """DP-FedAvg averages with equal weights and releases only the noised global (Θ, Φ)."""
         sftp_cfg = cfg.section(SFTPConfig)
         if sftp_cfg.sftp_aggregation != "equal":
-            return (f"sftp-aggregation = {sftp_cfg.sftp_aggregation!r} weights clients by data "
-                    "size; DP-FedAvg's mean is uniform: use 'equal'")
+            return (
+                f"sftp-aggregation = {sftp_cfg.sftp_aggregation!r} weights clients by data "
+                "size; DP-FedAvg's mean is uniform: use 'equal'"
+            )
         if sftp_cfg.sftp_deploy_state == "local" and sftp_cfg.sftp_adapters:
-            return ("sftp-deploy-state = 'local' compiles each client's model from its own "
-                    "un-noised Φ_k on the server: use 'global'")
+            return (
+                "sftp-deploy-state = 'local' compiles each client's model from its own "
+                "un-noised Φ_k on the server: use 'global'"
+            )
         return None
 
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
         super().__init__(cfg, recorder)
         self.final_masks: dict[int, dict[str, np.ndarray]] = {}
-        self.local_adapters: dict[int, dict[str, np.ndarray]] = {}  # Φ_k of each client's last accepted reply
+        # Φ_k of each client's last accepted reply
+        self.local_adapters: dict[int, dict[str, np.ndarray]] = {}
         self.kept_history: list[dict[str, Any]] = []
 
     def initial_arrays(self) -> ArrayRecord:
-        """Θ^(0) (seeded by `seed`; all-ones initial masks) and, with adapters, Φ^(0) (B = 0: the dense model)."""
+        """Θ^(0) (seeded by `seed`; all-ones initial masks) and, with adapters, Φ^(0) (B = 0: the
+        dense model)."""
         model, _ = routed_model(self.cfg)
         state = get_generator_state(generator_for(self.cfg, model.config, seed=self.cfg.seed))
         if self.cfg.section(SFTPConfig).sftp_adapters:
@@ -94,13 +104,18 @@ class SFTPStrategy(FederatedStrategy):
 
     def state_dict(self) -> dict[str, Any]:
         """The kept-ratio history per round (Fig. 5) and the final masks received so far."""
-        return super().state_dict() | {"kept-history": list(self.kept_history),
-                                       "final-masks": dict(self.final_masks),
-                                       "local-adapters": dict(self.local_adapters)}
+        return super().state_dict() | {
+            "kept-history": list(self.kept_history),
+            "final-masks": dict(self.final_masks),
+            "local-adapters": dict(self.local_adapters),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.kept_history, self.final_masks = list(state["kept-history"]), dict(state["final-masks"])
+        self.kept_history, self.final_masks = (
+            list(state["kept-history"]),
+            dict(state["final-masks"]),
+        )
         self.local_adapters = dict(state.get("local-adapters", {}))
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
@@ -108,11 +123,19 @@ class SFTPStrategy(FederatedStrategy):
         sftp_cfg = self.cfg.section(SFTPConfig)
         states = [numpy_state(r.array_records["arrays"]) for r in replies]
         metrics = [flat_metrics(r) for r in replies]
-        weights = [1.0 if sftp_cfg.sftp_aggregation == "equal" else float(m["num-examples"]) for m in metrics]
+        weights = [
+            1.0 if sftp_cfg.sftp_aggregation == "equal" else float(m["num-examples"])
+            for m in metrics
+        ]
         kept_keys = ("kept-ratio-prunable", "kept-ratio-model", "kept-expected", "keep-target")
         for m in metrics:
-            self.kept_history.append({"round": server_round, "client": m.get("partition-id"),
-                                      **{k: m.get(k) for k in kept_keys}})
+            self.kept_history.append(
+                {
+                    "round": server_round,
+                    "client": m.get("partition-id"),
+                    **{k: m.get(k) for k in kept_keys},
+                }
+            )
         if sftp_cfg.sftp_deploy_state == "local" and sftp_cfg.sftp_adapters:
             for state, m in zip(states, metrics, strict=True):
                 try:
@@ -120,10 +143,14 @@ class SFTPStrategy(FederatedStrategy):
                 except ValueError as err:
                     log.warning("a train reply's Φ_k is not kept for deployment: %s", err)
                     continue
-                self.local_adapters[client] = {k: v for k, v in state.items() if not k.startswith(GENERATOR_PREFIX)}
+                self.local_adapters[client] = {
+                    k: v for k, v in state.items() if not k.startswith(GENERATOR_PREFIX)
+                }
         return to_record(weighted_average(states, weights))
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         """Keep the final masks each client sends with its last evaluation, then log as usual."""
         replies = list(replies)
         for msg in replies:
@@ -142,15 +169,17 @@ class SFTPStrategy(FederatedStrategy):
         return load_pair(self.cfg, arrays.to_torch_state_dict())
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
-        """The model the server scores every round: backbone + the global Φ, routed by h_Θ's 0.5-rounded mask
-        1[π > 0.5] (held gates at 1) for the shared fixed input (the zero vector): at round 0 that is the dense
-        model, as the clients' round-0 evaluation is. Under NOC that input is every client's, so with
-        `sftp-deploy-mask = 'threshold'` this is each client's model (masked form; its compiled form computes the
-        same); with 'budget' each client's deployed mask is these gates refilled to its budget. Under +C the
-        clients' masks are h_Θ(e_k) with private e_k (drawn N(0, I), then trained on the client); the server knows
-        none, and no client ever routed through h_Θ(0): this model is nobody's, neither its mask nor its kept
-        ratio need be any client's. `global_model_notes` says which it is and holds its kept ratios (the
-        server-evaluate rows carry them); the deployed models are scored after the last round (`record_compiled`)."""
+        """The model the server scores every round: backbone + the global Φ, routed by h_Θ's
+        0.5-rounded mask 1[π > 0.5] (held gates at 1) for the shared fixed input (the zero vector):
+        at round 0 that is the dense model, as the clients' round-0 evaluation is. Under NOC that
+        input is every client's, so with `sftp-deploy-mask = 'threshold'` this is each client's
+        model (masked form; its compiled form computes the same); with 'budget' each client's
+        deployed mask is these gates refilled to its budget. Under +C the clients' masks are
+        h_Θ(e_k) with private e_k (drawn N(0, I), then trained on the client); the server knows
+        none, and no client ever routed through h_Θ(0): this model is nobody's, neither its mask nor
+        its kept ratio need be any client's. `global_model_notes` says which it is and holds its
+        kept ratios (the server-evaluate rows carry them); the deployed models are scored after the
+        last round (`record_compiled`)."""
         sftp_cfg = self.cfg.section(SFTPConfig)
         model, tokenizer, generator = self.load(arrays)
         with torch.no_grad():
@@ -158,17 +187,23 @@ class SFTPStrategy(FederatedStrategy):
         held = held_coordinates(self.cfg, model, tokenizer)
         masks = layer_masks(force_open(deterministic_mask(logits, sftp_cfg.sftp_gate_bias), held))
         if sftp_cfg.sftp_conditioning:
-            label = ("the backbone with the global Φ, routed by h_Θ(0), the generator at the zero input. Under +C "
-                     "client k's mask is h_Θ(e_k) with its private e_k, so this is no client's model, and its kept "
-                     "ratio need not be any client's; the models the clients deploy are scored under 'Compiled "
-                     "models' below")
+            label = (
+                "the backbone with the global Φ, routed by h_Θ(0), the generator at the zero "
+                "input. Under +C client k's mask is h_Θ(e_k) with its private e_k, so this is no "
+                "client's model, and its kept ratio need not be any client's; the models the "
+                "clients deploy are scored under 'Compiled models' below"
+            )
         elif sftp_cfg.sftp_deploy_mask == "threshold":
-            label = ("the backbone with the global Φ, routed by h_Θ(0), which under NOC is every client's mask: each "
-                     "client's model")
+            label = (
+                "the backbone with the global Φ, routed by h_Θ(0), which under NOC is every "
+                "client's mask: each client's model"
+            )
         else:
-            label = ("the backbone with the global Φ, routed by h_Θ(0) rounded at π > 0.5: under NOC every client's "
-                     "gates before its deployed mask fills its budget (sftp-deploy-mask 'budget'); the deployed "
-                     "models are scored under 'Compiled models' below")
+            label = (
+                "the backbone with the global Φ, routed by h_Θ(0) rounded at π > 0.5: under NOC "
+                "every client's gates before its deployed mask fills its budget (sftp-deploy-mask "
+                "'budget'); the deployed models are scored under 'Compiled models' below"
+            )
         self.global_model_notes = {"model": label, **model_kept_ratios(model, masks)}
         return MaskedModel(model, masks), tokenizer
 
@@ -179,46 +214,78 @@ class SFTPStrategy(FederatedStrategy):
         model, tokenizer, generator = self.load(arrays)
         artefacts: dict[str, str] = {}
         (out_dir / "generator").mkdir(parents=True, exist_ok=True)
-        save_file(get_generator_state(generator), str(out_dir / "generator" / "generator.safetensors"))
-        gen_config = {**generator.config(), "gate-bias": sftp_cfg.sftp_gate_bias,
-                      "gate-tau": sftp_cfg.sftp_gate_tau, "key-prefix": GENERATOR_PREFIX}
+        save_file(
+            get_generator_state(generator), str(out_dir / "generator" / "generator.safetensors")
+        )
+        gen_config = {
+            **generator.config(),
+            "gate-bias": sftp_cfg.sftp_gate_bias,
+            "gate-tau": sftp_cfg.sftp_gate_tau,
+            "key-prefix": GENERATOR_PREFIX,
+        }
         (out_dir / "generator" / "config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
         artefacts["generator"] = "generator"
-        if sftp_cfg.sftp_adapters:  # Φ on the dense backbone (a PEFT directory; merged: the unpruned model + Φ)
-            save_adapter(model, out_dir / "adapter", out_dir / "merged" if self.cfg.save_merged else None, tokenizer)
-            artefacts |= {"adapter": "adapter"} | ({"merged": "merged"} if self.cfg.save_merged else {})
+        # Φ on the dense backbone (a PEFT directory; merged: the unpruned model + Φ)
+        if sftp_cfg.sftp_adapters:
+            save_adapter(
+                model,
+                out_dir / "adapter",
+                out_dir / "merged" if self.cfg.save_merged else None,
+                tokenizer,
+            )
+            artefacts |= {"adapter": "adapter"} | (
+                {"merged": "merged"} if self.cfg.save_merged else {}
+            )
         compiled: dict[str, torch.nn.Module] = {}
         kept: dict[str, float] = {"dense": 1.0}
         for client, masks in sorted(self.final_masks.items()):
             self.set_deployed_adapter(model, arrays, client)
             compiled[f"client {client}"] = compile_model(model, per_layer_masks(masks))
-            kept[f"client {client}"] = float(kept_parameters(model.config, per_layer_masks(masks))) / \
-                prunable_parameters(model.config)
-            save_compiled(compiled[f"client {client}"], out_dir / "compiled" / f"client-{client}", tokenizer)
+            kept[f"client {client}"] = float(
+                kept_parameters(model.config, per_layer_masks(masks))
+            ) / prunable_parameters(model.config)
+            save_compiled(
+                compiled[f"client {client}"], out_dir / "compiled" / f"client-{client}", tokenizer
+            )
             artefacts[f"compiled-client-{client}"] = f"compiled/client-{client}"
         if compiled:
             self.record_compiled(compiled, tokenizer, kept)
         if self.final_masks:
-            np.savez_compressed(out_dir / "masks.npz", **{f"client-{k}/{n}": m[n] for k, m in
-                                                          self.final_masks.items() for n in MASK_NAMES})
-            (out_dir / "masks.json").write_text(json.dumps(mask_statistics(self.final_masks)) + "\n")
+            np.savez_compressed(
+                out_dir / "masks.npz",
+                **{
+                    f"client-{k}/{n}": m[n] for k, m in self.final_masks.items() for n in MASK_NAMES
+                },
+            )
+            (out_dir / "masks.json").write_text(
+                json.dumps(mask_statistics(self.final_masks)) + "\n"
+            )
             artefacts["masks"] = "masks.npz"
         (out_dir / "kept_ratio.json").write_text(json.dumps(self.kept_history, indent=1) + "\n")
         self.plot_kept_ratio(out_dir / "plots" / "kept-ratio.png")
         return artefacts
 
-    def set_deployed_adapter(self, model: torch.nn.Module, arrays: ArrayRecord, client: int) -> None:
+    def set_deployed_adapter(
+        self, model: torch.nn.Module, arrays: ArrayRecord, client: int
+    ) -> None:
         """Load into `model` the Φ that client `client` deploys: the global `arrays`' Φ, or under
-        `sftp-deploy-state = "local"` the Φ_k of its last accepted train reply (what its own final evaluation
-        scored). No-op under NOA and under 'global' (`model` was loaded from `arrays`)."""
+        `sftp-deploy-state = "local"` the Φ_k of its last accepted train reply (what its own final
+        evaluation scored). No-op under NOA and under 'global' (`model` was loaded from
+        `arrays`)."""
         sftp_cfg = self.cfg.section(SFTPConfig)
         if not sftp_cfg.sftp_adapters or sftp_cfg.sftp_deploy_state != "local":
             return
         if client in self.local_adapters:
             phi = {k: torch.from_numpy(np.array(v)) for k, v in self.local_adapters[client].items()}
         else:  # another client's Φ_k may be loaded: back to the global one
-            log.warning("client %d: no train reply of its own; its compiled model gets the global Φ", client)
-            phi = {k: v for k, v in arrays.to_torch_state_dict().items() if not k.startswith(GENERATOR_PREFIX)}
+            log.warning(
+                "client %d: no train reply of its own; its compiled model gets the global Φ", client
+            )
+            phi = {
+                k: v
+                for k, v in arrays.to_torch_state_dict().items()
+                if not k.startswith(GENERATOR_PREFIX)
+            }
         set_adapter_state(model, phi)
 
     def server_columns(self) -> dict[str, tuple[str, str]]:
@@ -232,26 +299,37 @@ class SFTPStrategy(FederatedStrategy):
 
         return compiled_section(records)
 
-    def record_compiled(self, compiled: Mapping[str, torch.nn.Module], tokenizer: Any = None,
-                        kept: Mapping[str, float] | None = None) -> None:
-        """One `compiled` row per client model, after the dense base model's: parameters, MB, the kept ratio of
-        the prunable projections (`kept`), the perplexity of the server's held-out text (`ppl/<source>` per
-        `server-eval-data` source, as the per-round server evaluation scores it; with `tokenizer` and
-        `eval-ppl-tokens` > 0): the server's score of the model each client deploys; and (`sftp-speed-prefill`
-        > 0) its prefill latency and generation speed against the dense model, each beside its FLOP ceiling
-        (`fedprune_app.structural.speed.speed_table`, timed round-robin in this process).
-        results.md tables them."""
+    def record_compiled(
+        self,
+        compiled: Mapping[str, torch.nn.Module],
+        tokenizer: Any = None,
+        kept: Mapping[str, float] | None = None,
+    ) -> None:
+        """One `compiled` row per client model, after the dense base model's: parameters, MB, the
+        kept ratio of the prunable projections (`kept`), the perplexity of the server's held-out
+        text (`ppl/<source>` per `server-eval-data` source, as the per-round server evaluation
+        scores it; with `tokenizer` and `eval-ppl-tokens` > 0): the server's score of the model each
+        client deploys; and (`sftp-speed-prefill` > 0) its prefill latency and generation speed
+        against the dense model, each beside its FLOP ceiling
+        (`fedprune_app.structural.speed.speed_table`, timed round-robin in this process). results.md
+        tables them."""
         from fedprune_app.llm.models import load_base_model
         from fedprune_app.structural.speed import compiled_rows
 
         dense = load_base_model(self.cfg.model_name, self.cfg.model_dtype, "none", self.cfg.device)
-        for row in compiled_rows(self.cfg, {"dense": dense, **compiled}, tokenizer, dict(kept or {}),
-                                 self.cfg.section(SFTPConfig).sftp_speed_prefill):
+        for row in compiled_rows(
+            self.cfg,
+            {"dense": dense, **compiled},
+            tokenizer,
+            dict(kept or {}),
+            self.cfg.section(SFTPConfig).sftp_speed_prefill,
+        ):
             self.record(row)
 
     def plot_kept_ratio(self, path: Path) -> None:
-        """Fig. 4b: per client and round, the kept ratio of the prunable projections that the budget penalty
-        drives (expected under the sampled gates, `kept-expected`; records without it: the deployed mask's)."""
+        """Fig. 4b: per client and round, the kept ratio of the prunable projections that the budget
+        penalty drives (expected under the sampled gates, `kept-expected`; records without it: the
+        deployed mask's)."""
         if not self.kept_history:
             return
         import matplotlib
@@ -263,13 +341,22 @@ class SFTPStrategy(FederatedStrategy):
         path.parent.mkdir(parents=True, exist_ok=True)
         fig, ax = plt.subplots(figsize=(5, 3.2))
         for client in sorted({r["client"] for r in self.kept_history}, key=str):
-            rows = sorted((r["round"], r.get("kept-expected") or r["kept-ratio-prunable"])
-                          for r in self.kept_history if r["client"] == client)
-            ax.plot([r for r, _ in rows], [v for _, v in rows], marker="o", label=f"client {client}")
-        for target in sorted({r["keep-target"] for r in self.kept_history if r["keep-target"] is not None}):
+            rows = sorted(
+                (r["round"], r.get("kept-expected") or r["kept-ratio-prunable"])
+                for r in self.kept_history
+                if r["client"] == client
+            )
+            ax.plot(
+                [r for r, _ in rows], [v for _, v in rows], marker="o", label=f"client {client}"
+            )
+        for target in sorted(
+            {r["keep-target"] for r in self.kept_history if r["keep-target"] is not None}
+        ):
             ax.axhline(target, color="grey", linestyle="--", linewidth=0.8)
         rounds = sorted({r["round"] for r in self.kept_history})
-        ax.set_title("Kept share of the prunable weights per client (dashed: each budget)", fontsize=9)
+        ax.set_title(
+            "Kept share of the prunable weights per client (dashed: each budget)", fontsize=9
+        )
         ax.set_xlabel("round")
         if len(rounds) <= 20:
             ax.set_xticks(rounds)

@@ -1,20 +1,24 @@
-"""slicegpt: SliceGPT (Ashkboos et al. 2024) ported to the federation, SFT-P's "SliceGPT+FT (FL)" baseline.
+"""slicegpt: SliceGPT (Ashkboos et al. 2024) ported to the federation, SFT-P's "SliceGPT+FT (FL)"
+baseline.
 
-Round 1: every sampled client runs `slicegpt-batches` batches of its training texts through the DENSE model and
-sends, once, the covariance sum Σ x xᵀ (float64, d × d) of the residual stream at each of the 2L + 1 points
-(`fedprune_app.methods.slicegpt.pca`) and its token count: a data statistic, like FedTPA's mean feature
-(docs/methods/slicegpt.md#threat-model). The server sums them (= the pooled sum), takes per point the top-k
-eigenvectors B_p = Q_p[:, :k], k from `slicegpt-keep-ratio` under SFT-P's accounting (`sliced_width`), and sends
-the bases (float32, d × k per point) with a fresh LoRA. Rounds 2..R: FedAvg LoRA recovery (FedIT's local round) on
-the sliced model each client builds from its dense model and the bases, which never change.
+Round 1: every sampled client runs `slicegpt-batches` batches of its training texts through the
+DENSE model and sends, once, the covariance sum Σ x xᵀ (float64, d × d) of the residual stream at
+each of the 2L + 1 points (`fedprune_app.methods.slicegpt.pca`) and its token count: a data
+statistic, like FedTPA's mean feature (docs/methods/slicegpt.md#threat-model). The server sums them
+(= the pooled sum), takes per point the top-k eigenvectors B_p = Q_p[:, :k], k from
+`slicegpt-keep-ratio` under SFT-P's accounting (`sliced_width`), and sends the bases (float32, d × k
+per point) with a fresh LoRA. Rounds 2..R: FedAvg LoRA recovery (FedIT's local round) on the sliced
+model each client builds from its dense model and the bases, which never change.
 
-One-shot: every covariance is the dense model's (one round). The reference is sequential (point p's covariance on
-the model sliced before p: 2L + 1 rounds in a federation); `slicegpt-references = "centralized"` builds that on the
-pooled calibration data (simulation only) and the server scores it beside the final model.
+One-shot: every covariance is the dense model's (one round). The reference is sequential (point p's
+covariance on the model sliced before p: 2L + 1 rounds in a federation);
+`slicegpt-references = "centralized"` builds that on the pooled calibration data (simulation only)
+and the server scores it beside the final model.
 
-Evaluations: round 0 dense, round 1 "post hoc" (sliced, zero LoRA), the last round slicegpt. `save_final` writes
-`compiled/` (LoRA merged, sliced: `fedprune_app.methods.slicegpt.sliced.load_sliced`), `adapter/`, `slicegpt.json`
-(width, parameter counts, kept share of each point's variance) and the 'Compiled models' rows (size, speed).
+Evaluations: round 0 dense, round 1 "post hoc" (sliced, zero LoRA), the last round slicegpt.
+`save_final` writes `compiled/` (LoRA merged, sliced:
+`fedprune_app.methods.slicegpt.sliced.load_sliced`), `adapter/`, `slicegpt.json` (width, parameter
+counts, kept share of each point's variance) and the 'Compiled models' rows (size, speed).
 """
 
 from __future__ import annotations
@@ -46,22 +50,37 @@ from fedprune_app.methods.slicegpt.pca import (
     sequential_bases,
     sum_covariances,
 )
-from fedprune_app.methods.slicegpt.sliced import num_points, save_sliced, sliced_parameters, sliced_width
+from fedprune_app.methods.slicegpt.sliced import (
+    num_points,
+    save_sliced,
+    sliced_parameters,
+    sliced_width,
+)
 from fedprune_app.structural.routing import prunable_parameters
 
 
 def budget(config: Any, keep_ratio: float) -> dict[str, Any]:
-    """The width k for `keep_ratio` and what it keeps, under SFT-P's accounting and in total parameters."""
+    """The width k for `keep_ratio` and what it keeps, under SFT-P's accounting and in total
+    parameters."""
     d, n = int(config.hidden_size), num_points(config)
     k = sliced_width(config, keep_ratio)
     counts = sliced_parameters(config, [k] * n)
     dense_total = sliced_parameters(config, [d] * n)
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    dense_params = dense_total["projections"] + dense_total["embedding"] + (0 if tied else dense_total["head"])
-    return {"keep-ratio-target": keep_ratio, "width": k, "hidden-size": d, "slicing": 1 - k / d,
-            "kept-ratio-prunable": (counts["projections"] + counts["shortcuts"]) / prunable_parameters(config),
-            "parameters": counts, "dense-parameters": dense_params,
-            "params-ratio": counts["total"] / dense_params}
+    dense_params = (
+        dense_total["projections"] + dense_total["embedding"] + (0 if tied else dense_total["head"])
+    )
+    return {
+        "keep-ratio-target": keep_ratio,
+        "width": k,
+        "hidden-size": d,
+        "slicing": 1 - k / d,
+        "kept-ratio-prunable": (counts["projections"] + counts["shortcuts"])
+        / prunable_parameters(config),
+        "parameters": counts,
+        "dense-parameters": dense_params,
+        "params-ratio": counts["total"] / dense_params,
+    }
 
 
 @register_strategy("slicegpt")
@@ -94,8 +113,8 @@ class SliceGPTStrategy(StatisticsThenRecovery):
         return {f"{COVARIANCE_PREFIX}{p}": ((d, d), "float64") for p in range(num_points(config))}
 
     def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
-        """The base checks, then (round 1) each covariance sum must be float64, symmetric with a non-negative
-        diagonal, and the reply must count its tokens (`calibration-tokens` > 0)."""
+        """The base checks, then (round 1) each covariance sum must be float64, symmetric with a
+        non-negative diagonal, and the reply must count its tokens (`calibration-tokens` > 0)."""
         problem = super().reply_problem(node_id, reply)
         if problem is not None or self.sent[node_id]:
             return problem
@@ -115,12 +134,18 @@ class SliceGPTStrategy(StatisticsThenRecovery):
     def structure_arrays(self) -> dict[str, np.ndarray] | None:
         return self.bases
 
-    def cut(self, states: list[dict[str, np.ndarray]], replies: list[RecordDict]) -> dict[str, np.ndarray]:
+    def cut(
+        self, states: list[dict[str, np.ndarray]], replies: list[RecordDict]
+    ) -> dict[str, np.ndarray]:
         """Σ_k C_p^(k), B_p = top-k eigenvectors per point; the fresh LoRA of the sliced model."""
         tokens = [float(flat_metrics(r)["calibration-tokens"]) for r in replies]
         config = self.dense_config()
-        covs = sum_covariances([{int(k[len(COVARIANCE_PREFIX):]): torch.from_numpy(v) for k, v in s.items()}
-                                for s in states])
+        covs = sum_covariances(
+            [
+                {int(k[len(COVARIANCE_PREFIX) :]): torch.from_numpy(v) for k, v in s.items()}
+                for s in states
+            ]
+        )
         info = budget(config, self.options.slicegpt_keep_ratio)
         k = info["width"]
         bases, kept = [], []
@@ -128,16 +153,31 @@ class SliceGPTStrategy(StatisticsThenRecovery):
             values, basis = principal_basis(covs[p], k)
             bases.append(basis)
             kept.append(float(values[:k].sum() / values.sum()))
-        self.bases = {f"{BASIS_PREFIX}{p}": b.to(torch.float32).numpy() for p, b in enumerate(bases)}
-        self.stats = info | {"clients": len(states), "calibration-tokens": sum(tokens), "variance-kept": kept}
-        log.info("[fedprune] slicegpt: width %d of %d (slicing %.3f), kept %.3f of SFT-P's prunable parameters",
-                 k, info["hidden-size"], info["slicing"], info["kept-ratio-prunable"])
+        self.bases = {
+            f"{BASIS_PREFIX}{p}": b.to(torch.float32).numpy() for p, b in enumerate(bases)
+        }
+        self.stats = info | {
+            "clients": len(states),
+            "calibration-tokens": sum(tokens),
+            "variance-kept": kept,
+        }
+        log.info(
+            "[fedprune] slicegpt: width %d of %d (slicing %.3f), kept %.3f of SFT-P's "
+            "prunable parameters",
+            k,
+            info["hidden-size"],
+            info["slicing"],
+            info["kept-ratio-prunable"],
+        )
         model, _ = sliced_model_for(self.cfg, self.basis_tensors())
         return {key: v.numpy() for key, v in initial_adapter_state(model).items()}
 
     def basis_tensors(self) -> list[torch.Tensor]:
         assert self.bases is not None
-        return [torch.from_numpy(self.bases[f"{BASIS_PREFIX}{p}"]).to(torch.float64) for p in range(len(self.bases))]
+        return [
+            torch.from_numpy(self.bases[f"{BASIS_PREFIX}{p}"]).to(torch.float64)
+            for p in range(len(self.bases))
+        ]
 
     def evaluates(self, server_round: int) -> bool:
         """Round 1 too: the sliced model before any LoRA training is the 'post hoc' reference."""
@@ -156,20 +196,35 @@ class SliceGPTStrategy(StatisticsThenRecovery):
         return model, tokenizer
 
     def reference_models(self) -> dict[str, Any]:
-        """`centralized` (simulation only: the server rebuilds every partition's data): the reference,
-        sequential SliceGPT on the pooled round-1 batches of all clients, at the same width, no recovery."""
+        """`centralized` (simulation only: the server rebuilds every partition's data): the
+        reference, sequential SliceGPT on the pooled round-1 batches of all clients, at the same
+        width, no recovery."""
         if "centralized" not in split_list(self.options.slicegpt_references):
             return {}
 
         def centralized() -> tuple[Any, Any]:
             dense, tokenizer = dense_model(self.cfg)
             n = max(1, self.num_connected)
-            batches = [b for pid in range(n) for b in training_batches(
-                client_data(self.cfg, pid, n).train, tokenizer, self.cfg.batch_size, self.options.slicegpt_batches,
-                self.cfg.seq_len, client_seed(self.cfg.seed, 1, pid))]
-            log.info("[fedprune] reference centralized: sequential SliceGPT on the pooled batches of %d clients", n)
+            batches = [
+                b
+                for pid in range(n)
+                for b in training_batches(
+                    client_data(self.cfg, pid, n).train,
+                    tokenizer,
+                    self.cfg.batch_size,
+                    self.options.slicegpt_batches,
+                    self.cfg.seq_len,
+                    client_seed(self.cfg.seed, 1, pid),
+                )
+            ]
+            log.info(
+                "[fedprune] reference centralized: sequential SliceGPT on the pooled batches "
+                "of %d clients",
+                n,
+            )
             k = sliced_width(dense.config, self.options.slicegpt_keep_ratio)
             return sequential_bases(dense, batches, k)[1], tokenizer
+
         return {"centralized": centralized}
 
     def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
@@ -190,9 +245,10 @@ class SliceGPTStrategy(StatisticsThenRecovery):
         return compiled_section(records)
 
     def record_compiled(self, compiled: torch.nn.Module, tokenizer: Any) -> None:
-        """'Compiled models' rows: dense and the compiled sliced model, parameters (the sliced one's untied LM
-        head counted), held-out perplexity (`server-eval-data`), and (`slicegpt-speed-prefill` > 0) prefill and
-        generation timed round-robin against the dense model, beside the FLOP ceiling (`sliced_flops`)."""
+        """'Compiled models' rows: dense and the compiled sliced model, parameters (the sliced one's
+        untied LM head counted), held-out perplexity (`server-eval-data`), and
+        (`slicegpt-speed-prefill` > 0) prefill and generation timed round-robin against the dense
+        model, beside the FLOP ceiling (`sliced_flops`)."""
         from fedprune_app.llm.models import load_base_model
         from fedprune_app.structural.speed import compiled_rows, workload_flops
 
@@ -202,10 +258,12 @@ class SliceGPTStrategy(StatisticsThenRecovery):
         def ceiling(name: str, task: str) -> float | None:
             if name != "slicegpt":
                 return None
-            return (workload_flops(dense.config, None, task, prefill=prefill)
-                    / sliced_flops(dense.config, dims, task, prefill=prefill))
+            return workload_flops(dense.config, None, task, prefill=prefill) / sliced_flops(
+                dense.config, dims, task, prefill=prefill
+            )
 
         kept = {"dense": 1.0, "slicegpt": float(self.stats.get("kept-ratio-prunable", 1.0))}
-        for row in compiled_rows(self.cfg, {"dense": dense, "slicegpt": compiled}, tokenizer, kept, prefill,
-                                 ceiling):
+        for row in compiled_rows(
+            self.cfg, {"dense": dense, "slicegpt": compiled}, tokenizer, kept, prefill, ceiling
+        ):
             self.record(row)

@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
-for _k, _v in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false", "FLWR_TELEMETRY_ENABLED": "0"}.items():
+for _k, _v in {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "FLWR_TELEMETRY_ENABLED": "0",
+}.items():
     os.environ.setdefault(_k, _v)
 
 from fedprune_app.core.config import RunConfig  # noqa: E402
@@ -23,16 +28,27 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def small_config(model_dir: Path | str, **overrides: object) -> RunConfig:
     """A run config that a test can afford: tiny model, small splits, few steps."""
     base: dict[str, object] = {
-        "model-name": str(model_dir), "local-steps": 2, "batch-size": 2, "test-examples": 8, "val-examples": 4,
-        "max-train-examples": 16, "eval-ppl-tokens": 128, "ppl-window": 64, "ppl-stride": 64, "seq-len": 64,
-        "lora-rank": 4, "eval-batch-size": 4, "cache-untouched": False,
+        "model-name": str(model_dir),
+        "local-steps": 2,
+        "batch-size": 2,
+        "test-examples": 8,
+        "val-examples": 4,
+        "max-train-examples": 16,
+        "eval-ppl-tokens": 128,
+        "ppl-window": 64,
+        "ppl-stride": 64,
+        "seq-len": 64,
+        "lora-rank": 4,
+        "eval-batch-size": 4,
+        "cache-untouched": False,
     }
     base.update({k.replace("_", "-"): v for k, v in overrides.items()})
     return RunConfig.from_flower(base)
 
 
 def record_training_batches(module: object, monkeypatch: pytest.MonkeyPatch) -> list[dict]:
-    """Wrap `module.training_batches` so that every batch it yields is also appended to the returned list."""
+    """Wrap `module.training_batches` so that every batch it yields is also appended to the returned
+    list."""
     seen: list[dict] = []
     real = module.training_batches  # type: ignore[attr-defined]
 
@@ -46,9 +62,12 @@ def record_training_batches(module: object, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.fixture(autouse=True)
-def untouched_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """In-process tests keep round-0 scores in a directory of their own (a test that patches the evaluation
-    must not read another test's scores, nor a real run's); runs in subprocesses use the user's cache."""
+def untouched_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """In-process tests keep round-0 scores in a directory of their own (a test that patches the
+    evaluation must not read another test's scores, nor a real run's); runs in subprocesses use the
+    user's cache."""
     from fedprune_app.core import untouched
 
     root = tmp_path_factory.mktemp("untouched")

@@ -1,4 +1,5 @@
-"""A stand-in for Flower's Grid where a strategy only asks which nodes are connected (no messages are sent)."""
+"""A stand-in for Flower's Grid where a strategy only asks which nodes are connected (no messages
+are sent)."""
 
 from __future__ import annotations
 

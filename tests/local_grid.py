@@ -1,9 +1,11 @@
-"""A Flower Grid whose nodes are ClientApp calls in this process: whole runs (`server_app.main`) without Ray.
+"""A Flower Grid whose nodes are ClientApp calls in this process: whole runs (`server_app.main`)
+without Ray.
 
-Nodes get random ids (as Flower's simulation draws them) unless `ids` is given; a node in `failing` answers every
-message with an error reply (a crashed ClientApp); `interrupt_round` raises KeyboardInterrupt when a train message of
-that round is sent (the server process killed mid-round); a node in `silent` never answers (disconnected: no
-reply before the timeout); every message and reply is kept for inspection.
+Nodes get random ids (as Flower's simulation draws them) unless `ids` is given; a node in `failing`
+answers every message with an error reply (a crashed ClientApp); `interrupt_round` raises
+KeyboardInterrupt when a train message of that round is sent (the server process killed mid-round);
+a node in `silent` never answers (disconnected: no reply before the timeout); every message and
+reply is kept for inspection.
 """
 
 from __future__ import annotations
@@ -23,29 +25,48 @@ from tests.conftest import small_config
 
 
 class LocalGrid:
-    def __init__(self, cfg: RunConfig, partitions: int, failing: Iterable[int] = (), ids: list[int] | None = None,
-                 node_configs: dict[int, dict[str, Any]] | None = None, seed: int | None = None,
-                 interrupt_round: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        partitions: int,
+        failing: Iterable[int] = (),
+        ids: list[int] | None = None,
+        node_configs: dict[int, dict[str, Any]] | None = None,
+        seed: int | None = None,
+        interrupt_round: int | None = None,
+    ) -> None:
         ids = ids or random.Random(seed).sample(range(1, 1 << 40), partitions)
-        self.contexts = {ids[p]: Context(run_id=1, node_id=ids[p], state=RecordDict(), run_config=cfg.to_dict(),
-                                         node_config={"partition-id": p, "num-partitions": partitions,
-                                                      **(node_configs or {}).get(p, {})})
-                         for p in range(partitions)}
+        self.contexts = {
+            ids[p]: Context(
+                run_id=1,
+                node_id=ids[p],
+                state=RecordDict(),
+                run_config=cfg.to_dict(),
+                node_config={
+                    "partition-id": p,
+                    "num-partitions": partitions,
+                    **(node_configs or {}).get(p, {}),
+                },
+            )
+            for p in range(partitions)
+        }
         self.failing = set(failing)
         self.silent: set[int] = set()
         self.interrupt_round = interrupt_round
-        self.exchanges: list[tuple[Message, Message]] = []  # (message, reply) in the order they happened
+        # (message, reply) in the order they happened
+        self.exchanges: list[tuple[Message, Message]] = []
         self.replies: dict[str, Message] = {}  # message id -> its reply, until pulled
 
     def get_node_ids(self) -> list[int]:
         return sorted(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
-        """Answer every message at once (as Flower's InMemoryGrid, a fresh message id each); `pull_messages`
-        hands the replies out."""
+        """Answer every message at once (as Flower's InMemoryGrid, a fresh message id each);
+        `pull_messages` hands the replies out."""
         ids = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = str(uuid4())  # what Flower's own grids do on push
+            # what Flower's own grids do on push
+            msg.metadata.__dict__["_message_id"] = str(uuid4())
             ids.append(msg.metadata.message_id)
             if (reply := self.answer(msg)) is not None:
                 self.replies[msg.metadata.message_id] = reply
@@ -54,13 +75,18 @@ class LocalGrid:
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
         return [self.replies.pop(i) for i in message_ids if i in self.replies]
 
-    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> Iterator[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], timeout: float | None = None
+    ) -> Iterator[Message]:
         return iter(self.pull_messages(self.push_messages(messages)))
 
     def answer(self, msg: Message) -> Message | None:
         config = msg.content.config_records.get("config")
-        if (msg.metadata.message_type == MessageType.TRAIN and config is not None
-                and config.get("server-round") == self.interrupt_round):
+        if (
+            msg.metadata.message_type == MessageType.TRAIN
+            and config is not None
+            and config.get("server-round") == self.interrupt_round
+        ):
             raise KeyboardInterrupt(f"interrupted in round {self.interrupt_round}")
         node = msg.metadata.dst_node_id
         if node in self.silent:
@@ -77,13 +103,16 @@ class LocalGrid:
 
 
 def run_server(cfg: RunConfig, grid: LocalGrid) -> tuple[Path, BaseException | None]:
-    """`server_app.main` on this grid: the run directory it created and what it raised (None if nothing)."""
+    """`server_app.main` on this grid: the run directory it created and what it raised (None if
+    nothing)."""
     from fedprune_app.core.rundir import resolve_output_dir
     from fedprune_app.server_app import main
 
     root = resolve_output_dir(cfg.output_dir)
     before = set(root.iterdir()) if root.exists() else set()
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg.to_dict())
+    context = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg.to_dict()
+    )
     raised: BaseException | None = None
     try:
         main(grid, context)
@@ -95,10 +124,17 @@ def run_server(cfg: RunConfig, grid: LocalGrid) -> tuple[Path, BaseException | N
 
 
 def method_config(tiny_model_dir: Path, tmp_path: Path, method: str, **extra: Any) -> RunConfig:
-    """A 3-round run of `method` (its settings from tests/methods/<m>/__init__.py) on the tiny model that a test
-    can afford: half the clients train per round, half are evaluated (on 4 examples: lm-eval's forward through
-    the 49k-token vocabulary is most of a run's time)."""
-    settings = {"method": method, "output-dir": str(tmp_path / "runs"), "num-server-rounds": 3,
-                "fraction-train": 0.5, "fraction-evaluate": 0.5, "test-examples": 4,
-                **conformance_of(method).settings, **{k.replace("_", "-"): v for k, v in extra.items()}}
+    """A 3-round run of `method` (its settings from tests/methods/<m>/__init__.py) on the tiny model
+    that a test can afford: half the clients train per round, half are evaluated (on 4 examples:
+    lm-eval's forward through the 49k-token vocabulary is most of a run's time)."""
+    settings = {
+        "method": method,
+        "output-dir": str(tmp_path / "runs"),
+        "num-server-rounds": 3,
+        "fraction-train": 0.5,
+        "fraction-evaluate": 0.5,
+        "test-examples": 4,
+        **conformance_of(method).settings,
+        **{k.replace("_", "-"): v for k, v in extra.items()},
+    }
     return small_config(tiny_model_dir, **settings)

@@ -1,16 +1,17 @@
 """Packed against padded training rows (`pack-sequences`), timed in one process on the same steps.
 
-Finding: Packed rows speed SFT-P's step 1.19× over the four clients (1.04–1.41×) with CLM losses equal to 3e-06, so
-  training packs rows by default (pack-sequences = true).
-Record: docs/bench/packing.json (and docs/bench/packing-20261128.json, the same command on another day); quoted in
-  docs/running.md and docs/notes/2026-11-sftp-investigations.md.
+Finding: Packed rows speed SFT-P's step 1.19× over the four clients (1.04–1.41×) with CLM losses
+  equal to 3e-06, so training packs rows by default (pack-sequences = true).
+Record: docs/bench/packing.json (and docs/bench/packing-20261128.json, the same command on another
+  day); quoted in docs/running.md and docs/notes/2026-11-sftp-investigations.md.
 
-For each client of the preset's data, SFT-P's local training (`methods/sftp/local.py` `local_round`: the real step,
-gates, penalty and LoRA) runs `--steps` steps from the same Θ, e_k, Φ and gate seed, once on padded rows and once on
-packed rows, alternating `--repeats` times (round-robin, so load on a shared machine hits both alike). Reported per
-client: seconds per step (CPU time of this process's one torch thread, `time.thread_time`, or wall time),
-the tokens a step computes (padded: rows × the longest example; packed: the real tokens), the speed-up, and the
-largest difference between the two runs' per-step CLM losses (packing must not change what is trained).
+For each client of the preset's data, SFT-P's local training (`methods/sftp/local.py` `local_round`:
+the real step, gates, penalty and LoRA) runs `--steps` steps from the same Θ, e_k, Φ and gate seed,
+once on padded rows and once on packed rows, alternating `--repeats` times (round-robin, so load on
+a shared machine hits both alike). Reported per client: seconds per step (CPU time of this process's
+one torch thread, `time.thread_time`, or wall time), the tokens a step computes (padded: rows × the
+longest example; packed: the real tokens), the speed-up, and the largest difference between the two
+runs' per-step CLM losses (packing must not change what is trained).
 
     python -m experiments.benchmarks.packing --steps 6 --repeats 2 --out docs/bench/packing.json
 """
@@ -40,27 +41,49 @@ from fedprune_cli.launch import APP_DIR, merged_config
 
 def step_tokens(cfg: RunConfig, examples: list, tokenizer: Any, packed: bool) -> float:
     """Mean tokens one step feeds the model: rows × width (padded) or the row's length (packed)."""
-    batches = training_batches(examples, tokenizer, cfg.batch_size, cfg.local_steps, cfg.seq_len, cfg.seed,
-                               targets=cfg.section(SFTPConfig).sftp_loss_on, packed=packed)
+    batches = training_batches(
+        examples,
+        tokenizer,
+        cfg.batch_size,
+        cfg.local_steps,
+        cfg.seq_len,
+        cfg.seed,
+        targets=cfg.section(SFTPConfig).sftp_loss_on,
+        packed=packed,
+    )
     return statistics.mean(float(b["input_ids"].numel()) for b in batches)
 
 
-def one_run(cfg: RunConfig, model: nn.Module, tokenizer: Any, examples: list, client: int,
-            clock: Any) -> tuple[float, list[float]]:
+def one_run(
+    cfg: RunConfig, model: nn.Module, tokenizer: Any, examples: list, client: int, clock: Any
+) -> tuple[float, list[float]]:
     """(seconds per step, per-step CLM) of `local-steps` steps from the same starting state."""
     set_adapter_state(model, initial_adapter_state(model))
     generator = generator_for(cfg, model.config, seed=cfg.seed)
-    embedding = nn.Parameter(torch.randn(cfg.section(SFTPConfig).sftp_embed_dim,
-                                         generator=torch.Generator().manual_seed(cfg.seed + client)))
+    embedding = nn.Parameter(
+        torch.randn(
+            cfg.section(SFTPConfig).sftp_embed_dim,
+            generator=torch.Generator().manual_seed(cfg.seed + client),
+        )
+    )
     keep = float(str(cfg["sftp-keep-ratios"]).split(",")[0])
     start = clock()
-    report = local_round(cfg, model, tokenizer, generator, ClientState(embedding), examples,
-                         RoundPlan(1, cfg.seed, keep))
+    report = local_round(
+        cfg,
+        model,
+        tokenizer,
+        generator,
+        ClientState(embedding),
+        examples,
+        RoundPlan(1, cfg.seed, keep),
+    )
     return (clock() - start) / cfg.local_steps, report.values["clm"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="conf/sftp.toml")
     parser.add_argument("--run-config", default="", help="'key=value ...' overrides (TOML values)")
     parser.add_argument("--steps", type=int, default=6)
@@ -74,9 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     torch.set_num_threads(1)
     base = [args.preset, *([args.run_config] if args.run_config else []), "lora-dropout=0.0"]
-    configs = {packed: RunConfig.from_flower(merged_config(
-        APP_DIR, [*base, f"local-steps={args.steps} num-server-rounds=1 pack-sequences={str(packed).lower()}"]))
-        for packed in (False, True)}
+    configs = {
+        packed: RunConfig.from_flower(
+            merged_config(
+                APP_DIR,
+                [
+                    *base,
+                    f"local-steps={args.steps} num-server-rounds=1 "
+                    f"pack-sequences={str(packed).lower()}",
+                ],
+            )
+        )
+        for packed in (False, True)
+    }
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
     model, tokenizer = routed_model(configs[False])
     rows = []
@@ -90,19 +123,38 @@ def main(argv: list[str] | None = None) -> int:
                 seconds[packed].append(s)
                 losses[packed] = clm
         padded, packed_s = statistics.median(seconds[False]), statistics.median(seconds[True])
-        row = {"client": client, "data": examples[0]["source"] if examples else "",
-               "padded-s-per-step": padded, "packed-s-per-step": packed_s, "speed-up": padded / packed_s,
-               "padded-tokens-per-step": step_tokens(configs[False], examples, tokenizer, False),
-               "packed-tokens-per-step": step_tokens(configs[True], examples, tokenizer, True),
-               "max-clm-difference": max(abs(a - b) for a, b in zip(losses[False], losses[True], strict=True))}
+        row = {
+            "client": client,
+            "data": examples[0]["source"] if examples else "",
+            "padded-s-per-step": padded,
+            "packed-s-per-step": packed_s,
+            "speed-up": padded / packed_s,
+            "padded-tokens-per-step": step_tokens(configs[False], examples, tokenizer, False),
+            "packed-tokens-per-step": step_tokens(configs[True], examples, tokenizer, True),
+            "max-clm-difference": max(
+                abs(a - b) for a, b in zip(losses[False], losses[True], strict=True)
+            ),
+        }
         rows.append(row)
-        print(f"client {client} ({row['data']}): padded {padded:.3f} s/step ({row['padded-tokens-per-step']:.0f} "
-              f"tokens), packed {packed_s:.3f} s/step ({row['packed-tokens-per-step']:.0f} tokens): "
-              f"{row['speed-up']:.2f}x; max |ΔCLM| {row['max-clm-difference']:.1e}", flush=True)
+        print(
+            f"client {client} ({row['data']}): padded {padded:.3f} s/step "
+            f"({row['padded-tokens-per-step']:.0f} tokens), packed {packed_s:.3f} s/step "
+            f"({row['packed-tokens-per-step']:.0f} tokens): {row['speed-up']:.2f}x; max |ΔCLM| "
+            f"{row['max-clm-difference']:.1e}",
+            flush=True,
+        )
     total = {m: sum(r[f"{m}-s-per-step"] for r in rows) for m in ("padded", "packed")}
     print(f"all clients: {total['padded'] / total['packed']:.2f}x (sum of seconds per step)")
-    record.update({"clock": args.clock, "steps": args.steps, "repeats": args.repeats, "preset": args.preset,
-                   "rows": rows, "speed-up-all": total["padded"] / total["packed"]})
+    record.update(
+        {
+            "clock": args.clock,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "preset": args.preset,
+            "rows": rows,
+            "speed-up-all": total["padded"] / total["packed"],
+        }
+    )
     finish_record(record, args.out)
     return 0
 

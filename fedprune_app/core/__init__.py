@@ -1,1 +1,2 @@
-"""The core: knows no method (protocol, strategy and client bases, config, registry, run directory)."""
+"""The core: knows no method (protocol, strategy and client bases, config, registry, run
+directory)."""

@@ -1,4 +1,5 @@
-"""Checkpoints: what lets an interrupted run continue as if it had never stopped (`checkpoint-every`, `resume-from`).
+"""Checkpoints: what lets an interrupted run continue as if it had never stopped
+(`checkpoint-every`, `resume-from`).
 
 Server side, `<run dir>/checkpoint/state.safetensors`, rewritten atomically after every k-th round:
 `{"round": r, "run-key": ..., "arrays": {name: ndarray}, "strategy": strategy.state_dict()}` — the
@@ -12,13 +13,14 @@ Client side, on the client's own device: `<state-dir>/<run-key>/partition-<id>/r
 optimizer moments). It never travels; a resumed run's client, starting with an empty
 `context.state`, loads the newest file from before the current round.
 
-The run key is the first run's directory name and is kept by every resume, so the clients find their state.
-Neither file is a pickle: reading them parses data and never runs code (`core/statefile.py`).
+The run key is the first run's directory name and is kept by every resume, so the clients find their
+state. Neither file is a pickle: reading them parses data and never runs code (`core/statefile.py`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from fedprune_app.core.config import ConfigError, RunConfig, defaults
+from fedprune_app.core.protocol import spec_of
+from fedprune_app.core.replies import spec_problem
 from fedprune_app.core.rundir import resolve_output_dir
 from fedprune_app.core.statefile import (
     StateFileError,
@@ -53,47 +57,78 @@ class Checkpoint:
     arrays: dict[str, np.ndarray]
     strategy: dict[str, Any]
 
+    @property
+    def path(self) -> Path:
+        """Its state file."""
+        return self.run_dir / "checkpoint" / STATE_FILE
+
     def rows(self) -> list[dict[str, Any]]:
-        """The interrupted run's metrics rows of rounds 0..round (what a resumed run's metrics.jsonl starts with)."""
+        """The interrupted run's metrics rows of rounds 0..round (what a resumed run's metrics.jsonl
+        starts with)."""
         path = self.run_dir / "metrics.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        rows = (
+            [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if path.exists()
+            else []
+        )
         return [r for r in rows if isinstance(r.get("round"), int) and r["round"] <= self.round]
 
 
-def save_checkpoint(run_dir: Path, server_round: int, run_key: str, arrays: dict[str, np.ndarray],
-                    strategy_state: dict[str, Any]) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    server_round: int,
+    run_key: str,
+    arrays: dict[str, np.ndarray],
+    strategy_state: dict[str, Any],
+) -> Path:
     """Write `<run_dir>/checkpoint/` atomically: the round, the run key, the global arrays and the
     strategy's state (`state_dict`); return the file written.
     """
     path = run_dir / "checkpoint" / STATE_FILE
-    write_state(path, {"round": server_round, "run-key": run_key, "arrays": arrays, "strategy": strategy_state})
+    write_state(
+        path,
+        {"round": server_round, "run-key": run_key, "arrays": arrays, "strategy": strategy_state},
+    )
     return path
 
 
 def load_checkpoint(cfg: RunConfig) -> Checkpoint:
-    """The checkpoint `resume-from` names, after checking (before any model is loaded) that it exists, that the
-    run config matches the interrupted run's (keys other than RESUME_FREE_KEYS) and that rounds remain."""
+    """The checkpoint `resume-from` names, after checking (before any model is loaded) that it
+    exists, that the run config matches the interrupted run's (keys other than RESUME_FREE_KEYS) and
+    that rounds remain."""
     given = resolve_output_dir(cfg.resume_from)  # a relative path resolves as `output-dir` does
     run_dir = given.parent if given.name == "checkpoint" else given
     path = run_dir / "checkpoint" / STATE_FILE
     if not path.is_file() and (run_dir / "checkpoint" / OLD_STATE_FILE).is_file():
-        raise ConfigError(f"run-config key 'resume-from': {pickle_refusal(run_dir / 'checkpoint' / OLD_STATE_FILE)}")
+        raise ConfigError(
+            "run-config key 'resume-from': "
+            f"{pickle_refusal(run_dir / 'checkpoint' / OLD_STATE_FILE)}"
+        )
     if not path.is_file():
-        raise ConfigError(f"run-config key 'resume-from' must be a run directory holding checkpoint/{STATE_FILE} "
-                          f"(written when checkpoint-every > 0), got {str(given)!r}: {path} does not exist")
+        raise ConfigError(
+            f"run-config key 'resume-from' must be a run directory holding checkpoint/{STATE_FILE} "
+            f"(written when checkpoint-every > 0), got {str(given)!r}: {path} does not exist"
+        )
     old = json.loads((run_dir / "config.json").read_text())
     new = cfg.to_dict()
-    # a key added after the interrupted run was written (absent from its config.json) is the same if the resumed
-    # run leaves it at its default: the default is what that run did (e.g. `payload-dtype` = "float32")
+    # a key added after the interrupted run was written (absent from its config.json) is the same if
+    # the resumed run leaves it at its default: the default is what that run did (e.g.
+    # `payload-dtype` = "float32")
     old.update({k: v for k, v in defaults().items() if k not in old and new.get(k) == v})
-    differ = sorted(k for k in set(old) | set(new) if k not in RESUME_FREE_KEYS and old.get(k) != new.get(k))
+    differ = sorted(
+        k for k in set(old) | set(new) if k not in RESUME_FREE_KEYS and old.get(k) != new.get(k)
+    )
     if differ:
         detail = ", ".join(f"'{k}' ({old.get(k)!r} -> {new.get(k)!r})" for k in differ)
-        raise ConfigError(f"run-config key 'resume-from': the run config differs from the interrupted run's in "
-                          f"{detail}; only {', '.join(RESUME_FREE_KEYS)} may change")
+        raise ConfigError(
+            f"run-config key 'resume-from': the run config differs from the interrupted run's in "
+            f"{detail}; only {', '.join(RESUME_FREE_KEYS)} may change"
+        )
     try:
         state = read_state(path)
-        if not isinstance(state, dict) or not {"round", "run-key", "arrays", "strategy"} <= set(state):
+        if not isinstance(state, dict) or not {"round", "run-key", "arrays", "strategy"} <= set(
+            state
+        ):
             raise StateFileError(f"{path} holds no checkpoint (round, run-key, arrays, strategy)")
         problem = checkpoint_problem(state)
         if problem:
@@ -101,10 +136,14 @@ def load_checkpoint(cfg: RunConfig) -> Checkpoint:
     except StateFileError as err:
         raise ConfigError(f"run-config key 'resume-from': {err}") from err
     if state["round"] >= cfg.num_server_rounds:
-        raise ConfigError(f"run-config key 'resume-from': {run_dir.name} has already completed round "
-                          f"{state['round']} of num-server-rounds = {cfg.num_server_rounds}; raise num-server-rounds "
-                          "to continue it")
-    return Checkpoint(run_dir, int(state["round"]), str(state["run-key"]), state["arrays"], state["strategy"])
+        raise ConfigError(
+            f"run-config key 'resume-from': {run_dir.name} has already completed round "
+            f"{state['round']} of num-server-rounds = {cfg.num_server_rounds}; raise "
+            "num-server-rounds to continue it"
+        )
+    return Checkpoint(
+        run_dir, int(state["round"]), str(state["run-key"]), state["arrays"], state["strategy"]
+    )
 
 
 def checkpoint_problem(state: dict[str, Any]) -> str:
@@ -125,10 +164,35 @@ def checkpoint_problem(state: dict[str, Any]) -> str:
     return ""
 
 
-# --- client side -----------------------------------------------------------------------------------------------
+def check_fits(
+    checkpoint: Checkpoint, cfg: RunConfig, spec: Mapping[str, tuple[tuple[int, ...], str]] | None
+) -> None:
+    """ConfigError naming the state file when the checkpoint cannot continue a run of `cfg`: what
+    it holds differs in keys, shapes or dtypes from `spec`, the method's `checkpoint_spec` for
+    `cfg` (its global arrays by name; a state table `t`'s arrays as `t/<name>`). None: not
+    checked."""
+    if spec is None:
+        return
+    held = dict(checkpoint.arrays)
+    for table in {k.split("/", 1)[0] for k in spec if "/" in k}:
+        entries = checkpoint.strategy.get(table)
+        if isinstance(entries, Mapping):
+            held |= {f"{table}/{k}": v for k, v in entries.items() if isinstance(v, np.ndarray)}
+    problem = spec_problem(spec_of(held), spec)
+    if problem:
+        raise ConfigError(
+            f"run-config key 'resume-from': {checkpoint.path} does not fit what "
+            f"method {cfg.method!r} builds for model {cfg.model_name!r} with this "
+            f"run config: {problem}"
+        )
+
+
+# --- client side ----------------------------------------------------------------------------------
+
 
 def client_state_dir(state_dir: str | None, run_key: str, partition_id: int) -> Path:
-    """`<state-dir>/<run-key>/partition-<id>` (state-dir defaults to `<fedprune cache>/client-state`)."""
+    """`<state-dir>/<run-key>/partition-<id>` (state-dir defaults to
+    `<fedprune cache>/client-state`)."""
     from fedprune_app.llm.assets import cache_root
 
     root = Path(state_dir).expanduser() if state_dir else cache_root() / "client-state"
@@ -136,7 +200,8 @@ def client_state_dir(state_dir: str | None, run_key: str, partition_id: int) -> 
 
 
 def save_client_state(directory: Path, server_round: int, state: Any) -> None:
-    """Write the client's `context.state` after round `server_round`; keep the newest CLIENT_STATES_KEPT."""
+    """Write the client's `context.state` after round `server_round`; keep the newest
+    CLIENT_STATES_KEPT."""
     write_records(directory / f"round-{server_round}.pb", state)
     for old in sorted(_rounds(directory))[:-CLIENT_STATES_KEPT]:
         (directory / f"round-{old}.pb").unlink(missing_ok=True)
@@ -156,5 +221,8 @@ def load_client_state(directory: Path, before_round: int) -> Any | None:
 def _rounds(directory: Path, suffix: str = ".pb") -> list[int]:
     if not directory.is_dir():
         return []
-    return [int(p.stem.split("-", 1)[1]) for p in directory.glob(f"round-*{suffix}")
-            if p.stem.split("-", 1)[1].isdigit()]
+    return [
+        int(p.stem.split("-", 1)[1])
+        for p in directory.glob(f"round-*{suffix}")
+        if p.stem.split("-", 1)[1].isdigit()
+    ]

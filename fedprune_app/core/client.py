@@ -1,8 +1,9 @@
 """The template every fedprune client follows.
 
-The ClientApp builds one client object per message (`Client(cfg, context)`) and calls `train(content)` or
-`evaluate(content)`; both return the reply's RecordDict. What a client keeps between rounds lives in
-`context.state` (per node, never sent); what it holds of the data is `self.data`.
+The ClientApp builds one client object per message (`Client(cfg, context)`) and calls
+`train(content)` or `evaluate(content)`; both return the reply's RecordDict. What a client keeps
+between rounds lives in `context.state` (per node, never sent); what it holds of the data is
+`self.data`.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ class FederatedClient:
         node = NodeConfig.from_flower(context.node_config)  # ConfigError naming the bad key
         self.partition_id = node.partition_id
         self.num_partitions = node.num_partitions
-        self.data_path: str | None = node.data_path  # a private JSONL on this device, replaces the partition
+        # a private JSONL on this device, replaces the partition
+        self.data_path: str | None = node.data_path
         self.resources: float | None = node.resources  # its compute share r_i, when it sets one
-        self.state_dir: str | None = node.state_dir  # where checkpointed private state goes (None = default)
+        # where checkpointed private state goes (None = default)
+        self.state_dir: str | None = node.state_dir
 
     @cached_property
     def data(self) -> ClientData:
@@ -53,7 +56,8 @@ class FederatedClient:
         return self.context.state.config_records[self.name]
 
     def info(self) -> ConfigRecord:
-        """Descriptive, non-private facts sent with each reply (which data the client is scored on)."""
+        """Descriptive, non-private facts sent with each reply (which data the client is scored
+        on)."""
         return ConfigRecord({"data": self.data.eval_source})
 
     def seed(self, server_round: int) -> int:
@@ -61,21 +65,33 @@ class FederatedClient:
         return client_seed(self.cfg.seed, server_round, self.partition_id)
 
     def identity(self) -> RecordDict:
-        """The answer to the server's `{"query": "identity"}`: partition id and node-config `resources`
-        (its compute share r_i; 0 = not set). Nothing about the data."""
-        return RecordDict({"metrics": MetricRecord({"partition-id": self.partition_id,
-                                                    "num-partitions": self.num_partitions,
-                                                    "resources": float(self.resources or 0.0)})})
+        """The answer to the server's `{"query": "identity"}`: partition id and node-config
+        `resources` (its compute share r_i; 0 = not set). Nothing about the data."""
+        return RecordDict(
+            {
+                "metrics": MetricRecord(
+                    {
+                        "partition-id": self.partition_id,
+                        "num-partitions": self.num_partitions,
+                        "resources": float(self.resources or 0.0),
+                    }
+                )
+            }
+        )
 
     def query(self, content: RecordDict) -> RecordDict:
         """A method's own one-off question (e.g. a mean feature vector); none by default."""
-        raise NotImplementedError(f"method {self.cfg.method!r} answers no query {dict(content.config_records)}")
+        raise NotImplementedError(
+            f"method {self.cfg.method!r} answers no query {dict(content.config_records)}"
+        )
 
-    # --- the private state on this device, across an interruption ----------------------------------------
+    # --- the private state on this device, across an interruption ---------------------------------
     def state_file(self, content: RecordDict) -> Path | None:
-        """Where this client checkpoints `context.state`: `<state-dir>/<run-key>/partition-<id>/` (None when the
-        server sent no run key)."""
-        key = str(content.config_records["config"].get("run-key", "")) if "config" in content else ""
+        """Where this client checkpoints `context.state`: `<state-dir>/<run-key>/partition-<id>/`
+        (None when the server sent no run key)."""
+        key = (
+            str(content.config_records["config"].get("run-key", "")) if "config" in content else ""
+        )
         return client_state_dir(self.state_dir, key, self.partition_id) if key else None
 
     def restore_state(self, content: RecordDict) -> None:
@@ -95,7 +111,9 @@ class FederatedClient:
         """After a train message: checkpoint `context.state` (it never leaves this device)."""
         directory = self.state_file(content)
         if directory is not None and len(self.context.state.keys()) > 0:
-            save_client_state(directory, int(content.config_records["config"]["server-round"]), self.context.state)
+            save_client_state(
+                directory, int(content.config_records["config"]["server-round"]), self.context.state
+            )
 
     def train(self, content: RecordDict) -> RecordDict:
         """The reply to a train message: the updated arrays and `metrics` (`num-examples`, ...).
@@ -119,8 +137,9 @@ class FederatedClient:
         if not dp.enabled or not self.dp_clips_on_client or sent is None or mine is None:
             return reply
         reference, local = numpy_state(sent), numpy_state(mine)
-        keys = [k for k in float_keys(local)
-                if k in reference and reference[k].shape == local[k].shape]
+        keys = [
+            k for k in float_keys(local) if k in reference and reference[k].shape == local[k].shape
+        ]
         if not keys:
             return reply
         clipped, norm = clip_update(local, reference, keys, dp.dp_clipping_norm)
@@ -145,14 +164,24 @@ class FederatedClient:
         scored here.
         `content.config_records["config"]["reference"]` names it; the reply carries metrics only."""
         name = content.config_records["config"]["reference"]
-        raise NotImplementedError(f"method {self.cfg.method!r} has no client-side reference {name!r}")
+        raise NotImplementedError(
+            f"method {self.cfg.method!r} has no client-side reference {name!r}"
+        )
 
 
 def local_file_data(cfg: RunConfig, partition_id: int, data_path: str) -> ClientData:
-    """A device's own JSONL file (node-config `data-path`) as this client's data, split like any `client-data`
-    source (`jsonl:` reader, seeded test | val | train split of `data.source_splits`, the same sizes).
-    The file's name (not its path) is what replies report as the client's data."""
-    splits = source_splits(f"jsonl:{data_path}", cfg.seed, cfg.test_examples, cfg.val_examples,
-                           cfg.max_train_examples)
-    return ClientData(partition_id, splits.train, splits.val, splits.test, f"data-path:{Path(data_path).name}",
-                      splits.test_path, Counter(e["source"] for e in splits.train))
+    """A device's own JSONL file (node-config `data-path`) as this client's data, split like any
+    `client-data` source (`jsonl:` reader, seeded test | val | train split of `data.source_splits`,
+    the same sizes). The file's name (not its path) is what replies report as the client's data."""
+    splits = source_splits(
+        f"jsonl:{data_path}", cfg.seed, cfg.test_examples, cfg.val_examples, cfg.max_train_examples
+    )
+    return ClientData(
+        partition_id,
+        splits.train,
+        splits.val,
+        splits.test,
+        f"data-path:{Path(data_path).name}",
+        splits.test_path,
+        Counter(e["source"] for e in splits.train),
+    )

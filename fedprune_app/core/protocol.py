@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
-from fedprune_app.core.config import parse_partition_id as parse_partition_id  # the one rule, re-exported
+# the one rule, re-exported
+from fedprune_app.core.config import parse_partition_id as parse_partition_id
 
 
 def to_record(state: Mapping[str, np.ndarray]) -> ArrayRecord:
@@ -24,12 +25,20 @@ def numpy_state(record: ArrayRecord) -> dict[str, np.ndarray]:
 def record_bytes(content: RecordDict | ArrayRecord) -> int:
     """Bytes of tensor data in a record (shape x itemsize; serialization headers not counted)."""
     records = content.array_records.values() if isinstance(content, RecordDict) else [content]
-    return int(sum(np.prod(arr.shape, dtype=np.int64) * np.dtype(arr.dtype).itemsize
-                   for rec in records for arr in rec.values()))
+    return int(
+        sum(
+            np.prod(arr.shape, dtype=np.int64) * np.dtype(arr.dtype).itemsize
+            for rec in records
+            for arr in rec.values()
+        )
+    )
 
 
-def spec_of(record: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
-    """{name: (shape, dtype)} of an ArrayRecord: what a reply must match."""
+def spec_of(
+    record: ArrayRecord | Mapping[str, np.ndarray],
+) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{name: (shape, dtype)} of an ArrayRecord (or of named NumPy arrays): what a reply must
+    match."""
     return {k: (tuple(v.shape), str(v.dtype)) for k, v in record.items()}
 
 

@@ -2,23 +2,30 @@
 
 The registry imports no method. Each method registers itself, in the files that define it:
 
-- `fedprune_app/methods/<m>/__init__.py`: `register_method("<m>", config=<M>Config)` (its typed run-config keys);
+- `fedprune_app/methods/<m>/__init__.py`: `register_method("<m>", config=<M>Config)` (its typed
+  run-config keys; with `checkpoint_spec=`, the shapes a checkpoint of a run holds, from the config
+  alone, or with `spec_from_checkpoint=`, from the config and the structure the checkpoint records);
 - `strategies/<m>.py`: `@register_strategy("<m>")` on its strategy class;
 - `clients/<m>.py`: `@register_client("<m>")` on its client class.
 
-Discovery imports every module of a package (`load`): the method packages whenever the registry is asked what
-exists (the config validation needs their keys), `strategies` by the ServerApp, `clients` by the ClientApp. So adding
-a method adds files and edits none: see the README's "Adding a method".
+Discovery imports every module of a package (`load`): the method packages whenever the registry is
+asked what exists (the config validation needs their keys), `strategies` by the ServerApp, `clients`
+by the ClientApp. So adding a method adds files and edits none: see the README's "Adding a method".
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 METHODS_PACKAGE = "fedprune_app.methods"
+# (run config, the model's config.json) -> {name: (shape, dtype)} or None: `register_method`
+SpecFromConfig = Callable[[Any, Mapping[str, Any]], dict[str, Any] | None]
+# (run config, config.json, the checkpoint's global arrays) -> the same: `register_method`
+SpecFromCheckpoint = Callable[[Any, Mapping[str, Any], Mapping[str, Any]], dict[str, Any] | None]
 
 
 @dataclass
@@ -29,6 +36,12 @@ class Method:
     configs: tuple[type, ...] = ()
     package: bool = False  # its package under fedprune_app/methods called register_method
     default: bool = False  # the run-config key `method`'s default
+    # (run config, the model's config.json) -> {name: (shape, dtype)} a checkpoint holds, without
+    # building the model (None for a model it cannot tell); absent: the config does not fix them
+    checkpoint_spec: SpecFromConfig | None = None
+    # (run config, config.json, the checkpoint's global arrays) -> the same, for a method whose
+    # shapes follow a structure that its first round recorded in the checkpoint
+    spec_from_checkpoint: SpecFromCheckpoint | None = None
     strategy: type | None = None
     client: type | None = None
 
@@ -51,17 +64,33 @@ def _entry(name: str) -> Method:
     return _METHODS.setdefault(name, Method(name))
 
 
-def register_method(name: str, config: type | tuple[type, ...] = (), default: bool = False) -> None:
+def register_method(
+    name: str,
+    config: type | tuple[type, ...] = (),
+    default: bool = False,
+    checkpoint_spec: SpecFromConfig | None = None,
+    spec_from_checkpoint: SpecFromCheckpoint | None = None,
+) -> None:
     """Called by `fedprune_app/methods/<name>/__init__.py`: the method exists.
 
     Args:
         name: the method's name (the run-config value of `method`).
         config: the config section(s) whose keys it reads.
         default: it is what `method` is when a run does not say (one method says so).
+        checkpoint_spec: (run config, the model's config.json) -> the `checkpoint_spec` its
+            strategy gives, computed without torch or the model (the launcher's check of
+            `resume-from`), or None for a model it does not know; omitted where the config does
+            not fix the checkpoint's shapes.
+        spec_from_checkpoint: instead of `checkpoint_spec`, where the shapes follow a structure
+            that the run's first round cut from the clients' data: (run config, config.json, the
+            checkpoint's global arrays, which record that structure) -> the same, also without
+            torch, and the strategy's `checkpoint_spec` when given those arrays.
     """
     entry = _entry(name)
     entry.configs, entry.package = (config if isinstance(config, tuple) else (config,)), True
     entry.default = default
+    entry.checkpoint_spec = checkpoint_spec
+    entry.spec_from_checkpoint = spec_from_checkpoint
 
 
 def register_strategy(name: str) -> Any:
@@ -95,8 +124,9 @@ def default_name() -> str:
     load(METHODS_PACKAGE)
     found = [n for n, m in sorted(_METHODS.items()) if m.package and m.default]
     if len(found) != 1:
-        raise RuntimeError("exactly one method must register as the default, "
-                           f"found {found or 'none'}")
+        raise RuntimeError(
+            f"exactly one method must register as the default, found {found or 'none'}"
+        )
     return found[0]
 
 
@@ -115,7 +145,9 @@ def get(name: str) -> Method:
     """The method `name`, or a KeyError naming the allowed values."""
     load(METHODS_PACKAGE)
     if name not in _METHODS or not _METHODS[name].package:
-        raise KeyError(f"run-config key 'method' must be one of {', '.join(map(repr, names()))}, got {name!r}")
+        raise KeyError(
+            f"run-config key 'method' must be one of {', '.join(map(repr, names()))}, got {name!r}"
+        )
     return _METHODS[name]
 
 
@@ -123,7 +155,9 @@ def _side(name: str, package: str, attr: str, decorator: str) -> type:
     load(package)
     cls = getattr(get(name), attr)
     if cls is None:
-        raise KeyError(f"method {name!r} registered no {attr} ({package}/{name}.py with @{decorator})")
+        raise KeyError(
+            f"method {name!r} registered no {attr} ({package}/{name}.py with @{decorator})"
+        )
     return cls
 
 

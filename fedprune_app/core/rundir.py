@@ -2,16 +2,18 @@
 
 - `config.json`: the resolved run config; `flower-run.json`: the Flower run id (how `fedprune run`
   finds its own run's directory);
-- `metrics.jsonl`: one line per (round, client, phase) and per server evaluation, appended as they come;
+- `metrics.jsonl`: one line per (round, client, phase) and per server evaluation, appended as they
+  come;
 - `summary.json`: `"status"`, wall time, the final per-client table and server metrics, and
   `"warnings"`: one line per final model the run broke (`broken_models`);
 - `results.md`: the paper-style tables, every number read from `metrics.jsonl` with its n and 95%
   interval, every term defined under its table, the broken models at the top;
 - `plots/*.png`: loss and metrics per round, per client and task;
-- `tensorboard/`: every numeric value of `metrics.jsonl` as TensorBoard scalars (`board_scalars`), for
-  `tensorboard --logdir outputs/`;
+- `tensorboard/`: every numeric value of `metrics.jsonl` as TensorBoard scalars (`board_scalars`),
+  for `tensorboard --logdir outputs/`;
 - the final artefacts (written by the strategy, e.g. `adapter/`);
-- later, `rescore.json` (fedprune_cli/rescore_rouge.py): per-example Rouge-L of the final model on unused examples.
+- later, `rescore.json` (fedprune_cli/rescore_rouge.py): per-example Rouge-L of the final model on
+  unused examples.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class MethodReport(Protocol):
 
 
 def resolve_output_dir(output_dir: str) -> Path:
-    """An absolute `output-dir` as is; a relative one against $FEDPRUNE_OUTPUT_DIR or the working directory."""
+    """An absolute `output-dir` as is; a relative one against $FEDPRUNE_OUTPUT_DIR or the working
+    directory."""
     path = Path(output_dir).expanduser()
     if not path.is_absolute():
         path = Path(os.environ.get("FEDPRUNE_OUTPUT_DIR", os.getcwd())) / path
@@ -61,7 +64,8 @@ class RunDirectory:
         self.cfg = cfg
         self.started = time.time()
         self.records: list[dict[str, Any]] = []
-        self.board: Any = None  # the TensorBoard event writer of <run>/tensorboard, opened at the first scalar
+        # the TensorBoard event writer of <run>/tensorboard, opened at the first scalar
+        self.board: Any = None
 
     @classmethod
     def create(cls, cfg: RunConfig, run_id: int | None = None) -> RunDirectory:
@@ -87,7 +91,8 @@ class RunDirectory:
         return cls(path, cfg)
 
     def log(self, record: Mapping[str, Any]) -> None:
-        """Append one metrics line (a flat dict; `round`, `phase` and `client` are the usual keys)."""
+        """Append one metrics line (a flat dict; `round`, `phase` and `client` are the usual
+        keys)."""
         row = {"time": round(time.time() - self.started, 3), **record}
         self.records.append(row)
         with open(self.path / "metrics.jsonl", "a") as f:
@@ -95,15 +100,17 @@ class RunDirectory:
         self.write_board([row])
 
     def extend(self, rows: list[dict[str, Any]]) -> None:
-        """Start from rows an earlier run logged (a resumed run begins with the interrupted run's rounds)."""
+        """Start from rows an earlier run logged (a resumed run begins with the interrupted run's
+        rounds)."""
         self.records.extend(rows)
         with open(self.path / "metrics.jsonl", "a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
         self.write_board(rows)
 
     def write_board(self, rows: list[dict[str, Any]]) -> None:
-        """Each row's scalars into <run>/tensorboard as one event (torch.utils.tensorboard's FileWriter, the writer
-        under SummaryWriter, without its per-scalar overhead): queued in memory, written every 30 s and at `finish`."""
+        """Each row's scalars into <run>/tensorboard as one event (torch.utils.tensorboard's
+        FileWriter, the writer under SummaryWriter, without its per-scalar overhead): queued in
+        memory, written every 30 s and at `finish`."""
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         for row in rows:
@@ -113,8 +120,12 @@ class RunDirectory:
             if self.board is None:
                 from torch.utils.tensorboard.writer import FileWriter
 
-                self.board = FileWriter(str(self.path / "tensorboard"), max_queue=1000, flush_secs=30)
-            summary = Summary(value=[Summary.Value(tag=tag, simple_value=value) for tag, _, value, _ in scalars])
+                self.board = FileWriter(
+                    str(self.path / "tensorboard"), max_queue=1000, flush_secs=30
+                )
+            summary = Summary(
+                value=[Summary.Value(tag=tag, simple_value=value) for tag, _, value, _ in scalars]
+            )
             self.board.add_summary(summary, scalars[0][1], walltime=self.started + scalars[0][3])
 
     def close_board(self) -> None:
@@ -127,8 +138,12 @@ class RunDirectory:
         """The logged rows of one phase, in order."""
         return [r for r in self.records if r.get("phase") == phase]
 
-    def finish(self, status: str, extra: Mapping[str, Any] | None = None,
-               report: MethodReport | None = None) -> dict[str, Any]:
+    def finish(
+        self,
+        status: str,
+        extra: Mapping[str, Any] | None = None,
+        report: MethodReport | None = None,
+    ) -> dict[str, Any]:
         """Write summary.json, results.md and the plots; return the summary.
 
         Args:
@@ -148,15 +163,30 @@ class RunDirectory:
             for key, (heading, _) in columns.items():  # numbers the strategy noted beside its score
                 if key in r:
                     server[str(r["round"])][heading] = r[key]
-        dropped = [{"round": r.get("round"), "phase": r["phase"], "node": r.get("node"),
-                    "problem": r.get("problem", "")[-300:]}
-                   for r in self.records if r.get("status") in ("failed", "rejected")]
+        dropped = [
+            {
+                "round": r.get("round"),
+                "phase": r["phase"],
+                "node": r.get("node"),
+                "problem": r.get("problem", "")[-300:],
+            }
+            for r in self.records
+            if r.get("status") in ("failed", "rejected")
+        ]
         flags = broken_models(self.records, self.cfg.method)
-        summary = {"status": status, "method": self.cfg.method, "started-at": self.started,
-                   "seconds": round(time.time() - self.started, 1),
-                   "clients": table, "server": server, "references": reference_means(self.rows("reference")),
-                   "failures": len(dropped), "dropped-replies": dropped, "warnings": flags,
-                   **(extra or {})}
+        summary = {
+            "status": status,
+            "method": self.cfg.method,
+            "started-at": self.started,
+            "seconds": round(time.time() - self.started, 1),
+            "clients": table,
+            "server": server,
+            "references": reference_means(self.rows("reference")),
+            "failures": len(dropped),
+            "dropped-replies": dropped,
+            "warnings": flags,
+            **(extra or {}),
+        }
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         try:
             self.close_board()
@@ -168,8 +198,10 @@ class RunDirectory:
         text += report.results_sections(self.records) if report is not None else ""
         text += render_privacy(self.rows("privacy"))
         if dropped:
-            text += (f"\n{len(dropped)} client replies failed or were rejected and left out "
-                     "(details in summary.json and metrics.jsonl).\n")
+            text += (
+                f"\n{len(dropped)} client replies failed or were rejected and left out "
+                "(details in summary.json and metrics.jsonl).\n"
+            )
         (self.path / "results.md").write_text(text)
         try:
             plot_rounds(self.records, self.path / "plots")
@@ -183,12 +215,17 @@ def _side(row: Mapping[str, Any], metric: str, side: str) -> dict[str, Any]:
     if row.get(metric) is None:
         return {}
     lo, hi, n = score_interval(row, metric)
-    return {f"{metric}/{side}": row[metric], f"{metric}-lo/{side}": lo, f"{metric}-hi/{side}": hi,
-            f"{metric}-n/{side}": n}
+    return {
+        f"{metric}/{side}": row[metric],
+        f"{metric}-lo/{side}": lo,
+        f"{metric}-hi/{side}": hi,
+        f"{metric}-n/{side}": n,
+    }
 
 
-def client_table(eval_rows: list[dict[str, Any]],
-                 records: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+def client_table(
+    eval_rows: list[dict[str, Any]], records: list[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
     """Per client: its metrics at round 0 (untouched model) and at its last evaluated round, each
     with its n and 95% interval (`<metric>-n/<side>`, `-lo`, `-hi`), and chance where known.
     `status`: 'ok'; 'failed' (a reply of it in `records` failed or was rejected: `failed-rounds`);
@@ -200,23 +237,36 @@ def client_table(eval_rows: list[dict[str, Any]],
             by_client[int(r["client"])][int(r["round"])] = r
     failed: dict[int | str, set[int]] = defaultdict(set)  # "node <id>": it never said its partition
     for r in records:
-        if r.get("status") in ("failed", "rejected") and isinstance(r.get("round"), int) \
-                and r.get("phase") in ("train", "evaluate"):
+        if (
+            r.get("status") in ("failed", "rejected")
+            and isinstance(r.get("round"), int)
+            and r.get("phase") in ("train", "evaluate")
+        ):
             who = r.get("client") if isinstance(r.get("client"), int) else f"node {r.get('node')}"
             failed[who].add(r["round"])
     final = max((int(r["round"]) for r in eval_rows if isinstance(r.get("round"), int)), default=0)
-    table = [{"client": client, "data": "", "final-round": None, "status": "failed",
-              "failed-rounds": sorted(failed[client])}
-             for client in sorted(set(failed) - set(by_client))]
+    table = [
+        {
+            "client": client,
+            "data": "",
+            "final-round": None,
+            "status": "failed",
+            "failed-rounds": sorted(failed[client]),
+        }
+        for client in sorted(set(failed) - set(by_client))
+    ]
     for client in sorted(by_client):
         rounds = by_client[client]
         first, last = rounds.get(0, {}), rounds[max(rounds)]
         stale = max(rounds) < final
         metrics = sorted(k for k in set(first) | set(last) if k in METRIC_NAMES)
-        row = {"client": client, "data": last.get("data", first.get("data", "")),
-               "final-round": max(rounds),
-               "status": "stale" if stale else "failed" if failed[client] else "ok",
-               "failed-rounds": sorted(failed[client])}
+        row = {
+            "client": client,
+            "data": last.get("data", first.get("data", "")),
+            "final-round": max(rounds),
+            "status": "stale" if stale else "failed" if failed[client] else "ok",
+            "failed-rounds": sorted(failed[client]),
+        }
         if stale:
             last = {}
         for m in metrics:
@@ -241,11 +291,16 @@ def left_out_line(summary: Mapping[str, Any]) -> str:
     failures = summary.get("failures", 0)
     if not failures:
         return ""
-    marked = [f"client {row['client']} ({row['status']})" for row in summary.get("clients", [])
-              if row.get("status", "ok") != "ok"]
-    return (f"{failures} client repl{'y was' if failures == 1 else 'ies were'} left out (failed or "
-            f"rejected){': ' + ', '.join(marked) if marked else ''}; see results.md and "
-            "summary.json's dropped-replies")
+    marked = [
+        f"client {row['client']} ({row['status']})"
+        for row in summary.get("clients", [])
+        if row.get("status", "ok") != "ok"
+    ]
+    return (
+        f"{failures} client repl{'y was' if failures == 1 else 'ies were'} left out (failed or "
+        f"rejected){': ' + ', '.join(marked) if marked else ''}; see results.md and "
+        "summary.json's dropped-replies"
+    )
 
 
 def client_state(row: Mapping[str, Any]) -> str:
@@ -264,23 +319,33 @@ CHANCE = "acc-chance"  # an eval row's chance accuracy: mean over its questions 
 PPL_BROKEN_RATIO = 2.0  # a perplexity above this × the untouched model's marks a broken model
 
 # How results.md and the plots name each score, and what the name means (the legends).
-SCORE_LABELS = {"acc": "accuracy", "acc_norm": "accuracy, length-normalised", "ppl": "perplexity",
-                "rouge-l": "Rouge-L", "val-loss": "validation loss"}
+SCORE_LABELS = {
+    "acc": "accuracy",
+    "acc_norm": "accuracy, length-normalised",
+    "ppl": "perplexity",
+    "rouge-l": "Rouge-L",
+    "val-loss": "validation loss",
+}
 SCORE_TERMS = {
     "acc": "accuracy: the share of test questions whose most likely choice (by the model's "
-           "log-likelihood) is the right one (lm-eval's `acc`); higher is better",
+    "log-likelihood) is the right one (lm-eval's `acc`); higher is better",
     "acc_norm": "accuracy, length-normalised: the same, each choice's log-likelihood divided by "
-                "its length in characters (lm-eval's `acc_norm`)",
+    "its length in characters (lm-eval's `acc_norm`)",
     "ppl": "perplexity: exp(mean negative log-likelihood per token) of the test answers given "
-           "their questions, or of the text itself for plain-text data; lower is better",
+    "their questions, or of the text itself for plain-text data; lower is better",
     "rouge-l": "Rouge-L: the F1 of the longest common subsequence of the generated and the "
-               "reference answer, 0 to 1; higher is better",
+    "reference answer, 0 to 1; higher is better",
     "val-loss": "validation loss: mean negative log-likelihood per answer token of the client's "
-                "validation split; lower is better",
+    "validation split; lower is better",
 }
 
-BOARD_IDENTITY = frozenset({"time", "round", "phase", "node", "client", "partition-id"})  # what a row is, not values
-BOARD_QUALIFIERS = {"server-evaluate": ("data",), "reference": ("model", "data"), "compiled": ("model",)}
+# what a row is, not values
+BOARD_IDENTITY = frozenset({"time", "round", "phase", "node", "client", "partition-id"})
+BOARD_QUALIFIERS = {
+    "server-evaluate": ("data",),
+    "reference": ("model", "data"),
+    "compiled": ("model",),
+}
 
 
 def _tag_part(value: Any) -> str:
@@ -288,27 +353,36 @@ def _tag_part(value: Any) -> str:
 
 
 def board_scalars(row: Mapping[str, Any], final_round: int) -> list[tuple[str, int, float, float]]:
-    """(tag, step, value, seconds since the run started) of every numeric value of one metrics row, but for
-    `BOARD_IDENTITY` fields. Tag `<phase>/<key>`, then what names the row within its phase
-    (`BOARD_QUALIFIERS`: server-evaluate `data`, reference `model` and `data`, compiled `model`), then
-    `client-<k>` for a client's row: `train/train-loss/client-0`, `server-evaluate/ppl/wikitext`,
-    `reference/ppl/standalone/wikitext/client-2`. Step: the row's round; rows without one (scored after the last
-    round: references, compiled models) at `final_round`. Failed and rejected replies are left out."""
+    """(tag, step, value, seconds since the run started) of every numeric value of one metrics row,
+    but for `BOARD_IDENTITY` fields. Tag `<phase>/<key>`, then what names the row within its phase
+    (`BOARD_QUALIFIERS`: server-evaluate `data`, reference `model` and `data`, compiled `model`),
+    then `client-<k>` for a client's row: `train/train-loss/client-0`,
+    `server-evaluate/ppl/wikitext`, `reference/ppl/standalone/wikitext/client-2`. Step: the row's
+    round; rows without one (scored after the last round: references, compiled models) at
+    `final_round`. Failed and rejected replies are left out."""
     if row.get("status") in ("failed", "rejected"):
         return []
     phase = _tag_part(row.get("phase", "run"))
-    names = [_tag_part(row[k]) for k in BOARD_QUALIFIERS.get(str(row.get("phase")), ()) if row.get(k) is not None]
+    names = [
+        _tag_part(row[k])
+        for k in BOARD_QUALIFIERS.get(str(row.get("phase")), ())
+        if row.get(k) is not None
+    ]
     if row.get("client") is not None:
         names.append(f"client-{_tag_part(row['client'])}")
     suffix = "".join(f"/{n}" for n in names)
     step = int(row["round"]) if isinstance(row.get("round"), int | float) else final_round
     offset = float(row["time"]) if isinstance(row.get("time"), int | float) else 0.0
-    return [(f"{phase}/{_tag_part(key)}{suffix}", step, float(value), offset) for key, value in row.items()
-            if key not in BOARD_IDENTITY and isinstance(value, int | float)]
+    return [
+        (f"{phase}/{_tag_part(key)}{suffix}", step, float(value), offset)
+        for key, value in row.items()
+        if key not in BOARD_IDENTITY and isinstance(value, int | float)
+    ]
 
 
-def score_interval(row: Mapping[str, Any], metric: str
-                   ) -> tuple[float | None, float | None, int | None]:
+def score_interval(
+    row: Mapping[str, Any], metric: str
+) -> tuple[float | None, float | None, int | None]:
     """(lo, hi, n) of one score of a metrics row: for an accuracy the Wilson interval of its `acc-n`
     questions; else the `<metric>-lo`, `-hi`, `-n` the row carries. None where the row has none."""
     value = row.get(metric)
@@ -372,26 +446,31 @@ def _ppl_problem(what: str, final: Any, untouched: Any, ratio: float) -> str | N
     if not math.isfinite(final):
         return f"{what} is {final} (the untouched model's {_num(untouched)})"
     if final > ratio * untouched:
-        return (f"{what} {_num(final)} is {_num(final / untouched)}× the untouched model's "
-                f"{_num(untouched)}")
+        return (
+            f"{what} {_num(final)} is {_num(final / untouched)}× the untouched model's "
+            f"{_num(untouched)}"
+        )
     return None
 
 
 def _accuracy_problem(acc: Any, n: Any, chance: Any) -> str | None:
-    """Why a final accuracy marks a broken model: below chance by its whole 95% (Wilson) interval, so
-    that a healthy model near chance on a few questions is not flagged; no n, no verdict."""
+    """Why a final accuracy marks a broken model: below chance by its whole 95% (Wilson) interval,
+    so that a healthy model near chance on a few questions is not flagged; no n, no verdict."""
     numbers = all(isinstance(v, int | float) for v in (acc, n, chance))
     if not numbers or n < 1 or not 0.0 <= acc <= 1.0:
         return None
     interval = proportion_interval(acc, int(n))
     if interval.hi < chance:
-        return (f"accuracy {acc:.3f} [{interval.lo:.3f}, {interval.hi:.3f}] (n = {int(n)}) is below "
-                f"chance {chance:.3f}")
+        return (
+            f"accuracy {acc:.3f} [{interval.lo:.3f}, {interval.hi:.3f}] (n = {int(n)}) is below "
+            f"chance {chance:.3f}"
+        )
     return None
 
 
-def broken_models(records: list[dict[str, Any]], method: str,
-                  ratio: float = PPL_BROKEN_RATIO) -> list[str]:
+def broken_models(
+    records: list[dict[str, Any]], method: str, ratio: float = PPL_BROKEN_RATIO
+) -> list[str]:
     """One line per final or deployed model that the run broke: a perplexity above `ratio` × the
     untouched model's on the same data, or a multiple-choice accuracy whose 95% interval lies below
     chance. Looks at each client's last evaluation (against its round 0), the server's last score of
@@ -399,50 +478,73 @@ def broken_models(records: list[dict[str, Any]], method: str,
     `model`) and, where no client evaluated its own, the compiled models (against the `dense` one).
     Each line names the model and points to docs/methods/<method>.md."""
     problems: dict[str, list[str]] = defaultdict(list)
-    judged = [row for row in client_table([r for r in records if r.get("phase") == "evaluate"])
-              if (row["final-round"] or 0) > 0]
+    judged = [
+        row
+        for row in client_table([r for r in records if r.get("phase") == "evaluate"])
+        if (row["final-round"] or 0) > 0
+    ]
     for row in judged:
         label = client_label(row["client"], row["data"])
-        found = _ppl_problem("test perplexity", row.get("ppl/tuned"), row.get("ppl/untouched"),
-                             ratio)
+        found = _ppl_problem(
+            "test perplexity", row.get("ppl/tuned"), row.get("ppl/untouched"), ratio
+        )
         problems[label] += [found] if found else []
         found = _accuracy_problem(row.get("acc/tuned"), row.get("acc-n/tuned"), row.get(CHANCE))
         problems[label] += [found] if found else []
     server: dict[str, dict[int, float]] = defaultdict(dict)
     for r in records:
-        if r.get("phase") == "server-evaluate" and not r.get("model") and "round" in r \
-                and r.get("status") != "failed":
+        if (
+            r.get("phase") == "server-evaluate"
+            and not r.get("model")
+            and "round" in r
+            and r.get("status") != "failed"
+        ):
             server[str(r.get("data"))][int(r["round"])] = r.get("ppl")
     for data, by_round in server.items():
         last = max(by_round)
         if last > 0:
-            found = _ppl_problem(f"perplexity of the server's text `{short_name(data)}`",
-                                 by_round[last], by_round.get(0), ratio)
+            found = _ppl_problem(
+                f"perplexity of the server's text `{short_name(data)}`",
+                by_round[last],
+                by_round.get(0),
+                ratio,
+            )
             problems[f"the global model after round {last}"] += [found] if found else []
-    # A deployed (compiled) model is judged on the server's text only where no client judged its own: a
-    # client's model that beats the untouched one on its own task is specialised, not broken, however it
-    # scores on general text (per-client pruned models can score 7-14x the dense one on other text).
+    # A deployed (compiled) model is judged on the server's text only where no client judged its
+    # own: a client's model that beats the untouched one on its own task is specialised, not broken,
+    # however it scores on general text (per-client pruned models can score 7-14x the dense one on
+    # other text).
     compiled = [] if judged else [r for r in records if r.get("phase") == "compiled"]
-    dense = next((r for r in compiled if r.get("model") == "dense"),
-                 compiled[0] if compiled else None)
+    dense = next(
+        (r for r in compiled if r.get("model") == "dense"), compiled[0] if compiled else None
+    )
     for r in compiled:
         if r is dense:
             continue
         for key in (k for k in r if k.startswith("ppl/")):
-            found = _ppl_problem(f"perplexity of the server's text `{short_name(key[4:])}`", r[key],
-                                 (dense or {}).get(key), ratio)
+            found = _ppl_problem(
+                f"perplexity of the server's text `{short_name(key[4:])}`",
+                r[key],
+                (dense or {}).get(key),
+                ratio,
+            )
             problems[f"compiled model `{r.get('model')}`"] += [found] if found else []
     doc = f"docs/methods/{method}.md#known-limits"
-    return [f"⚠ {label}: {'; '.join(found)} — this model is broken; see {doc}"
-            for label, found in problems.items() if found]
+    return [
+        f"⚠ {label}: {'; '.join(found)} — this model is broken; see {doc}"
+        for label, found in problems.items()
+        if found
+    ]
 
 
 def render_warnings(flags: list[str], ratio: float = PPL_BROKEN_RATIO) -> str:
     """The broken-model lines (`broken_models`) as a list under a heading; none: nothing."""
     if not flags:
         return ""
-    head = (f"**Broken models** (perplexity above {ratio:g}× the untouched model's on the same "
-            "data, or accuracy below chance by its whole 95% interval):")
+    head = (
+        f"**Broken models** (perplexity above {ratio:g}× the untouched model's on the same "
+        "data, or accuracy below chance by its whole 95% interval):"
+    )
     return "\n".join([head, "", *(f"- {f}" for f in flags)])
 
 
@@ -451,26 +553,36 @@ def legend(lines: list[str]) -> list[str]:
     return ["", "Terms:", *(f"- {line}." for line in lines)]
 
 
-def render_results(cfg: RunConfig, table: list[dict[str, Any]], server_rows: list[dict[str, Any]],
-                   seconds: float, flags: list[str] | None = None,
-                   columns: Mapping[str, tuple[str, str]] | None = None) -> str:
+def render_results(
+    cfg: RunConfig,
+    table: list[dict[str, Any]],
+    server_rows: list[dict[str, Any]],
+    seconds: float,
+    flags: list[str] | None = None,
+    columns: Mapping[str, tuple[str, str]] | None = None,
+) -> str:
     """results.md's head and first tables: what the file is, the broken-model lines, per client its
     scores before and after federated training, then the server's per-round scores (with the
     strategy's `columns`: {row key: (heading, legend line)}); every score with its n and 95%
     interval, every term defined under its table."""
     rounds = f"{cfg.num_server_rounds} round{'s' * (cfg.num_server_rounds != 1)}"
-    lines = [f"# {cfg.method}: {rounds}, model `{cfg.model_name}`", "",
-             f"Scores of the models this `{cfg.method}` run trained, against the untouched base "
-             "model: per client on its own test split, and on the server's held-out text. Every "
-             "score has its sample size n and its 95% interval; the terms are defined under each "
-             "table.",
-             ""]
+    lines = [
+        f"# {cfg.method}: {rounds}, model `{cfg.model_name}`",
+        "",
+        f"Scores of the models this `{cfg.method}` run trained, against the untouched base "
+        "model: per client on its own test split, and on the server's held-out text. Every "
+        "score has its sample size n and its 95% interval; the terms are defined under each "
+        "table.",
+        "",
+    ]
     warned = render_warnings(flags or [])
     lines += [warned, ""] if warned else []
     lines += [f"Wall time {seconds:.0f} s.", ""]
     if not table:
-        lines.append("No federated (client-side) evaluation in this run: the method evaluates on "
-                     "the server, fraction-evaluate is 0, or every client evaluation failed.")
+        lines.append(
+            "No federated (client-side) evaluation in this run: the method evaluates on "
+            "the server, fraction-evaluate is 0, or every client evaluation failed."
+        )
     else:
         lines += _client_lines(cfg, table)
     lines += _server_lines(cfg, server_rows, columns or {})
@@ -478,20 +590,25 @@ def render_results(cfg: RunConfig, table: list[dict[str, Any]], server_rows: lis
 
 
 def _client_lines(cfg: RunConfig, table: list[dict[str, Any]]) -> list[str]:
-    metrics = [m for m in METRIC_NAMES
-               if any(f"{m}/untouched" in r or f"{m}/tuned" in r for r in table)]
+    metrics = [
+        m for m in METRIC_NAMES if any(f"{m}/untouched" in r or f"{m}/tuned" in r for r in table)
+    ]
     final = max((r["final-round"] for r in table if r["final-round"] is not None), default=0)
     after = f"{cfg.method} (round {final})"
     clients = f"{len(table)} client{'s' * (len(table) != 1)}"
-    lines = [f"Per client ({clients}), each on its own test split: the untouched model and the "
-             "model after the last round.", "",
-             f"| client | data | score | n | untouched | 95% interval | {after} | 95% interval |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Per client ({clients}), each on its own test split: the untouched model and the "
+        "model after the last round.",
+        "",
+        f"| client | data | score | n | untouched | 95% interval | {after} | 95% interval |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in table:
         first = True
         state = client_state(row)
-        if not any(row.get(f"{m}/{side}") is not None for m in metrics
-                   for side in ("untouched", "tuned")):
+        if not any(
+            row.get(f"{m}/{side}") is not None for m in metrics for side in ("untouched", "tuned")
+        ):
             lines.append(f"| {row['client']} {state} | – | – | – | – | – | failed | – |")
             continue
         for m in metrics:
@@ -505,9 +622,14 @@ def _client_lines(cfg: RunConfig, table: list[dict[str, Any]]) -> list[str]:
             cells = [*who, label, str(n) if n else "–"]
             for side in ("untouched", "tuned"):
                 stale = side == "tuned" and row.get("status") == "stale"
-                cells += ["failed" if stale else cell(row.get(f"{m}/{side}")),
-                          interval_cell(row.get(f"{m}-lo/{side}"), row.get(f"{m}-hi/{side}"),
-                                    row.get(f"{m}-n/{side}"))]
+                cells += [
+                    "failed" if stale else cell(row.get(f"{m}/{side}")),
+                    interval_cell(
+                        row.get(f"{m}-lo/{side}"),
+                        row.get(f"{m}-hi/{side}"),
+                        row.get(f"{m}-n/{side}"),
+                    ),
+                ]
             lines.append("| " + " | ".join(cells) + " |")
             first = False
     if len(table) > 1:
@@ -518,39 +640,56 @@ def _client_lines(cfg: RunConfig, table: list[dict[str, Any]]) -> list[str]:
                 some = f" ({len(vals)} of {len(table)})" if vals and len(vals) < len(table) else ""
                 cells += [cell(sum(vals) / len(vals)) + some if vals else "–", ""]
             lines.append("| " + " | ".join(cells) + " |")
-    terms = ["untouched: the base model before any training (round 0)",
-             f"{after}: the model each client uses after the last round it evaluated",
-             *(["⚠: a reply of this client failed or was rejected in the rounds named "
+    terms = [
+        "untouched: the base model before any training (round 0)",
+        f"{after}: the model each client uses after the last round it evaluated",
+        *(
+            [
+                "⚠: a reply of this client failed or was rejected in the rounds named "
                 "(summary.json `dropped-replies`); stale: it sent no score in the run's last "
                 "evaluated round, so "
-                "its final model has no score (failed)"] if any(client_state(r) for r in table)
-               else []),
-             *(SCORE_TERMS[m] for m in metrics)]
+                "its final model has no score (failed)"
+            ]
+            if any(client_state(r) for r in table)
+            else []
+        ),
+        *(SCORE_TERMS[m] for m in metrics),
+    ]
     if any(row.get(CHANCE) is not None for row in table):
-        terms.append("chance: the accuracy of guessing, 1 / the number of choices, averaged over "
-                     "the questions")
-    terms.append(f"n: test examples scored (for plain-text perplexity: windows of up to "
-                 f"{cfg.ppl_window} tokens)")
+        terms.append(
+            "chance: the accuracy of guessing, 1 / the number of choices, averaged over "
+            "the questions"
+        )
+    terms.append(
+        f"n: test examples scored (for plain-text perplexity: windows of up to "
+        f"{cfg.ppl_window} tokens)"
+    )
     terms.append(_interval_term(cfg, any(m in metrics for m in ("acc", "acc_norm")), "examples"))
     if len(table) > 1:
-        terms.append("mean: the unweighted mean over the clients' scores (on different data: no "
-                     "interval)")
+        terms.append(
+            "mean: the unweighted mean over the clients' scores (on different data: no interval)"
+        )
     return lines + legend(terms)
 
 
 def _interval_term(cfg: RunConfig, accuracy: bool, units: str) -> str:
     """The legend line of the '95% interval' column."""
-    text = ("95% interval: the range that holds the model's true score with 95% confidence, given "
-            "the n scored; ")
+    text = (
+        "95% interval: the range that holds the model's true score with 95% confidence, given "
+        "the n scored; "
+    )
     if accuracy:
         text += "for an accuracy the Wilson score interval, for the others "
-    text += (f"a percentile bootstrap over the scored {units} ({cfg.ppl_bootstrap_iters} "
-             "resamples); – where none was recorded or n < 2")
+    text += (
+        f"a percentile bootstrap over the scored {units} ({cfg.ppl_bootstrap_iters} "
+        "resamples); – where none was recorded or n < 2"
+    )
     return text
 
 
-def _server_lines(cfg: RunConfig, rows: list[dict[str, Any]],
-                  columns: Mapping[str, tuple[str, str]]) -> list[str]:
+def _server_lines(
+    cfg: RunConfig, rows: list[dict[str, Any]], columns: Mapping[str, tuple[str, str]]
+) -> list[str]:
     """The server's score of the global model after each round (perplexity of held-out text), after
     the `columns` ({row key: (heading, legend line)}) that its rows carry."""
     rows = [r for r in rows if r.get("status") != "failed" and "round" in r and "data" in r]
@@ -562,9 +701,12 @@ def _server_lines(cfg: RunConfig, rows: list[dict[str, Any]],
     by_round: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in rows:
         by_round[int(r["round"])][str(r["data"])] = r
-    heading = ("Server-side evaluation of the global model after each round: perplexity of "
-               "held-out text." if not scored else "Server-side evaluation after each round: "
-               f"perplexity of held-out text. The model scored: {scored}.")
+    heading = (
+        "Server-side evaluation of the global model after each round: perplexity of held-out text."
+        if not scored
+        else "Server-side evaluation after each round: "
+        f"perplexity of held-out text. The model scored: {scored}."
+    )
     head = "| round |" + "".join(f" {heading} |" for heading, _ in noted.values())
     for s in sources:
         n = next((_units(r) for r in rows if r["data"] == s and _units(r)), None)
@@ -579,10 +721,13 @@ def _server_lines(cfg: RunConfig, rows: list[dict[str, Any]],
             r = got.get(s, {})
             cells += [cell(r.get("ppl")), interval_cell(r.get("ppl-lo"), r.get("ppl-hi"), _n(r))]
         lines.append("| " + " | ".join(cells) + " |")
-    terms = ["round 0: the untouched base model; round r: the model after round r",
-             f"ppl: perplexity of the text, exp(mean negative log-likelihood per token), scored in "
-             f"windows of up to {cfg.ppl_window} tokens; lower is better",
-             "n: windows scored (and their tokens)", _interval_term(cfg, False, "windows")]
+    terms = [
+        "round 0: the untouched base model; round r: the model after round r",
+        f"ppl: perplexity of the text, exp(mean negative log-likelihood per token), scored in "
+        f"windows of up to {cfg.ppl_window} tokens; lower is better",
+        "n: windows scored (and their tokens)",
+        _interval_term(cfg, False, "windows"),
+    ]
     terms += [term for _, term in noted.values()]
     return lines + legend(terms)
 
@@ -603,8 +748,8 @@ def _units(row: Mapping[str, Any]) -> str | None:
 
 
 def reference_means(refs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """{model: {data: ppl}} from the `reference` rows; a client-built reference (one row per client) is the mean
-    over its clients, as the pruning papers report such a row; `clients` counts them."""
+    """{model: {data: ppl}} from the `reference` rows; a client-built reference (one row per client)
+    is the mean over its clients, as the pruning papers report such a row; `clients` counts them."""
     per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in refs:
         if r.get("status") != "failed" and isinstance(r.get("ppl"), int | float):
@@ -617,9 +762,12 @@ def reference_means(refs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def render_references(cfg: RunConfig, server: Mapping[str, Mapping[str, float]],
-                      refs: list[dict[str, Any]],
-                      server_rows: list[dict[str, Any]] | None = None) -> str:
+def render_references(
+    cfg: RunConfig,
+    server: Mapping[str, Mapping[str, float]],
+    refs: list[dict[str, Any]],
+    server_rows: list[dict[str, Any]] | None = None,
+) -> str:
     """Dense (round 0), each comparison model, and the method's final global model, per held-out
     source, each perplexity with its 95% interval where a single model's row carries one
     (`server_rows`: the server's per-round rows)."""
@@ -631,72 +779,105 @@ def render_references(cfg: RunConfig, server: Mapping[str, Mapping[str, float]],
     rows: dict[str, dict[str, Any]] = {}
 
     def at_round(rnd: str) -> dict[str, Any]:
-        return {src: scored.get((rnd, src), {"ppl": server[rnd].get(f"ppl `{src}`")})
-                for src in sources}
+        return {
+            src: scored.get((rnd, src), {"ppl": server[rnd].get(f"ppl `{src}`")}) for src in sources
+        }
 
     if "0" in server:
         rows["dense (round 0)"] = at_round("0")
     for name, vals in means.items():
         label = f"{name} (mean of {int(vals['clients'])} clients)" if "clients" in vals else name
-        single = {} if "clients" in vals else {
-            str(r["data"]): r for r in refs
-            if r.get("model") == name and r.get("status") != "failed"}
+        single = (
+            {}
+            if "clients" in vals
+            else {
+                str(r["data"]): r
+                for r in refs
+                if r.get("model") == name and r.get("status") != "failed"
+            }
+        )
         rows[label] = {src: single.get(src, {"ppl": vals.get(src)}) for src in sources}
     last = max(server, key=int) if server else None
     if last is not None and last != "0":
         rows[f"{cfg.method} (round {last})"] = at_round(last)
     head = "| model |" + "".join(f" `{s}` | 95% interval |" for s in sources)
-    lines = ["", "Comparison (perplexity of held-out text; the same texts for every row):", "",
-             head, "|---|" + "---|---|" * len(sources)]
+    lines = [
+        "",
+        "Comparison (perplexity of held-out text; the same texts for every row):",
+        "",
+        head,
+        "|---|" + "---|---|" * len(sources),
+    ]
     for name, vals in rows.items():
         cells = [name]
         for s in sources:
             r = vals.get(s) or {}
             cells += [cell(r.get("ppl")), interval_cell(r.get("ppl-lo"), r.get("ppl-hi"), _n(r))]
         lines.append("| " + " | ".join(cells) + " |")
-    terms = ["dense (round 0): the untouched base model",
-             f"{cfg.method} (round r): the global model after the last round",
-             "a model 'mean of k clients': each client's own model, the mean of their perplexities "
-             "(no interval)",
-             "perplexity: exp(mean negative log-likelihood per token) of the held-out text; lower "
-             "is better",
-             _interval_term(cfg, False, "windows")]
+    terms = [
+        "dense (round 0): the untouched base model",
+        f"{cfg.method} (round r): the global model after the last round",
+        "a model 'mean of k clients': each client's own model, the mean of their perplexities "
+        "(no interval)",
+        "perplexity: exp(mean negative log-likelihood per token) of the held-out text; lower "
+        "is better",
+        _interval_term(cfg, False, "windows"),
+    ]
     return "\n".join(lines + legend(terms)) + "\n"
 
 
 # Each plot's title and y-axis label, by its file name (`<phase>-<metric>`, or the train loss).
 PLOT_TEXT = {
-    "evaluate-acc": ("Multiple-choice accuracy on each client's test split",
-                     "accuracy (share of questions right)"),
-    "evaluate-acc_norm": ("Length-normalised multiple-choice accuracy on each client's test split",
-                          "accuracy, length-normalised"),
+    "evaluate-acc": (
+        "Multiple-choice accuracy on each client's test split",
+        "accuracy (share of questions right)",
+    ),
+    "evaluate-acc_norm": (
+        "Length-normalised multiple-choice accuracy on each client's test split",
+        "accuracy, length-normalised",
+    ),
     "evaluate-ppl": ("Perplexity on each client's test split", "perplexity (lower is better)"),
-    "evaluate-rouge-l": ("Rouge-L of the generated answers on each client's test split",
-                         "Rouge-L F1 (0 to 1)"),
-    "evaluate-val-loss": ("Validation loss on each client's validation split",
-                          "loss (nats per answer token)"),
-    "train-loss": ("Training loss of each client, mean over the round's local steps",
-                   "loss (nats per token)"),
-    "train-val-loss": ("Validation loss of each client after its local training",
-                       "loss (nats per answer token)"),
-    "server-evaluate-ppl": ("Server: perplexity of the global model on held-out text",
-                            "perplexity (lower is better)"),
+    "evaluate-rouge-l": (
+        "Rouge-L of the generated answers on each client's test split",
+        "Rouge-L F1 (0 to 1)",
+    ),
+    "evaluate-val-loss": (
+        "Validation loss on each client's validation split",
+        "loss (nats per answer token)",
+    ),
+    "train-loss": (
+        "Training loss of each client, mean over the round's local steps",
+        "loss (nats per token)",
+    ),
+    "train-val-loss": (
+        "Validation loss of each client after its local training",
+        "loss (nats per answer token)",
+    ),
+    "server-evaluate-ppl": (
+        "Server: perplexity of the global model on held-out text",
+        "perplexity (lower is better)",
+    ),
 }
 SHARE_METRICS = ("acc", "acc_norm", "rouge-l")  # scores in [0, 1]: drawn on a 0-1 axis
 
 
-def plot_series(records: list[dict[str, Any]]
-                ) -> dict[str, dict[str, list[tuple[int, float, float | None, float | None]]]]:
+def plot_series(
+    records: list[dict[str, Any]],
+) -> dict[str, dict[str, list[tuple[int, float, float | None, float | None]]]]:
     """{plot name: {series label: [(round, value, lo, hi), ...] sorted by round}} of every per-round
     score; a client's series is labelled `client_label`, the server's by its held-out text."""
-    series: dict[str, dict[str, list[tuple[int, float, float | None, float | None]]]] = \
-        defaultdict(lambda: defaultdict(list))
+    series: dict[str, dict[str, list[tuple[int, float, float | None, float | None]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     for r in records:
         if r.get("status") in ("failed", "rejected") or "round" not in r:
             continue
         phase = str(r.get("phase"))
-        who = (f"server: {short_name(str(r.get('data')))} text" if phase == "server-evaluate"
-               else client_label(r.get("client"), r.get("data")))
+        who = (
+            f"server: {short_name(str(r.get('data')))} text"
+            if phase == "server-evaluate"
+            else client_label(r.get("client"), r.get("data"))
+        )
         for k, v in r.items():
             if k in (*METRIC_NAMES, "train-loss") and isinstance(v, int | float):
                 lo, hi, _ = score_interval(r, k)
@@ -718,8 +899,11 @@ def plot_rounds(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     from matplotlib.ticker import FuncFormatter
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    chance = {client_label(r.get("client"), r.get("data")): float(r[CHANCE]) for r in records
-              if r.get("phase") == "evaluate" and isinstance(r.get(CHANCE), int | float)}
+    chance = {
+        client_label(r.get("client"), r.get("data")): float(r[CHANCE])
+        for r in records
+        if r.get("phase") == "evaluate" and isinstance(r.get(CHANCE), int | float)
+    }
     paths = []
     for name, lines in plot_series(records).items():
         title, ylabel = PLOT_TEXT.get(name, (name, name))
@@ -731,8 +915,13 @@ def plot_rounds(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
             _bars(ax, lines, chances)
             title += f", round {rounds[0]}"
         else:
-            _lines(ax, lines, rounds, chances,
-                   "round" if name.startswith("train") else "round (0 = untouched model)")
+            _lines(
+                ax,
+                lines,
+                rounds,
+                chances,
+                "round" if name.startswith("train") else "round (0 = untouched model)",
+            )
         values = [p[1] for pts in lines.values() for p in pts if math.isfinite(p[1])]
         if metric in SHARE_METRICS:
             ax.set_ylim(0, 1)
@@ -761,8 +950,13 @@ def _errors(pts: list[tuple[int, float, float | None, float | None]]) -> Any:
     return [[max(0.0, v - lo) for _, v, lo, _ in pts], [max(0.0, hi - v) for _, v, _, hi in pts]]
 
 
-def _lines(ax: Any, lines: Mapping[str, list[tuple[int, float, float | None, float | None]]],
-           rounds: list[int], chance: Mapping[str, float], xlabel: str) -> None:
+def _lines(
+    ax: Any,
+    lines: Mapping[str, list[tuple[int, float, float | None, float | None]]],
+    rounds: list[int],
+    chance: Mapping[str, float],
+    xlabel: str,
+) -> None:
     """A line per series; series side by side around each round so that their error bars do not hide
     each other; each client's chance accuracy dotted in its colour."""
     names = sorted(lines)
@@ -770,11 +964,22 @@ def _lines(ax: Any, lines: Mapping[str, list[tuple[int, float, float | None, flo
     step = 0.06 * gap if any(_errors(pts) for pts in lines.values()) else 0.0
     for i, who in enumerate(names):
         pts, shift = lines[who], (i - (len(names) - 1) / 2) * step
-        drawn = ax.errorbar([p[0] + shift for p in pts], [p[1] for p in pts], yerr=_errors(pts),
-                            marker="o", capsize=3, label=who)
+        drawn = ax.errorbar(
+            [p[0] + shift for p in pts],
+            [p[1] for p in pts],
+            yerr=_errors(pts),
+            marker="o",
+            capsize=3,
+            label=who,
+        )
         if who in chance:
-            ax.axhline(chance[who], color=drawn[0].get_color(), linestyle=":", linewidth=1.2,
-                       label=f"chance, {who.split(' (')[0]} ({chance[who]:.2f})")
+            ax.axhline(
+                chance[who],
+                color=drawn[0].get_color(),
+                linestyle=":",
+                linewidth=1.2,
+                label=f"chance, {who.split(' (')[0]} ({chance[who]:.2f})",
+            )
     ax.set_xlabel(xlabel)
     if len(rounds) <= 20:
         ax.set_xticks(rounds)
@@ -784,18 +989,32 @@ def _lines(ax: Any, lines: Mapping[str, list[tuple[int, float, float | None, flo
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _bars(ax: Any, lines: Mapping[str, list[tuple[int, float, float | None, float | None]]],
-          chance: Mapping[str, float]) -> None:
+def _bars(
+    ax: Any,
+    lines: Mapping[str, list[tuple[int, float, float | None, float | None]]],
+    chance: Mapping[str, float],
+) -> None:
     """One bar per series (its single point), its value above it and its chance accuracy dotted."""
     names = sorted(lines)
     pts = [lines[who][-1] for who in names]
-    ax.bar(range(len(names)), [p[1] for p in pts], yerr=_errors(pts), capsize=4,
-           color=[f"C{i}" for i in range(len(names))])
+    ax.bar(
+        range(len(names)),
+        [p[1] for p in pts],
+        yerr=_errors(pts),
+        capsize=4,
+        color=[f"C{i}" for i in range(len(names))],
+    )
     labelled = False
     for i, (who, p) in enumerate(zip(names, pts, strict=True)):
         ax.annotate(_num(p[1]), (i, p[1]), textcoords="offset points", xytext=(8, 3), fontsize=8)
         if who in chance:
-            ax.hlines(chance[who], i - 0.4, i + 0.4, colors="black", linestyles=":",
-                      label=None if labelled else "chance")
+            ax.hlines(
+                chance[who],
+                i - 0.4,
+                i + 0.4,
+                colors="black",
+                linestyles=":",
+                label=None if labelled else "chance",
+            )
             labelled = True
     ax.set_xticks(range(len(names)), names, fontsize=8, rotation=15 if len(names) > 3 else 0)

@@ -1,4 +1,5 @@
-"""Process set-up shared by the ServerApp and the ClientApp: offline flags, quiet libraries, seeds."""
+"""Process set-up shared by the ServerApp and the ClientApp: offline flags, quiet libraries,
+seeds."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ import numpy as np
 import torch
 
 OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-    "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_USAGE_STATS_ENABLED": "0",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "TOKENIZERS_PARALLELISM": "false",
 }
 
 
@@ -101,6 +107,7 @@ def seed_everything(seed: int) -> None:
 
 
 def client_seed(seed: int, server_round: int, partition_id: int) -> int:
-    """A seed distinct per (run seed, round, client): what a client draws its batches/segments with. The server
-    uses it too when it rebuilds a client's round-1 calibration set (the simulation-only `centralized` reference)."""
+    """A seed distinct per (run seed, round, client): what a client draws its batches/segments with.
+    The server uses it too when it rebuilds a client's round-1 calibration set (the simulation-only
+    `centralized` reference)."""
     return seed * 1_000_003 + server_round * 1009 + partition_id

@@ -1,12 +1,14 @@
-"""State files that load without running code: the server checkpoint and each client's private state.
+"""State files that load without running code: the server checkpoint and each client's private
+state.
 
-- A server state (nested dicts, lists and tuples of numbers, strings, None, numpy arrays and torch tensors) is
-  one safetensors file: the arrays by a key each, everything else a JSON skeleton in the file's metadata, beside
-  `fedprune-state` = the format version.
+- A server state (nested dicts, lists and tuples of numbers, strings, None, numpy arrays and torch
+  tensors) is one safetensors file: the arrays by a key each, everything else a JSON skeleton in the
+  file's metadata, beside `fedprune-state` = the format version.
 - A client's `context.state` (a Flower `RecordDict`) is Flower's own protobuf message for it.
 
-Reading either parses data only, never code (unlike pickle). A file of another format or version is refused
-with one line; pickles written by older versions are refused with the command that converts a trusted one.
+Reading either parses data only, never code (unlike pickle). A file of another format or version is
+refused with one line; pickles written by older versions are refused with the command that converts
+a trusted one.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ class StateFileError(ValueError):
 
 
 def pickle_refusal(path: Path) -> StateFileError:
-    """The one line for a pickle an older version wrote: not read (loading a pickle can run code)."""
-    return StateFileError(f"{path} is a pickle written by an older fedprune; loading a pickle can run any code "
-                          "in it, so this version does not. If you trust the file (your own run wrote it), "
-                          f"convert it: python -m fedprune_cli.convert_state {path}")
+    """The one line for a pickle an older version wrote: not read (loading a pickle can run
+    code)."""
+    return StateFileError(
+        f"{path} is a pickle written by an older fedprune; loading a pickle can run any code "
+        "in it, so this version does not. If you trust the file (your own run wrote it), "
+        f"convert it: python -m fedprune_cli.convert_state {path}"
+    )
 
 
 def _write_bytes_atomically(path: Path, write: Any) -> None:
@@ -40,7 +45,8 @@ def _write_bytes_atomically(path: Path, write: Any) -> None:
     os.replace(tmp, path)
 
 
-# --- server state: arrays in safetensors, the rest as JSON --------------------------------------------------
+# --- server state: arrays in safetensors, the rest as JSON ----------------------------------------
+
 
 def _encode(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     """`obj` as JSON, its arrays moved into `arrays` (a key each); anything else is refused."""
@@ -68,10 +74,16 @@ def _encode(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     if isinstance(obj, list):
         return [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, dict):
-        return {"__dict__": [[_encode(k, arrays, f"{where} key"), _encode(v, arrays, f"{where}[{k!r}]")]
-                             for k, v in obj.items()]}
-    raise StateFileError(f"state at {where}: a {type(obj).__name__} cannot be stored (numbers, strings, arrays, "
-                         "lists, tuples and dicts only)")
+        return {
+            "__dict__": [
+                [_encode(k, arrays, f"{where} key"), _encode(v, arrays, f"{where}[{k!r}]")]
+                for k, v in obj.items()
+            ]
+        }
+    raise StateFileError(
+        f"state at {where}: a {type(obj).__name__} cannot be stored (numbers, strings, arrays, "
+        "lists, tuples and dicts only)"
+    )
 
 
 def _decode(node: Any, arrays: dict[str, np.ndarray]) -> Any:
@@ -123,17 +135,22 @@ def read_state(path: Path) -> Any:
             metadata = f.metadata() or {}
             if metadata.get(FORMAT_KEY) != FORMAT:
                 found = metadata.get(FORMAT_KEY)
-                raise StateFileError(f"{path} is not a fedprune state file of format {FORMAT}"
-                                     + (f" (format {found})" if found else ""))
+                raise StateFileError(
+                    f"{path} is not a fedprune state file of format {FORMAT}"
+                    + (f" (format {found})" if found else "")
+                )
             arrays = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open has no items()
         return _decode(json.loads(metadata["skeleton"]), arrays)
     except StateFileError:
         raise
     except Exception as err:  # noqa: BLE001 - any parse failure is the same answer: not our file
-        raise StateFileError(f"{path} is not a readable fedprune state file ({type(err).__name__}: {err})") from err
+        raise StateFileError(
+            f"{path} is not a readable fedprune state file ({type(err).__name__}: {err})"
+        ) from err
 
 
-# --- client state: Flower's protobuf encoding of a RecordDict -----------------------------------------------
+# --- client state: Flower's protobuf encoding of a RecordDict -------------------------------------
+
 
 def write_records(path: Path, records: Any) -> None:
     """Write a client's `context.state` (RecordDict) atomically, as Flower's protobuf message."""
@@ -154,4 +171,6 @@ def read_records(path: Path) -> Any:
         message.ParseFromString(path.read_bytes())
         return recorddict_from_proto(message)
     except Exception as err:  # noqa: BLE001
-        raise StateFileError(f"{path} is not a readable client state file ({type(err).__name__}: {err})") from err
+        raise StateFileError(
+            f"{path} is not a readable client state file ({type(err).__name__}: {err})"
+        ) from err

@@ -1,48 +1,60 @@
 """The template every fedprune strategy follows.
 
-`FederatedStrategy` subclasses Flower's abstract `Strategy` and owns the whole run loop in `start` (Flower's own
-`Strategy.start` is replaced, not extended: it cannot identify nodes, retry rounds, fold replies in as they arrive
-or resume). It fills in what all methods share and leaves a few small hooks:
+`FederatedStrategy` subclasses Flower's abstract `Strategy` and owns the whole run loop in `start`
+(Flower's own `Strategy.start` is replaced, not extended: it cannot identify nodes, retry rounds,
+fold replies in as they arrive or resume). It fills in what all methods share and leaves a few small
+hooks:
 
 - `initial_arrays()`            the global state the first round starts from;
 - `prepare(grid, timeout)`      once before round 0 (e.g. a one-off query of every client);
 - `plan_round(round, nodes)`    a plan over the round's sampled nodes (e.g. the layers each prunes);
-- `node_config(round, node)`    per-node entries of the train ConfigRecord (layer ids, ranks, budgets);
+- `node_config(round, node)`    per-node entries of the train ConfigRecord (layer ids, ranks,
+                                budgets);
 - `arrays_for(node, arrays)`    the per-node payload (default: the global arrays);
 - `expected_reply(node)`        {key: (shape, dtype)} a reply must hold (default: what was sent);
 - `reply_problem(node, reply)`  why a reply cannot be aggregated (default: unlike `expected_reply`);
-- `absorb(node, reply)`         each accepted reply as it arrives (default: kept whole for `aggregate`);
-- `aggregate(round, replies)`   the new global ArrayRecord from the accepted replies (default: FedAvg);
+- `absorb(node, reply)`         each accepted reply as it arrives (default: kept whole for
+                                `aggregate`);
+- `aggregate(round, replies)`   the new global ArrayRecord from the accepted replies (default:
+                                FedAvg);
 - `global_model(arrays)`        a model with the global state loaded (server evaluation, artefacts);
 - `global_model_notes`          what `global_model` last built when it is not simply the global
                                 model (a label, numbers): carried by the server-evaluate rows;
 - `server_columns()`            which of those numbers results.md shows beside the server's scores;
 - `save_final(arrays, dir)`     the final artefacts;
 - `results_sections(records)`   the method's own sections of results.md (e.g. its deployed models);
-- `reference_models()`          comparison models the server builds and scores at the end (e.g. a random mask);
-- `client_references()`         comparison models each client builds from its own data alone and scores itself,
-                                asked for with `evaluate.reference` messages after the last round;
+- `reference_models()`          comparison models the server builds and scores at the end (e.g. a
+                                random mask);
+- `client_references()`         comparison models each client builds from its own data alone and
+                                scores itself, asked for with `evaluate.reference` messages after
+                                the last round;
 - `state_dict()` / `load_state_dict(state)`  the server-side state a checkpoint holds beyond the
                                 global arrays (pruned weights, per-client keep ratios, ...); the
                                 base holds the sampling RNG.
+- `checkpoint_spec(initial, arrays)`  the keys, shapes and dtypes a checkpoint of this config
+                                holds (default: those of `initial_arrays()`; `arrays`, the
+                                checkpoint's, for shapes that follow what they record); a resume
+                                must match.
 - `dp_release` / `dp_release_keys` / `dp_refusal`  what a round releases under client-level DP
                                 (DP-FedAvg, `core/privacy.py`, `PrivateRelease`): with
                                 `dp-clipping-norm` > 0 a round's aggregate is `dp_aggregate`
                                 (clipped updates, uniform mean, Gaussian noise) and a round the
                                 budget `dp-max-epsilon` cannot pay for is not started.
 
-`start` (Flower's signature plus `first_round` / `on_round_end` for resume and checkpoints) asks every connected
-node who it is (`identify`: partition id, node-config `resources`), so sampling and per-client state follow
-partition ids, not the node ids Flower draws at random; then `prepare`, round 0 (every client scores the untouched
-model), and per round train -> federated evaluate -> server evaluate -> `on_round_end` (the checkpoint). A resumed
-run enters the loop at `first_round` with the checkpoint's arrays and state.
+`start` (Flower's signature plus `first_round` / `on_round_end` for resume and checkpoints) asks
+every connected node who it is (`identify`: partition id, node-config `resources`), so sampling and
+per-client state follow partition ids, not the node ids Flower draws at random; then `prepare`,
+round 0 (every client scores the untouched model), and per round train -> federated
+evaluate -> server evaluate -> `on_round_end` (the checkpoint). A resumed run enters the loop at
+`first_round` with the checkpoint's arrays and state.
 
-Failed replies (a ClientApp that raised, a timeout) and malformed ones are dropped, logged with the node id and
-counted. A round is aggregated only when at least `min-replies` replies are usable; otherwise it is sent again
-(`round-retries`) and then the run stops with `RoundFailed`: never a silent partial aggregate, and a client never
-corrupts the global state. When every reply of the failed round (all its attempts) failed with the same error, e.g.
-each ClientApp raising the same ConfigError, `RoundFailed`'s message is that error (`error_line`): it is what the
-run prints, not a count of failed replies.
+Failed replies (a ClientApp that raised, a timeout) and malformed ones are dropped, logged with the
+node id and counted. A round is aggregated only when at least `min-replies` replies are usable;
+otherwise it is sent again (`round-retries`) and then the run stops with `RoundFailed`: never a
+silent partial aggregate, and a client never corrupts the global state. When every reply of the
+failed round (all its attempts) failed with the same error, e.g. each ClientApp raising the same
+ConfigError, `RoundFailed`'s message is that error (`error_line`): it is what the run prints, not a
+count of failed replies.
 """
 
 from __future__ import annotations
@@ -52,7 +64,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +77,13 @@ from flwr.serverapp.strategy import Result, Strategy
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.privacy import PrivateRelease
 from fedprune_app.core.progress import RoundProgress
-from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id, record_bytes, spec_of
+from fedprune_app.core.protocol import (
+    flat_metrics,
+    numpy_state,
+    parse_partition_id,
+    record_bytes,
+    spec_of,
+)
 from fedprune_app.core.replies import check_arrays, examples_problem, to_record, weighted_average
 from fedprune_app.llm.evaluation import WINDOW_KEYS
 
@@ -74,15 +92,17 @@ Recorder = Callable[[dict[str, Any]], None]
 
 
 def _tail(reason: str, n: int = 600) -> str:
-    """The end of an error text (where a traceback names the exception), without terminal colour codes."""
+    """The end of an error text (where a traceback names the exception), without terminal colour
+    codes."""
     clean = re.sub(r"\x1b\[[0-9;]*m", "", reason).strip()
     return clean if len(clean) <= n else "…" + clean[-n:]
 
 
 def error_line(reason: str, n: int = 500) -> str:
-    """The one line of an error reply's reason (or a rejection's problem) that says what went wrong: the message
-    of the exception the ClientApp raised. Flower wraps it as `<class '...'>:<'...'>`, and Ray's simulation as
-    `...ClientAppException occurred. Message: <message>'>` after a traceback; otherwise the text's last line."""
+    """The one line of an error reply's reason (or a rejection's problem) that says what went wrong:
+    the message of the exception the ClientApp raised. Flower wraps it as `<class '...'>:<'...'>`,
+    and Ray's simulation as `...ClientAppException occurred. Message: <message>'>` after a
+    traceback; otherwise the text's last line."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", reason).strip()
     marker = "occurred. Message: "
     if marker in text:
@@ -96,12 +116,14 @@ def error_line(reason: str, n: int = 500) -> str:
 
 
 class RoundFailed(RuntimeError):
-    """Fewer than `min-replies` usable train replies after every retry: the run stops, the last checkpoint stays."""
+    """Fewer than `min-replies` usable train replies after every retry: the run stops, the last
+    checkpoint stays."""
 
 
 class FederatedStrategy(PrivateRelease, Strategy):
-    """Flower's `Strategy` with the run loop in `start`: seeded sampling by partition, per-node messages, reply
-    checks, per-client logging, retries and checkpoints. Subclasses override the hooks listed above."""
+    """Flower's `Strategy` with the run loop in `start`: seeded sampling by partition, per-node
+    messages, reply checks, per-client logging, retries and checkpoints. Subclasses override the
+    hooks listed above."""
 
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
         self.fraction_train = cfg.fraction_train
@@ -110,17 +132,23 @@ class FederatedStrategy(PrivateRelease, Strategy):
         self.cfg = cfg
         self.record = recorder or (lambda row: None)
         self.rng = random.Random(cfg.seed)
-        self.sent: dict[int, dict[str, tuple[tuple[int, ...], str]]] = {}  # node -> {key: (shape, dtype)} sent
+        # node -> {key: (shape, dtype)} sent
+        self.sent: dict[int, dict[str, tuple[tuple[int, ...], str]]] = {}
         self.bytes_down: dict[int, int] = {}  # node -> tensor bytes of its train payload this round
-        self.num_connected = 0  # nodes connected at the last sampling (= partitions in a simulation)
-        self.node_partition: dict[int, int] = {}  # node id -> partition id (from `identify` and train replies)
-        self.node_resources: dict[int, float] = {}  # node id -> node-config `resources` (0 = not set)
-        self.run_key = ""  # names the run (kept on resume); clients key their checkpointed private state by it
+        # nodes connected at the last sampling (= partitions in a simulation)
+        self.num_connected = 0
+        # node id -> partition id (from `identify` and train replies)
+        self.node_partition: dict[int, int] = {}
+        # node id -> node-config `resources` (0 = not set)
+        self.node_resources: dict[int, float] = {}
+        # names the run (kept on resume); clients key their checkpointed private state by it
+        self.run_key = ""
         self.timeout = 3600.0
-        self.train_problems: list[str] = []  # error_line of every unusable train reply of the current round
+        # error_line of every unusable train reply of the current round
+        self.train_problems: list[str] = []
         self.global_model_notes = {}
 
-    # --- hooks -------------------------------------------------------------------------------------------
+    # --- hooks ------------------------------------------------------------------------------------
     def initial_arrays(self) -> ArrayRecord:
         """The global state the first round starts from (every method defines it).
 
@@ -274,11 +302,13 @@ class FederatedStrategy(PrivateRelease, Strategy):
         return {}
 
     def reference_models(self) -> dict[str, Callable[[], tuple[Any, Any]]]:
-        """Comparison models the server scores beside the final global one: {name: build() -> (model, tok)}."""
+        """Comparison models the server scores beside the final global one:
+        {name: build() -> (model, tok)}."""
         return {}
 
     def client_references(self) -> list[str]:
-        """Names of the baselines every client builds from its own data and scores (FederatedClient.reference)."""
+        """Names of the baselines every client builds from its own data and scores
+        (FederatedClient.reference)."""
         return []
 
     def prepare(self, grid: Grid, timeout: float) -> None:
@@ -290,9 +320,14 @@ class FederatedStrategy(PrivateRelease, Strategy):
         """
 
     def state_dict(self) -> dict[str, Any]:
-        """Server-side state a checkpoint needs beyond the global arrays (subclasses add theirs to this)."""
-        return {"rng": self.rng.getstate(), "numpy-rng": np.random.get_state(),
-                "torch-rng": torch.get_rng_state(), **self.dp_state()}
+        """Server-side state a checkpoint needs beyond the global arrays (subclasses add theirs to
+        this)."""
+        return {
+            "rng": self.rng.getstate(),
+            "numpy-rng": np.random.get_state(),
+            "torch-rng": torch.get_rng_state(),
+            **self.dp_state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (a resumed run; subclasses restore theirs, then call
@@ -302,13 +337,36 @@ class FederatedStrategy(PrivateRelease, Strategy):
         torch.set_rng_state(state["torch-rng"])
         self.load_dp_state(state)
 
+    def checkpoint_spec(
+        self, initial: ArrayRecord, arrays: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, tuple[tuple[int, ...], str]] | None:
+        """{name: (shape, dtype)} of what a checkpoint of this config holds: its global arrays by
+        name, and the arrays of a state table `t` as `t/<name>` (`core.checkpoint.check_fits`).
+        The default: the keys, shapes and dtypes of `initial`, which every round keeps.
+
+        Args:
+            initial: this config's `initial_arrays()`.
+            arrays: the global arrays of the checkpoint to compare, for a method whose shapes
+                follow a structure they record (the default ignores them).
+
+        Returns:
+            The spec a resumed checkpoint must match, or None where the config alone does not
+            fix it.
+        """
+        return spec_of(initial)
+
     def summary(self) -> None:
         """Flower's hook: log what this strategy runs with."""
-        log.info("[fedprune] %s: fraction-train %g, fraction-evaluate %g, min-nodes %d, min-replies %d",
-                 type(self).__name__, self.fraction_train, self.fraction_evaluate, self.min_available_nodes,
-                 self.cfg.min_replies)
+        log.info(
+            "[fedprune] %s: fraction-train %g, fraction-evaluate %g, min-nodes %d, min-replies %d",
+            type(self).__name__,
+            self.fraction_train,
+            self.fraction_evaluate,
+            self.min_available_nodes,
+            self.cfg.min_replies,
+        )
 
-    # --- the template ------------------------------------------------------------------------------------
+    # --- the template -----------------------------------------------------------------------------
     def partition_order(self, node_id: int) -> tuple[int, int]:
         """Sort key: identified nodes by partition id, then the rest by node id."""
         return self.node_partition.get(node_id, 1 << 30), node_id
@@ -316,33 +374,44 @@ class FederatedStrategy(PrivateRelease, Strategy):
     def connected(self, grid: Grid) -> list[int]:
         """Wait for `min-nodes`, then the connected nodes in partition order."""
         while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
-            log.info("waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes)
+            log.info(
+                "waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes
+            )
             time.sleep(1)
         self.num_connected = len(nodes)
         return sorted(nodes, key=self.partition_order)
 
     def sample(self, grid: Grid, fraction: float) -> list[int]:
-        """Draw ⌈fraction·N⌉ of the connected nodes with the run's seeded RNG, over the partition order: the same
-        seed samples the same partitions whatever node ids Flower assigned."""
+        """Draw ⌈fraction·N⌉ of the connected nodes with the run's seeded RNG, over the partition
+        order: the same seed samples the same partitions whatever node ids Flower assigned."""
         nodes = self.connected(grid)
         k = max(1, min(len(nodes), round(fraction * len(nodes))))
         return sorted(self.rng.sample(nodes, k), key=self.partition_order)
 
     def evaluation_panel(self, grid: Grid) -> list[int]:
-        """The ⌈fraction-evaluate·N⌉ nodes that evaluate: drawn from the partition order by an RNG seeded afresh
-        from `seed` at every call, so the same clients evaluate every round (per-client tables compare like with
-        like across rounds) and evaluation never advances the training sampler's RNG."""
+        """The ⌈fraction-evaluate·N⌉ nodes that evaluate: drawn from the partition order by an RNG
+        seeded afresh from `seed` at every call, so the same clients evaluate every round
+        (per-client tables compare like with like across rounds) and evaluation never advances the
+        training sampler's RNG."""
         nodes = self.connected(grid)
         k = max(1, min(len(nodes), round(self.fraction_evaluate * len(nodes))))
-        return sorted(random.Random(f"{self.cfg.seed}:evaluate").sample(nodes, k), key=self.partition_order)
+        return sorted(
+            random.Random(f"{self.cfg.seed}:evaluate").sample(nodes, k), key=self.partition_order
+        )
 
     def identify(self, grid: Grid) -> None:
-        """Ask every connected node for its partition id and node-config `resources` (`query` message
-        `{"query": "identity"}`, answered by `FederatedClient.identity`). A node that does not answer is logged
-        and sampled after the identified ones."""
+        """Ask every connected node for its partition id and node-config `resources` (`query`
+        message `{"query": "identity"}`, answered by `FederatedClient.identity`). A node that does
+        not answer is logged and sampled after the identified ones."""
         nodes = self.connected(grid)
-        messages = [Message(content=RecordDict({"config": ConfigRecord({"query": "identity"})}),
-                            message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
+        messages = [
+            Message(
+                content=RecordDict({"config": ConfigRecord({"query": "identity"})}),
+                message_type=MessageType.QUERY,
+                dst_node_id=n,
+            )
+            for n in nodes
+        ]
         for msg in grid.send_and_receive(messages, timeout=self.timeout):
             node = msg.metadata.src_node_id
             metrics = {} if msg.has_error() else flat_metrics(msg.content)
@@ -356,8 +425,9 @@ class FederatedStrategy(PrivateRelease, Strategy):
             self.node_partition[node] = pid
             self.node_resources[node] = float(metrics.get("resources", 0.0))
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """Flower's hook: one train message per sampled node, built from `plan_round`, `arrays_for`
         and `node_config` (none when `fraction-train` is 0).
         """
@@ -370,18 +440,26 @@ class FederatedStrategy(PrivateRelease, Strategy):
         for node_id in node_ids:
             payload = self.arrays_for(node_id, arrays)
             self.sent[node_id], self.bytes_down[node_id] = spec_of(payload), record_bytes(payload)
-            node_cfg = ConfigRecord({**dict(config), **self.message_config(server_round),
-                                     **self.node_config(server_round, node_id)})
+            node_cfg = ConfigRecord(
+                {
+                    **dict(config),
+                    **self.message_config(server_round),
+                    **self.node_config(server_round, node_id),
+                }
+            )
             content = RecordDict({"arrays": payload, "config": node_cfg})
-            messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id))
+            messages.append(
+                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id)
+            )
         return messages
 
     def message_config(self, server_round: int) -> dict[str, Any]:
         """What every train / evaluate message's config carries: the round and the run key."""
         return {"server-round": server_round, **({"run-key": self.run_key} if self.run_key else {})}
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Flower's hook: the accepted replies aggregated, or (None, None) when none is usable."""
         accepted = self.accept_train(server_round, replies)
         if not accepted:
@@ -390,42 +468,69 @@ class FederatedStrategy(PrivateRelease, Strategy):
         return self.aggregate(server_round, accepted), self.mean_metrics(accepted)
 
     def accept_train(self, server_round: int, replies: Iterable[Message]) -> list[RecordDict]:
-        """Log every train reply (accepted / rejected with its reason and node id) and return the usable ones,
-        in partition order (arrival order is a race; float sums are not associative)."""
+        """Log every train reply (accepted / rejected with its reason and node id) and return the
+        usable ones, in partition order (arrival order is a race; float sums are not
+        associative)."""
         accepted: list[RecordDict] = []
         for msg in replies:
             node_id = msg.metadata.src_node_id
-            row: dict[str, Any] = {"round": server_round, "phase": "train", "node": node_id,
-                                   "bytes-down": self.bytes_down.get(node_id, 0)}
+            row: dict[str, Any] = {
+                "round": server_round,
+                "phase": "train",
+                "node": node_id,
+                "bytes-down": self.bytes_down.get(node_id, 0),
+            }
             if msg.has_error():
                 problem = f"client error: {msg.error.reason}"
             else:
-                problem = self.reply_problem(node_id, msg.content) if node_id in self.sent else "unexpected reply"
+                problem = (
+                    self.reply_problem(node_id, msg.content)
+                    if node_id in self.sent
+                    else "unexpected reply"
+                )
                 row.update(flat_metrics(msg.content), **{"bytes-up": record_bytes(msg.content)})
             row["client"] = row.pop("partition-id", self.node_partition.get(node_id))
             row["status"] = "rejected" if problem else "accepted"
             if problem:
                 row["problem"] = _tail(problem)
-                self.train_problems.append(error_line(msg.error.reason if msg.has_error() else problem))
-                log.warning("round %d: reply of node %d dropped: %s", server_round, node_id, _tail(problem, 300))
+                self.train_problems.append(
+                    error_line(msg.error.reason if msg.has_error() else problem)
+                )
+                log.warning(
+                    "round %d: reply of node %d dropped: %s",
+                    server_round,
+                    node_id,
+                    _tail(problem, 300),
+                )
             else:
                 accepted.append(self.absorb(node_id, msg.content))
-                with contextlib.suppress(ValueError):  # a reply without a (valid) id leaves the map alone
+                # a reply without a (valid) id leaves the map alone
+                with contextlib.suppress(ValueError):
                     self.node_partition.setdefault(node_id, parse_partition_id(row["client"]))
             self.record(row)
         accepted.sort(key=lambda r: (flat_metrics(r).get("partition-id", 1 << 30),))
         return accepted
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         """Flower's hook: log every evaluate reply as a row; the example-weighted mean of the good
         ones."""
         good: list[RecordDict] = []
         for msg in replies:
-            row: dict[str, Any] = {"round": server_round, "phase": "evaluate", "node": msg.metadata.src_node_id}
+            row: dict[str, Any] = {
+                "round": server_round,
+                "phase": "evaluate",
+                "node": msg.metadata.src_node_id,
+            }
             if msg.has_error():
                 row.update(status="failed", problem=_tail(msg.error.reason))
-                log.warning("round %d: evaluation on node %d failed: %s", server_round, row["node"],
-                            _tail(msg.error.reason, 300))
+                log.warning(
+                    "round %d: evaluation on node %d failed: %s",
+                    server_round,
+                    row["node"],
+                    _tail(msg.error.reason, 300),
+                )
             else:
                 row.update(flat_metrics(msg.content), status="ok")
                 good.append(msg.content)
@@ -445,17 +550,30 @@ class FederatedStrategy(PrivateRelease, Strategy):
                 out[k] = sum(m[k] * w for m, w in zip(flat, weights, strict=True)) / sum(weights)
         return MetricRecord(out)
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-              first_round: int = 1, on_round_end: Callable[[int, ArrayRecord], None] | None = None) -> Result:
-        """The run: `identify`, `prepare`, round 0 (skipped when resuming at `first_round` > 1), then per round
-        `train_round` -> federated evaluation -> server evaluation (`evaluate_fn`) -> `on_round_end`, each round
-        ending with its progress line (`[round r/N] ... elapsed, ~... left`, `core/progress.py`)."""
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        first_round: int = 1,
+        on_round_end: Callable[[int, ArrayRecord], None] | None = None,
+    ) -> Result:
+        """The run: `identify`, `prepare`, round 0 (skipped when resuming at `first_round` > 1),
+        then per round `train_round` -> federated evaluation -> server evaluation
+        (`evaluate_fn`) -> `on_round_end`, each round ending with its progress line
+        (`[round r/N] ... elapsed, ~... left`, `core/progress.py`)."""
         self.timeout = timeout
-        train_config, evaluate_config = train_config or ConfigRecord(), evaluate_config or ConfigRecord()
+        train_config, evaluate_config = (
+            train_config or ConfigRecord(),
+            evaluate_config or ConfigRecord(),
+        )
         result = Result()
-        progress = RoundProgress(num_rounds, self.evaluates)  # `[round r/N] ... ~t left` after every round
+        # `[round r/N] ... ~t left` after every round
+        progress = RoundProgress(num_rounds, self.evaluates)
         self.identify(grid)
         self.prepare(grid, timeout)
         arrays = initial_arrays
@@ -483,10 +601,12 @@ class FederatedStrategy(PrivateRelease, Strategy):
             log.info("%s", progress.round_done(server_round))
         return result
 
-    def train_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
-                    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Send the train messages and aggregate once at least `min-replies` replies are usable; below that,
-        send the round again (a fresh sample) up to `round-retries` times, then raise `RoundFailed`."""
+    def train_round(
+        self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Send the train messages and aggregate once at least `min-replies` replies are usable;
+        below that, send the round again (a fresh sample) up to `round-retries` times, then raise
+        `RoundFailed`."""
         need, attempts = self.cfg.min_replies, self.cfg.round_retries + 1
         self.train_problems, usable = [], 0
         for attempt in range(1, attempts + 1):
@@ -494,34 +614,60 @@ class FederatedStrategy(PrivateRelease, Strategy):
             if not messages:  # fraction-train = 0: nothing to train
                 return None, None
             if len(messages) < need:
-                raise RoundFailed(f"round {server_round}: run-config key 'min-replies' = {need} but a round samples "
-                                  f"only {len(messages)} of {self.num_connected} connected nodes; lower "
-                                  "'min-replies' or raise 'fraction-train'")
+                raise RoundFailed(
+                    f"round {server_round}: run-config key 'min-replies' = {need} but a round "
+                    f"samples only {len(messages)} of {self.num_connected} connected nodes; lower "
+                    "'min-replies' or raise 'fraction-train'"
+                )
             n_sent, pending = len(messages), self.push(grid, messages)
-            del messages  # the payloads now live in the SuperLink; the server keeps only their specs
-            accepted = self.accept_train(server_round, self.pull(grid, pending, server_round, "train"))
+            # the payloads now live in the SuperLink; the server keeps only their specs
+            del messages
+            accepted = self.accept_train(
+                server_round, self.pull(grid, pending, server_round, "train")
+            )
             if len(accepted) >= need:
-                new = self.dp_aggregate(server_round, accepted, arrays, n_sent) if self.dp.enabled \
+                new = (
+                    self.dp_aggregate(server_round, accepted, arrays, n_sent)
+                    if self.dp.enabled
                     else self.aggregate(server_round, accepted)
+                )
                 return new, self.mean_metrics(accepted)
             usable += len(accepted)
-            self.record({"round": server_round, "phase": "round-retry", "attempt": attempt,
-                         "usable": len(accepted), "sent": n_sent})
-            log.warning("round %d (attempt %d/%d): %d usable replies of %d, min-replies = %d", server_round,
-                        attempt, attempts, len(accepted), n_sent, need)
+            self.record(
+                {
+                    "round": server_round,
+                    "phase": "round-retry",
+                    "attempt": attempt,
+                    "usable": len(accepted),
+                    "sent": n_sent,
+                }
+            )
+            log.warning(
+                "round %d (attempt %d/%d): %d usable replies of %d, min-replies = %d",
+                server_round,
+                attempt,
+                attempts,
+                len(accepted),
+                n_sent,
+                need,
+            )
         raise RoundFailed(self.round_failure(server_round, need, attempts, usable))
 
     def round_failure(self, server_round: int, need: int, attempts: int, usable: int) -> str:
-        """`RoundFailed`'s message: the clients' error itself when every reply of every attempt failed with the
-        same one; otherwise the count, with the most common problem."""
+        """`RoundFailed`'s message: the clients' error itself when every reply of every attempt
+        failed with the same one; otherwise the count, with the most common problem."""
         problems = self.train_problems
         counts = {line: problems.count(line) for line in dict.fromkeys(problems)}
         if problems and not usable and len(counts) == 1:
-            return (f"round {server_round}: every client failed with the same error ({len(problems)} train replies "
-                    f"in {attempts} attempt(s)): {problems[0]}")
-        text = (f"round {server_round}: fewer than min-replies = {need} usable train replies in {attempts} "
-                f"attempt(s); the global state of round {server_round - 1} is in the last checkpoint (continue with "
-                "run-config key 'resume-from')")
+            return (
+                f"round {server_round}: every client failed with the same error ({len(problems)} "
+                f"train replies in {attempts} attempt(s)): {problems[0]}"
+            )
+        text = (
+            f"round {server_round}: fewer than min-replies = {need} usable train replies in "
+            f"{attempts} attempt(s); the global state of round {server_round - 1} is in the last "
+            "checkpoint (continue with run-config key 'resume-from')"
+        )
         if counts:
             line, k = max(counts.items(), key=lambda item: item[1])
             text += f"; the most common problem ({k} of {len(problems)} unusable replies): {line}"
@@ -533,11 +679,12 @@ class FederatedStrategy(PrivateRelease, Strategy):
         nodes = [m.metadata.dst_node_id for m in messages]
         return dict(zip(grid.push_messages(messages), nodes, strict=True))
 
-    def pull(self, grid: Grid, pending: dict[str, int], server_round: int, phase: str,
-             poll: float = 1.0) -> Iterator[Message]:
-        """Flower's `send_and_receive` loop, lazily: each reply is handed on as soon as it is pulled, so the
-        caller can fold it in and drop it before the next one arrives. Nodes still silent at `round-timeout` are
-        logged as failed (`record_silent`)."""
+    def pull(
+        self, grid: Grid, pending: dict[str, int], server_round: int, phase: str, poll: float = 1.0
+    ) -> Iterator[Message]:
+        """Flower's `send_and_receive` loop, lazily: each reply is handed on as soon as it is
+        pulled, so the caller can fold it in and drop it before the next one arrives. Nodes still
+        silent at `round-timeout` are logged as failed (`record_silent`)."""
         pending, deadline = dict(pending), time.monotonic() + self.timeout
         while pending and time.monotonic() < deadline:
             replies = list(grid.pull_messages(list(pending)))
@@ -549,18 +696,35 @@ class FederatedStrategy(PrivateRelease, Strategy):
         self.record_silent(server_round, phase, list(pending.values()))
 
     def record_silent(self, server_round: int, phase: str, silent: Iterable[int]) -> None:
-        """Log a failure for every node that sent nothing back before `round-timeout` (disconnected, too slow)."""
+        """Log a failure for every node that sent nothing back before `round-timeout` (disconnected,
+        too slow)."""
         problem = f"no reply within round-timeout = {self.timeout:g} s (disconnected or too slow)"
         for node in silent:
-            self.record({"round": server_round, "phase": phase, "node": node,
-                         "client": self.node_partition.get(node), "status": "failed", "problem": problem})
+            self.record(
+                {
+                    "round": server_round,
+                    "phase": phase,
+                    "node": node,
+                    "client": self.node_partition.get(node),
+                    "status": "failed",
+                    "problem": problem,
+                }
+            )
             if phase == "train":
                 self.train_problems.append(problem)
             log.warning("round %d: node %d: %s", server_round, node, problem)
 
-    def evaluate_round(self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord,
-                       evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None, result: Result) -> None:
-        """Federated evaluation (when this round evaluates), then the server's own (`evaluate_fn`)."""
+    def evaluate_round(
+        self,
+        server_round: int,
+        grid: Grid,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
+        result: Result,
+    ) -> None:
+        """Federated evaluation (when this round evaluates), then the server's own
+        (`evaluate_fn`)."""
         messages = list(self.configure_evaluate(server_round, arrays, config, grid))
         if messages:
             replies = list(self.pull(grid, self.push(grid, messages), server_round, "evaluate"))
@@ -573,50 +737,98 @@ class FederatedStrategy(PrivateRelease, Strategy):
                 result.evaluate_metrics_serverapp[server_round] = server_metrics
 
     def score_client_references(self, grid: Grid, timeout: float = 3600) -> None:
-        """After the last round: one `evaluate.reference` message per node and baseline; each reply's `ppl/<data>`
-        metrics are logged as `reference` rows (one per client; results.md reports the mean over clients)."""
+        """After the last round: one `evaluate.reference` message per node and baseline; each
+        reply's `ppl/<data>` metrics are logged as `reference` rows (one per client; results.md
+        reports the mean over clients)."""
         for name in self.client_references():
             log.info("[fedprune] reference %s: every client builds it from its own data", name)
-            config = ConfigRecord({"reference": name, **self.message_config(self.cfg.num_server_rounds + 1)})
-            messages = [Message(content=RecordDict({"config": config}),
-                                message_type=f"{MessageType.EVALUATE}.reference", dst_node_id=node_id)
-                        for node_id in self.sample(grid, 1.0)]
+            config = ConfigRecord(
+                {"reference": name, **self.message_config(self.cfg.num_server_rounds + 1)}
+            )
+            messages = [
+                Message(
+                    content=RecordDict({"config": config}),
+                    message_type=f"{MessageType.EVALUATE}.reference",
+                    dst_node_id=node_id,
+                )
+                for node_id in self.sample(grid, 1.0)
+            ]
             for msg in grid.send_and_receive(messages, timeout=timeout):
                 node_id = msg.metadata.src_node_id
                 if msg.has_error():
-                    self.record({"phase": "reference", "model": name, "node": node_id, "status": "failed",
-                                 "problem": _tail(msg.error.reason)})
-                    log.warning("reference %s on node %d failed: %s", name, node_id, _tail(msg.error.reason, 300))
+                    self.record(
+                        {
+                            "phase": "reference",
+                            "model": name,
+                            "node": node_id,
+                            "status": "failed",
+                            "problem": _tail(msg.error.reason),
+                        }
+                    )
+                    log.warning(
+                        "reference %s on node %d failed: %s",
+                        name,
+                        node_id,
+                        _tail(msg.error.reason, 300),
+                    )
                     continue
                 metrics = flat_metrics(msg.content)
                 for key, value in metrics.items():
                     if key.startswith("ppl/"):
                         nll, tokens = (metrics.get(f"{w}/{key[4:]}") for w in WINDOW_KEYS)
-                        windows = {} if nll is None or tokens is None else {  # per-window scores, where sent
-                            "window-nll": list(nll), "window-tokens": [int(t) for t in tokens]}
-                        self.record({"phase": "reference", "model": name, "node": node_id,
-                                     "client": metrics.get("partition-id"), "data": key[4:], "ppl": value,
-                                     **windows, "seconds": metrics.get("seconds")})
+                        # per-window scores, where sent
+                        windows = (
+                            {}
+                            if nll is None or tokens is None
+                            else {
+                                "window-nll": list(nll),
+                                "window-tokens": [int(t) for t in tokens],
+                            }
+                        )
+                        self.record(
+                            {
+                                "phase": "reference",
+                                "model": name,
+                                "node": node_id,
+                                "client": metrics.get("partition-id"),
+                                "data": key[4:],
+                                "ppl": value,
+                                **windows,
+                                "seconds": metrics.get("seconds"),
+                            }
+                        )
 
     def evaluates(self, server_round: int) -> bool:
-        """Round 0 (unless `eval-untouched` is false) and the last round; every `eval-every` rounds between."""
+        """Round 0 (unless `eval-untouched` is false) and the last round; every `eval-every` rounds
+        between."""
         if server_round == 0 and not self.cfg.eval_untouched:
             return False
         if server_round == self.__dict__.get("dp_last_round"):  # the privacy budget's last round
             return True
         every = self.cfg.eval_every
-        return server_round in (0, self.cfg.num_server_rounds) or (every > 0 and server_round % every == 0)
+        return server_round in (0, self.cfg.num_server_rounds) or (
+            every > 0 and server_round % every == 0
+        )
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """Flower's hook: one evaluate message with the global arrays per node of the evaluation
         panel, in the rounds that evaluate (`evaluates`).
         """
         if self.fraction_evaluate == 0.0 or not self.evaluates(server_round):
             return []
-        log.info("[fedprune] round %d: federated evaluation%s", server_round,
-                 " of the untouched model" if server_round == 0 else "")
+        log.info(
+            "[fedprune] round %d: federated evaluation%s",
+            server_round,
+            " of the untouched model" if server_round == 0 else "",
+        )
         node_cfg = ConfigRecord({**dict(config), **self.message_config(server_round)})
-        return [Message(content=RecordDict({"arrays": arrays, "config": node_cfg}),
-                        message_type=MessageType.EVALUATE, dst_node_id=node_id)
-                for node_id in self.evaluation_panel(grid)]
+        return [
+            Message(
+                content=RecordDict({"arrays": arrays, "config": node_cfg}),
+                message_type=MessageType.EVALUATE,
+                dst_node_id=node_id,
+            )
+            for node_id in self.evaluation_panel(grid)
+        ]

@@ -1,15 +1,18 @@
-"""Round 0's scores of the untouched model, computed once per (model, data, settings) on this machine.
+"""Round 0's scores of the untouched model, computed once per (model, data, settings) on this
+machine.
 
-Every run starts with each client scoring the model before training (round 0). With the same model files,
-the same data, the same evaluation settings and the same code, that score is the same number every time, so
-a client keeps its round-0 metrics in `<cache>/untouched/<key>.json` (`cache_root()`; JSON only) and answers
-a later round 0 from there. The key is a SHA-256 of:
+Every run starts with each client scoring the model before training (round 0). With the same model
+files, the same data, the same evaluation settings and the same code, that score is the same number
+every time, so a client keeps its round-0 metrics in `<cache>/untouched/<key>.json` (`cache_root()`;
+JSON only) and answers a later round 0 from there. The key is a SHA-256 of:
 
 - the whole run config except `NOT_IN_ROUND_0` (keys that only act after round 0: training, rounds,
   where results go) — any other key, a new one included, changes the key;
-- the client's partition id, partition count and its own data file (node-config `data-path`: size, mtime);
+- the client's partition id, partition count and its own data file (node-config `data-path`: size,
+  mtime);
 - the model directory's files (name, size, mtime) or, for a Hub name, the name;
-- the source of `fedprune_app/` and the method's client module, and the torch and transformers versions.
+- the source of `fedprune_app/` and the method's client module, and the torch and transformers
+  versions.
 
 `cache-untouched = false` turns it off; rows answered from the cache carry `cached = 1`.
 """
@@ -27,12 +30,27 @@ from typing import Any
 
 from fedprune_app.llm.assets import cache_root
 
-NOT_IN_ROUND_0 = frozenset({
-    "num-server-rounds", "local-steps", "learning-rate", "weight-decay", "max-grad-norm",
-    "mixed-precision", "run-tag", "output-dir", "resume-from", "checkpoint-every", "round-timeout",
-    "round-retries", "server-eval-every", "server-eval-data", "eval-every", "cache-untouched",
-    "save-merged",
-})
+NOT_IN_ROUND_0 = frozenset(
+    {
+        "num-server-rounds",
+        "local-steps",
+        "learning-rate",
+        "weight-decay",
+        "max-grad-norm",
+        "mixed-precision",
+        "run-tag",
+        "output-dir",
+        "resume-from",
+        "checkpoint-every",
+        "round-timeout",
+        "round-retries",
+        "server-eval-every",
+        "server-eval-data",
+        "eval-every",
+        "cache-untouched",
+        "save-merged",
+    }
+)
 
 
 def _files(path: Path) -> list[tuple[str, int, int]]:
@@ -53,7 +71,9 @@ def _code(method_module: str) -> str:
     digest = hashlib.sha256()
     root = Path(__file__).resolve().parents[1]
     module = sys.modules.get(method_module)
-    extra = [Path(module.__file__)] if module is not None and getattr(module, "__file__", None) else []
+    extra = (
+        [Path(module.__file__)] if module is not None and getattr(module, "__file__", None) else []
+    )
     for f in [*sorted(root.rglob("*.py")), *extra]:
         digest.update(str(f.relative_to(f.parents[1])).encode())
         digest.update(f.read_bytes())
@@ -76,7 +96,9 @@ def cache_key(run_config: dict[str, Any], node_config: dict[str, Any], method_mo
     facts = {
         "config": {k: v for k, v in sorted(run_config.items()) if k not in NOT_IN_ROUND_0},
         "partition": [node_config.get("partition-id"), node_config.get("num-partitions")],
-        "data-path": _files(Path(str(data_path))) if data_path and Path(str(data_path)).exists() else None,
+        "data-path": _files(Path(str(data_path)))
+        if data_path and Path(str(data_path)).exists()
+        else None,
         "model": _model(str(run_config.get("model-name", "embedded"))),
         "code": _code(method_module),
         "versions": [torch.__version__, transformers.__version__],
@@ -100,7 +122,8 @@ def lookup(key: str) -> dict[str, Any] | None:
 
 
 def store(key: str, metrics: dict[str, Any]) -> None:
-    """Keep round-0 metrics (numbers only) for `key`; written atomically, failures ignored (a cache)."""
+    """Keep round-0 metrics (numbers only) for `key`; written atomically, failures ignored (a
+    cache)."""
     if not all(isinstance(v, int | float) and math.isfinite(v) for v in metrics.values()):
         return  # lists, or a non-finite score: never kept
     path = cache_file(key)

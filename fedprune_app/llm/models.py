@@ -1,8 +1,9 @@
-"""Model loading (embedded default, Hugging Face name, local path; dtype; device; bitsandbytes) and LoRA over peft.
+"""Model loading (embedded default, Hugging Face name, local path; dtype; device; bitsandbytes) and
+LoRA over peft.
 
-State moves through two functions, as in peft: `get_adapter_state` / `set_adapter_state`. Placement: the
-`device` key is resolved where a model is loaded (`resolve_device`); everything that feeds a model moves its
-tensors to `model_device(model)`.
+State moves through two functions, as in peft: `get_adapter_state` / `set_adapter_state`. Placement:
+the `device` key is resolved where a model is loaded (`resolve_device`); everything that feeds a
+model moves its tensors to `model_device(model)`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,14 +43,18 @@ def resolve_device(cfg: ModelSettings | str) -> torch.device:
     if value == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ConfigError(f"run-config key 'device' is {value!r} but this process sees no CUDA device "
-                          f"(torch {torch.__version__}: torch.cuda.is_available() is False); use 'auto' (cuda "
-                          "where available, else cpu) or 'cpu', or give the process a GPU (a simulation's "
-                          "client-resources-num-gpus)")
+        raise ConfigError(
+            f"run-config key 'device' is {value!r} but this process sees no CUDA device "
+            f"(torch {torch.__version__}: torch.cuda.is_available() is False); use 'auto' (cuda "
+            "where available, else cpu) or 'cpu', or give the process a GPU (a simulation's "
+            "client-resources-num-gpus)"
+        )
     device = torch.device(value)
     if device.index is not None and device.index >= torch.cuda.device_count():
-        raise ConfigError(f"run-config key 'device' is {value!r} but this process sees "
-                          f"{torch.cuda.device_count()} CUDA device(s) (indices start at 0)")
+        raise ConfigError(
+            f"run-config key 'device' is {value!r} but this process sees "
+            f"{torch.cuda.device_count()} CUDA device(s) (indices start at 0)"
+        )
     return device
 
 
@@ -64,12 +70,21 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def resolve_model_path(model_name: str) -> str:
-    """'embedded' -> the cached SmolLM2 directory; anything else is passed to from_pretrained as is."""
+    """'embedded' -> the cached SmolLM2 directory; anything else is passed to from_pretrained as
+    is."""
     if model_name == "embedded":
         from fedprune_app.llm.assets import embedded_model_dir
 
         return str(embedded_model_dir())
     return model_name
+
+
+def model_config(model_name: str) -> dict[str, Any]:
+    """The model's config.json as transformers reads it (`AutoConfig`, as a dict): its sizes
+    without its weights."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(resolve_model_path(model_name)).to_dict()
 
 
 def quantization_config(mode: str, compute_dtype: torch.dtype):  # -> BitsAndBytesConfig | None
@@ -79,7 +94,9 @@ def quantization_config(mode: str, compute_dtype: torch.dtype):  # -> BitsAndByt
     from transformers import BitsAndBytesConfig
 
     if mode == "4bit":
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
+        return BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype
+        )
     if mode == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     raise ValueError(f"model-quantization must be one of 'none', '4bit', '8bit', got {mode!r}")
@@ -95,10 +112,12 @@ def load_tokenizer(model_name: str):  # -> PreTrainedTokenizerBase
     return tok
 
 
-def load_base_model(model_name: str, dtype: str = "float32", quantization: str = "none",
-                    device: str = "auto") -> nn.Module:
-    """A causal LM in eval mode on `device` (the run-config value, see `resolve_device`). Quantized: the
-    device map bitsandbytes picks ('auto' over the visible GPUs for 'auto'/'cuda', else the one device)."""
+def load_base_model(
+    model_name: str, dtype: str = "float32", quantization: str = "none", device: str = "auto"
+) -> nn.Module:
+    """A causal LM in eval mode on `device` (the run-config value, see `resolve_device`). Quantized:
+    the device map bitsandbytes picks ('auto' over the visible GPUs for 'auto'/'cuda', else the one
+    device)."""
     from transformers import AutoModelForCausalLM
 
     torch_dtype = DTYPES[dtype]
@@ -107,9 +126,13 @@ def load_base_model(model_name: str, dtype: str = "float32", quantization: str =
     qconfig = quantization_config(quantization, torch_dtype)
     if qconfig is not None:
         kwargs["quantization_config"] = qconfig
-        kwargs["device_map"] = "auto" if target.type == "cuda" and target.index is None else {"": str(target)}
+        kwargs["device_map"] = (
+            "auto" if target.type == "cuda" and target.index is None else {"": str(target)}
+        )
     elif target.type != "cpu":
-        kwargs["device_map"] = {"": str(target)}  # weights load straight onto the GPU, not via CPU RAM
+        kwargs["device_map"] = {
+            "": str(target)
+        }  # weights load straight onto the GPU, not via CPU RAM
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_name), **kwargs)
     model.eval()
     return model
@@ -130,7 +153,8 @@ def lora_config(cfg: LoraSettings, rank: int | None = None):  # -> peft.LoraConf
 
 
 def add_lora(model: nn.Module, cfg: LoraSettings, seed: int, rank: int | None = None) -> nn.Module:
-    """Wrap `model` with fresh LoRA adapters (A ~ Kaiming with `seed`, B = 0: the output is unchanged)."""
+    """Wrap `model` with fresh LoRA adapters (A ~ Kaiming with `seed`, B = 0: the output is
+    unchanged)."""
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
@@ -142,13 +166,16 @@ def add_lora(model: nn.Module, cfg: LoraSettings, seed: int, rank: int | None = 
         except ValueError as err:  # peft names the missing modules; add the key that controls them
             raise ValueError(f"run-config key 'lora-target-modules': {err}") from err
     peft_model.eval()  # dropout off until a training loop switches it on
-    peft_model.fedprune_initial_adapters = get_adapter_state(peft_model)  # cached models get trained in place
+    peft_model.fedprune_initial_adapters = get_adapter_state(
+        peft_model
+    )  # cached models get trained in place
     return peft_model
 
 
 def initial_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters as `add_lora` made them (A seeded, B = 0), whatever was loaded into the cached model since:
-    a run's initial state must not depend on what an earlier run in the same process left in the cache."""
+    """The adapters as `add_lora` made them (A seeded, B = 0), whatever was loaded into the cached
+    model since: a run's initial state must not depend on what an earlier run in the same process
+    left in the cache."""
     return {k: v.clone() for k, v in model.fedprune_initial_adapters.items()}
 
 
@@ -156,7 +183,10 @@ def get_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The LoRA tensors (float32, detached, CPU) keyed by peft's adapter-state names."""
     from peft import get_peft_model_state_dict
 
-    return {k: v.detach().to("cpu", torch.float32).clone() for k, v in get_peft_model_state_dict(model).items()}
+    return {
+        k: v.detach().to("cpu", torch.float32).clone()
+        for k, v in get_peft_model_state_dict(model).items()
+    }
 
 
 def set_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -169,7 +199,9 @@ def set_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         raise KeyError(f"adapter state lacks {len(missing)} tensors, e.g. {missing[:3]}")
     for k, v in state.items():
         if k in own and tuple(own[k].shape) != tuple(v.shape):
-            raise ValueError(f"adapter tensor {k} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}")
+            raise ValueError(
+                f"adapter tensor {k} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}"
+            )
     set_peft_model_state_dict(model, state)
 
 
@@ -186,14 +218,19 @@ class Lora:
     @classmethod
     def of(cls, settings: LoraSettings) -> Lora:
         """The LoRA settings of any object that has them (e.g. a run config)."""
-        return cls(int(settings.lora_rank), float(settings.lora_alpha),
-                   float(settings.lora_dropout), str(settings.lora_target_modules),
-                   int(settings.seed))
+        return cls(
+            int(settings.lora_rank),
+            float(settings.lora_alpha),
+            float(settings.lora_dropout),
+            str(settings.lora_target_modules),
+            int(settings.seed),
+        )
 
 
 @lru_cache(maxsize=2)
-def cached_peft_model(model_name: str, dtype: str, quantization: str, lora: Lora,
-                      device: str = "auto") -> tuple[nn.Module, object]:
+def cached_peft_model(
+    model_name: str, dtype: str, quantization: str, lora: Lora, device: str = "auto"
+) -> tuple[nn.Module, object]:
     """One (LoRA-wrapped model, tokenizer) per process and configuration: Ray workers reuse it
     across rounds. Callers always load fresh adapter state before use."""
     model = add_lora(load_base_model(model_name, dtype, quantization, device), lora, seed=lora.seed)
@@ -205,32 +242,42 @@ def peft_model_for(cfg: PeftSettings, rank: int | None = None) -> tuple[nn.Modul
     lora = Lora.of(cfg)
     if rank is not None:
         lora = dataclasses.replace(lora, lora_rank=int(rank))
-    return cached_peft_model(cfg.model_name, cfg.model_dtype, cfg.model_quantization, lora,
-                             cfg.device)
+    return cached_peft_model(
+        cfg.model_name, cfg.model_dtype, cfg.model_quantization, lora, cfg.device
+    )
 
 
 def load_run(run_dir: str | Path, device: str | None = None) -> tuple[nn.Module, object]:
-    """Load a finished run's final model: base model + its saved adapter, ready to evaluate or generate.
+    """Load a finished run's final model: base model + its saved adapter, ready to evaluate or
+    generate.
 
-    `model, tokenizer = fedprune_app.llm.models.load_run("outputs/<run>")`; `device` overrides the run's `device`.
+    `model, tokenizer = fedprune_app.llm.models.load_run("outputs/<run>")`; `device` overrides the
+    run's `device`.
     """
     from peft import PeftModel
 
     run_dir = Path(run_dir)
     cfg = json.loads((run_dir / "config.json").read_text())
-    base = load_base_model(cfg["model-name"], cfg["model-dtype"], cfg["model-quantization"],
-                           device or cfg.get("device", "auto"))
+    base = load_base_model(
+        cfg["model-name"],
+        cfg["model-dtype"],
+        cfg["model-quantization"],
+        device or cfg.get("device", "auto"),
+    )
     model = PeftModel.from_pretrained(base, run_dir / "adapter")
     model.eval()
     return model, load_tokenizer(cfg["model-name"])
 
 
-def save_adapter(model: nn.Module, out_dir: Path, merged_dir: Path | None = None, tokenizer: object = None) -> None:
-    """A standard PEFT adapter directory (peft's `save_pretrained`: `adapter_config.json` with the rank and α the
-    adapter was trained with, `adapter_model.safetensors`), loadable with `PeftModel.from_pretrained(base, out_dir)`.
-    With `merged_dir` (run-config `save-merged`), also the full model with the adapter merged (W + (α/r)·B·A,
-    `merge_and_unload` on a copy) and the tokenizer, loadable with plain `AutoModelForCausalLM.from_pretrained`.
-    `model` (a peft model, e.g. the cached one) is left as it was."""
+def save_adapter(
+    model: nn.Module, out_dir: Path, merged_dir: Path | None = None, tokenizer: object = None
+) -> None:
+    """A standard PEFT adapter directory (peft's `save_pretrained`: `adapter_config.json` with the
+    rank and α the adapter was trained with, `adapter_model.safetensors`), loadable with
+    `PeftModel.from_pretrained(base, out_dir)`. With `merged_dir` (run-config `save-merged`), also
+    the full model with the adapter merged (W + (α/r)·B·A, `merge_and_unload` on a copy) and the
+    tokenizer, loadable with plain `AutoModelForCausalLM.from_pretrained`. `model` (a peft model,
+    e.g. the cached one) is left as it was."""
     import copy
 
     model.save_pretrained(out_dir)

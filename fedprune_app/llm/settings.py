@@ -38,8 +38,10 @@ def per_client(value: str, n: int, cast: Callable[[str], Any], key: str) -> list
     """
     items = [v.strip() for v in str(value).split(",") if v.strip()]
     if len(items) not in (1, n):
-        raise ConfigError(f"run-config key '{key}' needs 1 or {n} comma-separated values, "
-                          f"got {len(items)}: {value!r}")
+        raise ConfigError(
+            f"run-config key '{key}' needs 1 or {n} comma-separated values, "
+            f"got {len(items)}: {value!r}"
+        )
     try:
         parsed = [cast(v) for v in items]
     except ValueError as err:
@@ -142,7 +144,7 @@ class TrainSettings(Protocol):
     @property
     def max_grad_norm(self) -> float: ...  # 0 = no clipping
     @property
-    def mixed_precision(self) -> str: ...  # 'no', 'bf16' or 'fp16' (`training.mixed_precision`)
+    def mixed_precision(self) -> str: ...  # 'no', 'auto', 'bf16', 'fp16' (`mixed_precision`)
 
 
 class EvalSettings(Protocol):

@@ -7,5 +7,6 @@
 - `speed`: size and speed of compiled models against the dense one, beside their FLOP ceiling;
 - `models`: the process's cache of routed models (`ROUTED_MODELS`);
 - `held`: the bus coordinates held open in every mask (the massive activations);
-- `config`: the run-config keys the masked-bus methods share (budgets, held coordinates).
+- `config`: the run-config keys the masked-bus methods share (budgets, held coordinates);
+- `shapes`: the bus masks' names and shapes from config.json alone (no torch).
 """

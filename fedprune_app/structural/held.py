@@ -16,9 +16,11 @@ from fedprune_app.structural.config import BusConfig
 from fedprune_app.structural.models import ROUTED_MODELS
 from fedprune_app.structural.routing import masked
 
-PROBE_TEXT = ("The committee met on Tuesday to discuss the budget. After a long debate, they "
-              "agreed to fund the new library, the park and two bus lines. Question: What did the "
-              "committee fund? Answer: a library, a park and two bus lines.")
+PROBE_TEXT = (
+    "The committee met on Tuesday to discuss the budget. After a long debate, they "
+    "agreed to fund the new library, the park and two bus lines. Question: What did the "
+    "committee fund? Answer: a library, a park and two bus lines."
+)
 
 
 def massive_coordinates(model: nn.Module, tokenizer: Any, factor: float) -> list[int]:
@@ -47,7 +49,8 @@ def held_coordinates(cfg: RunConfig, model: nn.Module, tokenizer: Any) -> Tensor
         held = torch.zeros(d)
         key = (cfg.model_name, bus.sftp_massive_factor, d)
         coordinates = ROUTED_MODELS.massive(
-            key, lambda: massive_coordinates(model, tokenizer, bus.sftp_massive_factor))
+            key, lambda: massive_coordinates(model, tokenizer, bus.sftp_massive_factor)
+        )
         held[coordinates] = 1.0
     return held
 

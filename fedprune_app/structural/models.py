@@ -56,8 +56,9 @@ class RoutedModels:
         self._massive.clear()
 
 
-def _load(model_name: str, dtype: str, quantization: str, lora: str, device: str
-          ) -> tuple[nn.Module, Any]:
+def _load(
+    model_name: str, dtype: str, quantization: str, lora: str, device: str
+) -> tuple[nn.Module, Any]:
     from fedprune_app.llm.models import add_lora, load_base_model, load_tokenizer
 
     model = load_base_model(model_name, dtype, quantization, device)

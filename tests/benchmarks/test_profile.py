@@ -1,4 +1,5 @@
-"""`fedprune bench profile`: a run's wall time split by phase from its summary.json and metrics.jsonl rows."""
+"""`fedprune bench profile`: a run's wall time split by phase from its summary.json and
+metrics.jsonl rows."""
 
 from __future__ import annotations
 
@@ -18,20 +19,31 @@ def _write(run: Path, rows: list[dict], summary: dict) -> Path:
 
 
 def test_phases_add_up_to_the_rows_times(tmp_path: Path) -> None:
-    """Two rounds by hand: set-up 5 s; round 0 ends at 30 s (server scoring 2 s of it); round 1's training
-    ends at 70 s, its evaluation at 78 s, its server scoring takes 3 s (ends 81 s); round 2 trains until
-    121 s and ends at 131 s with a 4 s server scoring; the stopwatch says 20 s of final artefacts."""
-    rows = [{"time": 28, "round": 0, "phase": "evaluate", "seconds": 10},
-            {"time": 30, "round": 0, "phase": "server-evaluate", "seconds": 2},
-            {"time": 60, "round": 1, "phase": "train"}, {"time": 70, "round": 1, "phase": "train"},
-            {"time": 78, "round": 1, "phase": "evaluate"},
-            {"time": 81, "round": 1, "phase": "server-evaluate", "seconds": 3},
-            {"time": 121, "round": 2, "phase": "train"},
-            {"time": 131, "round": 2, "phase": "server-evaluate", "seconds": 4},
-            {"time": 150, "phase": "compiled"}]
-    run = _write(tmp_path / "run", rows, {"method": "m", "status": "completed", "seconds": 160,
-                                         "phase-seconds": {"set-up": 5, "rounds": 126, "final-artefacts": 20,
-                                                    "references": 1}})
+    """Two rounds by hand: set-up 5 s; round 0 ends at 30 s (server scoring 2 s of it); round 1's
+    training ends at 70 s, its evaluation at 78 s, its server scoring takes 3 s (ends 81 s); round 2
+    trains until 121 s and ends at 131 s with a 4 s server scoring; the stopwatch says 20 s of final
+    artefacts."""
+    rows = [
+        {"time": 28, "round": 0, "phase": "evaluate", "seconds": 10},
+        {"time": 30, "round": 0, "phase": "server-evaluate", "seconds": 2},
+        {"time": 60, "round": 1, "phase": "train"},
+        {"time": 70, "round": 1, "phase": "train"},
+        {"time": 78, "round": 1, "phase": "evaluate"},
+        {"time": 81, "round": 1, "phase": "server-evaluate", "seconds": 3},
+        {"time": 121, "round": 2, "phase": "train"},
+        {"time": 131, "round": 2, "phase": "server-evaluate", "seconds": 4},
+        {"time": 150, "phase": "compiled"},
+    ]
+    run = _write(
+        tmp_path / "run",
+        rows,
+        {
+            "method": "m",
+            "status": "completed",
+            "seconds": 160,
+            "phase-seconds": {"set-up": 5, "rounds": 126, "final-artefacts": 20, "references": 1},
+        },
+    )
     phases = run_phases(run)["phases"]
     assert set(phases) == set(PHASES)
     assert phases["set-up"] == 5
@@ -40,18 +52,25 @@ def test_phases_add_up_to_the_rows_times(tmp_path: Path) -> None:
     assert phases["client evaluation"] == (81 - 70 - 3) + (131 - 121 - 4)
     assert phases["server evaluation"] == 2 + 3 + 4
     assert (phases["final artefacts"], phases["references"]) == (20, 1)
-    assert phases["set-up"] + phases["start-up + untouched evaluation"] + phases["training"] + \
-        phases["client evaluation"] + phases["server evaluation"] == pytest.approx(131)
+    assert phases["set-up"] + phases["start-up + untouched evaluation"] + phases[
+        "training"
+    ] + phases["client evaluation"] + phases["server evaluation"] == pytest.approx(131)
 
 
 def test_the_table_shows_the_launcher_and_the_wall_time(tmp_path: Path) -> None:
-    run = _write(tmp_path / "run", [{"time": 9, "round": 0, "phase": "evaluate", "seconds": 1}],
-                 {"method": "fedit", "status": "completed", "seconds": 12, "initial-state-seconds": 2})
+    run = _write(
+        tmp_path / "run",
+        [{"time": 9, "round": 0, "phase": "evaluate", "seconds": 1}],
+        {"method": "fedit", "status": "completed", "seconds": 12, "initial-state-seconds": 2},
+    )
     record = {"runs": [run_phases(run)], "wall-seconds": 40.0, "launcher-seconds": 28.0}
     text = table(record)
     assert "| launcher | 28 s |" in text and "**12 s**" in text and "wall time: **40 s**" in text
 
 
 def test_the_launchers_last_line_names_the_run_directory() -> None:
-    line = "[fedprune] flwr run status: finished:completed; run directory: outputs/20261202-010101-sftp\n"
+    line = (
+        "[fedprune] flwr run status: finished:completed; run directory: "
+        "outputs/20261202-010101-sftp\n"
+    )
     assert RUN_DIR_LINE.search(line)["path"] == "outputs/20261202-010101-sftp"

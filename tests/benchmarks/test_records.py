@@ -1,6 +1,7 @@
-"""Every published benchmark table has its record: the docs' tables between `<!-- bench:<kind> <record> -->` and
-`<!-- /bench:<kind> -->` are re-rendered from the committed records (docs/bench/*.json, benchmarks/render.py)
-and must equal the markdown in docs/; each record names the command that wrote it and the machine's load."""
+"""Every published benchmark table has its record: the docs' tables between
+`<!-- bench:<kind> <record> -->` and `<!-- /bench:<kind> -->` are re-rendered from the committed
+records (docs/bench/*.json, benchmarks/render.py) and must equal the markdown in docs/; each record
+names the command that wrote it and the machine's load."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from benchmarks import render as render_bench
 from experiments.probes.sftp.mask_rounding import saved_kept
 
 ROOT = Path(__file__).resolve().parents[2]
-PUBLISHED = {  # (doc, kind): the tables issue 21 puts on records
-    ("docs/methods/fedspallm.md", "pruning"), ("docs/methods/fedspallm.md", "aggregation-memory"),
-    ("docs/scale.md", "overhead"), ("docs/notes/2026-11-sftp-investigations.md", "budget-trajectory"),
+PUBLISHED = {  # (doc, kind): the tables that must come from records
+    ("docs/methods/fedspallm.md", "pruning"),
+    ("docs/methods/fedspallm.md", "aggregation-memory"),
+    ("docs/scale.md", "overhead"),
+    ("docs/notes/2026-11-sftp-investigations.md", "budget-trajectory"),
     ("docs/notes/2026-11-sftp-investigations.md", "mask-rounding"),
 }
 
@@ -34,7 +37,12 @@ def test_each_published_table_is_marked(doc: str, kind: str) -> None:
 
 
 def marked_records() -> list[str]:
-    names = {n for path in render_bench.doc_files() for _, ns, *_ in render_bench.blocks(path.read_text()) for n in ns}
+    names = {
+        n
+        for path in render_bench.doc_files()
+        for _, ns, *_ in render_bench.blocks(path.read_text())
+        for n in ns
+    }
     return sorted(names)
 
 
@@ -47,8 +55,10 @@ def test_every_record_names_its_command_date_and_load(name: str) -> None:
     else:  # an experiment of experiments/, by its module
         assert words[:2] == ["python", "-m"] and words[2].startswith("experiments.")
         assert (ROOT / (words[2].replace(".", "/") + ".py")).is_file()
-    start = record["load-average"]["start"]  # None only where the header was written after the run, and said so
-    assert (len(start) == 3 if start is not None else "not sampled" in record["note"])
+    start = record["load-average"][
+        "start"
+    ]  # None only where the header was written after the run, and said so
+    assert len(start) == 3 if start is not None else "not sampled" in record["note"]
     assert len(record["load-average"]["end"]) == 3
     assert record["cpus"] >= 1 and record["date"][:2] == "20" and record["seconds"] >= 0
 
@@ -56,13 +66,17 @@ def test_every_record_names_its_command_date_and_load(name: str) -> None:
 def test_a_changed_figure_is_caught_and_rewritten(tmp_path: Path) -> None:
     doc = tmp_path / "doc.md"
     body = render_bench.render("pruning", ["pruning.json"])
-    doc.write_text(f"intro\n\n<!-- bench:pruning pruning.json -->\n{body}\n<!-- /bench:pruning -->\n\nafter\n")
+    doc.write_text(
+        f"intro\n\n<!-- bench:pruning pruning.json -->\n{body}\n<!-- /bench:pruning -->\n\nafter\n"
+    )
     assert render_bench.check([doc]) == []
     first_figure = body.split("\n")[2].split("|")[2]  # sparsegpt's total seconds
     doc.write_text(doc.read_text().replace(first_figure, " 0.5 ", 1))
     assert len(render_bench.check([doc])) == 1
     render_bench.check([doc], write=True)
-    assert render_bench.check([doc]) == [] and doc.read_text().endswith("<!-- /bench:pruning -->\n\nafter\n")
+    assert render_bench.check([doc]) == [] and doc.read_text().endswith(
+        "<!-- /bench:pruning -->\n\nafter\n"
+    )
 
 
 def test_a_block_without_its_closing_marker_is_refused() -> None:
@@ -71,13 +85,24 @@ def test_a_block_without_its_closing_marker_is_refused() -> None:
 
 
 def _record(**fields: object) -> dict[str, object]:
-    return {"command": "python -m experiments.x", "date": "2026-11-25 06:00:00", "cpus": 2,
-            "load-average": {"start": [1.0, 1.0, 1.0], "end": [3.0, 2.0, 1.0]}, **fields}
+    return {
+        "command": "python -m experiments.x",
+        "date": "2026-11-25 06:00:00",
+        "cpus": 2,
+        "load-average": {"start": [1.0, 1.0, 1.0], "end": [3.0, 2.0, 1.0]},
+        **fields,
+    }
 
 
 def test_overhead_rendering_computes_ratios_and_overhead() -> None:
-    rec = _record(clients=4, steps=5, flwr="1.42.0", flower={"total": 200.0, "startup": 20.0, "rounds": [50, 33, 33]},
-                  plain={"total": 100.0, "rounds": [40, 30, 30]}, **{"steady-round": {"flower": 33.0, "plain": 30.0}})
+    rec = _record(
+        clients=4,
+        steps=5,
+        flwr="1.42.0",
+        flower={"total": 200.0, "startup": 20.0, "rounds": [50, 33, 33]},
+        plain={"total": 100.0, "rounds": [40, 30, 30]},
+        **{"steady-round": {"flower": 33.0, "plain": 30.0}},
+    )
     text = render_bench.overhead([rec])
     assert "| wall time, whole job | 200.0 s | 100.0 s | 2.00 |" in text
     assert "| round 1 (actors load the model) | 50.0 s | 40.0 s | 1.25 |" in text
@@ -85,9 +110,12 @@ def test_overhead_rendering_computes_ratios_and_overhead() -> None:
     assert "**+10.0%**" in text and "load average 1.0 → 3.0 on 2 cores" in text
 
 
-def test_saved_masks_kept_ratio_counts_the_kept_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """An archived NOC run's deterministic kept ratio equals counting, in the real model, the weights each mask
-    keeps: q/k/v/gate/up columns of the input lane, o/down rows of the output lane."""
+def test_saved_masks_kept_ratio_counts_the_kept_weights(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """An archived NOC run's deterministic kept ratio equals counting, in the real model, the
+    weights each mask keeps: q/k/v/gate/up columns of the input lane, o/down rows of the output
+    lane."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     layers, d = model.config.num_hidden_layers, model.config.hidden_size
     rng = np.random.default_rng(0)
@@ -99,42 +127,77 @@ def test_saved_masks_kept_ratio_counts_the_kept_weights(tiny_model_dir: Path, tm
     kept = total = 0
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        for lin, mask, dim in ((attn.q_proj, "attn-in", 1), (attn.k_proj, "attn-in", 1), (attn.v_proj, "attn-in", 1),
-                               (attn.o_proj, "attn-out", 0), (mlp.gate_proj, "ffn-in", 1), (mlp.up_proj, "ffn-in", 1),
-                               (mlp.down_proj, "ffn-out", 0)):
+        for lin, mask, dim in (
+            (attn.q_proj, "attn-in", 1),
+            (attn.k_proj, "attn-in", 1),
+            (attn.v_proj, "attn-in", 1),
+            (attn.o_proj, "attn-out", 0),
+            (mlp.gate_proj, "ffn-in", 1),
+            (mlp.up_proj, "ffn-in", 1),
+            (mlp.down_proj, "ffn-out", 0),
+        ):
             lane = torch.from_numpy(masks[mask][i])
             kept += lin.weight.index_select(dim, lane.nonzero().flatten()).numel()
             total += lin.weight.numel()
     assert saved_kept(run) == pytest.approx(kept / total, rel=1e-9)
     masks_other = dict(masks, **{"attn-in": ~masks["attn-in"]})
-    np.savez(run / "masks.npz", **{f"client-{k}/{n}": m for k, ms in ((0, masks), (1, masks_other))
-                                   for n, m in ms.items()})
+    np.savez(
+        run / "masks.npz",
+        **{f"client-{k}/{n}": m for k, ms in ((0, masks), (1, masks_other)) for n, m in ms.items()},
+    )
     with pytest.raises(SystemExit, match="not a NOC run"):
         saved_kept(run)
 
 
 def test_unknown_kind_or_missing_record_is_reported(tmp_path: Path) -> None:
     doc = tmp_path / "doc.md"
-    doc.write_text("<!-- bench:nosuch pruning.json -->\n<!-- /bench:nosuch -->\n"
-                   "<!-- bench:pruning no-such-record.json -->\n<!-- /bench:pruning -->\n")
+    doc.write_text(
+        "<!-- bench:nosuch pruning.json -->\n<!-- /bench:nosuch -->\n"
+        "<!-- bench:pruning no-such-record.json -->\n<!-- /bench:pruning -->\n"
+    )
     problems = render_bench.check([doc])
-    assert len(problems) == 2 and "unknown bench kind" in problems[1] and "record missing" in problems[0]
+    assert (
+        len(problems) == 2
+        and "unknown bench kind" in problems[1]
+        and "record missing" in problems[0]
+    )
 
 
 def test_the_speed_goal_is_decided_by_the_whole_interval() -> None:
     def row(point: float, lo: float, hi: float) -> dict[str, float]:
-        return {"prefill-of-ceiling": point, "prefill-of-ceiling-lo": lo, "prefill-of-ceiling-hi": hi}
+        return {
+            "prefill-of-ceiling": point,
+            "prefill-of-ceiling-lo": lo,
+            "prefill-of-ceiling-hi": hi,
+        }
 
     assert render_bench.goal_verdict(row(0.97, 0.951, 0.99), "prefill") == "held"
-    assert render_bench.goal_verdict(row(0.96, 0.93, 0.99), "prefill") == "unresolved"  # straddles 0.95
+    assert (
+        render_bench.goal_verdict(row(0.96, 0.93, 0.99), "prefill") == "unresolved"
+    )  # straddles 0.95
     assert render_bench.goal_verdict(row(0.90, 0.86, 0.949), "prefill") == "not held"
-    assert render_bench.goal_verdict({"prefill-of-ceiling": 0.99}, "prefill") == ""  # no interval: no verdict
+    assert (
+        render_bench.goal_verdict({"prefill-of-ceiling": 0.99}, "prefill") == ""
+    )  # no interval: no verdict
 
 
 def test_the_attainable_share_removes_index_ops_and_slow_products_only() -> None:
-    """By hand: dense 100 ms (products 60 at 100 GF/s); the model's products 40 ms at 80 GF/s (32 ms at the dense
-    rate), 5 ms of gathers, 20 other: bound 32 + 20 = 52 ms, 100 / 52 = 1.923×, of a 2× ceiling 0.962."""
-    breakdown = {"dense": {"projections": 60.0, "projections GF/s": 100.0, "gather/scatter": 0.0, "total": 100.0},
-                 "keep 0.5": {"projections": 40.0, "projections GF/s": 80.0, "gather/scatter": 5.0, "total": 65.0}}
+    """By hand: dense 100 ms (products 60 at 100 GF/s); the model's products 40 ms at 80 GF/s (32 ms
+    at the dense rate), 5 ms of gathers, 20 other: bound 32 + 20 = 52 ms, 100 / 52 = 1.923×, of a 2×
+    ceiling 0.962."""
+    breakdown = {
+        "dense": {
+            "projections": 60.0,
+            "projections GF/s": 100.0,
+            "gather/scatter": 0.0,
+            "total": 100.0,
+        },
+        "keep 0.5": {
+            "projections": 40.0,
+            "projections GF/s": 80.0,
+            "gather/scatter": 5.0,
+            "total": 65.0,
+        },
+    }
     assert render_bench.attainable_share(breakdown, "keep 0.5", 2.0) == pytest.approx(100 / 52 / 2)
     assert render_bench.attainable_share(breakdown, "dense", 1.0) == pytest.approx(1.0)

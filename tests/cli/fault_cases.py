@@ -29,8 +29,10 @@ BASE = "client-data='{tmp}/d.jsonl,{tmp}/d.jsonl' output-dir='{tmp}/out' server-
 
 def questions(n: int, label: Callable[[int], object] = lambda i: i % 3) -> list[dict[str, object]]:
     """n three-choice questions."""
-    return [{"question": f"Which is {i}?", "choices": ["a", "b", "c"], "label": label(i)}
-            for i in range(n)]
+    return [
+        {"question": f"Which is {i}?", "choices": ["a", "b", "c"], "label": label(i)}
+        for i in range(n)
+    ]
 
 
 def write_jsonl(path: Path, records: list[object]) -> Path:
@@ -60,87 +62,197 @@ def _read_only(tmp: Path) -> None:
     (tmp / "file").write_text("not a directory")
 
 
-def _checkpoint(tmp: Path, state: dict[str, object]) -> None:
-    """A run directory of the smoke preset on `BASE` whose checkpoint state file holds `state`."""
+def _checkpoint(
+    tmp: Path,
+    state: dict[str, object],
+    keys: str = "",
+    run_name: str = "20260101-000000-fedit-smoke",
+) -> None:
+    """A run directory of the smoke preset on `BASE` (and `keys`) whose checkpoint state file
+    holds `state`."""
     from fedprune_app.core.config import RunConfig
     from fedprune_app.core.statefile import write_state
     from fedprune_cli.launch import merged_config
 
-    values = merged_config(ROOT, [str(ROOT / "conf" / "smoke.toml"), BASE.format(tmp=tmp)])
-    run = tmp / "out" / "20260101-000000-fedit-smoke"
+    values = merged_config(ROOT, [str(ROOT / "conf" / "smoke.toml"), BASE.format(tmp=tmp), keys])
+    run = tmp / "out" / run_name
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(RunConfig.from_flower(values).to_dict()))
     write_state(run / "checkpoint" / "state.safetensors", {"run-key": run.name, **state})
 
 
+def lora_of_rank(rank: int) -> dict[str, np.ndarray]:
+    """FedIT's global LoRA on the embedded model at `rank`, named as peft names it (the smoke
+    preset's `lora-target-modules` q_proj and v_proj), with shapes from its config.json alone."""
+    from fedprune_cli.preflight import model_config_dir
+
+    directory = model_config_dir("embedded")
+    assert directory is not None, "the embedded model is not converted yet"
+    config = json.loads((directory / "config.json").read_text())
+    d, head = config["hidden_size"], config["head_dim"]
+    outputs = {
+        "q_proj": config["num_attention_heads"] * head,
+        "v_proj": config["num_key_value_heads"] * head,
+    }
+    arrays = {}
+    for layer in range(config["num_hidden_layers"]):
+        for name, out in outputs.items():
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{name}."
+            arrays[prefix + "lora_A.weight"] = np.zeros((rank, d), np.float32)
+            arrays[prefix + "lora_B.weight"] = np.zeros((out, rank), np.float32)
+    return arrays
+
+
+def sliced_checkpoint(tmp: Path) -> None:
+    """A SliceGPT run's checkpoint after round 1 on the embedded model: bases 8 wide at every
+    point (in the arrays and the strategy state) beside FedIT's dense LoRA, which does not fit
+    them."""
+    bases = {f"slicegpt-basis.{p}": np.zeros((576, 8), np.float32) for p in range(61)}
+    _checkpoint(
+        tmp,
+        {"round": 1, "strategy": {"bases": bases}, "arrays": bases | lora_of_rank(16)},
+        keys="method='slicegpt'",
+        run_name="20260101-000000-slicegpt-smoke",
+    )
+
+
 BAD_INPUTS: list[BadInput] = [
-    BadInput("NaN in a float key", "learning-rate=nan",
-             "run-config key 'learning-rate' must be a finite float (a float in [0, inf]), "
-             "got nan"),
-    BadInput("inf in a float key", "fraction-train=inf",
-             "run-config key 'fraction-train' must be a finite float (a float in [0, 1]), got inf"),
-    BadInput("NaN in a fraction", "fraction-train=nan",
-             "run-config key 'fraction-train' must be a finite float (a float in [0, 1]), got nan"),
-    BadInput("a label at or above the number of choices",
-             "client-data='{tmp}/bad.jsonl,{data}'",
-             "run-config key 'client-data': {tmp}/bad.jsonl line 1: data source "
-             "'{tmp}/bad.jsonl': label 7 is not the index of one of its 3 choices; label|answer "
-             "must be an int in [0, 3)",
-             setup=lambda tmp: write_jsonl(tmp / "bad.jsonl", questions(40, lambda i: 7))),
-    BadInput("a negative label", "client-data='{tmp}/bad.jsonl,{data}'",
-             "run-config key 'client-data': {tmp}/bad.jsonl line 2: data source "
-             "'{tmp}/bad.jsonl': label -1 is not the index of one of its 3 choices",
-             setup=lambda tmp: write_jsonl(tmp / "bad.jsonl",
-                                           questions(40, lambda i: -1 if i else 0))),
-    BadInput("a data file that is not UTF-8", "client-data='{tmp}/latin1.jsonl,{data}'",
-             "run-config key 'client-data': {tmp}/latin1.jsonl line 2 is not UTF-8 text (byte "
-             "0xe9 at column 14); save the file as UTF-8",
-             setup=lambda tmp: _bytes(tmp / "latin1.jsonl",
-                                      b'{"text": "a"}\n{"text": "caf\xe9"}\n')),
-    BadInput("an empty data file", "client-data='{tmp}/empty.jsonl,{data}'",
-             "run-config key 'client-data': {tmp}/empty.jsonl is empty (no non-blank line)",
-             setup=lambda tmp: _bytes(tmp / "empty.jsonl", b"\n\n")),
-    BadInput("test-examples above what a source holds", "test-examples=100000",
-             "run-config key 'client-data': data source '{data}' has 40 examples, fewer than "
-             "test-examples + val-examples + 1 = 100005; lower test-examples / val-examples"),
-    BadInput("test-examples above an embedded source",
-             "client-data='bigbench:logical_deduction/three_objects,bigbench:social_iqa' "
-             "test-examples=400",
-             "run-config key 'client-data': data source 'bigbench:logical_deduction/three_objects' "
-             "has 300 examples, fewer than test-examples + val-examples + 1 = 405"),
-    BadInput("a checkpoint of the wrong type",
-             "resume-from='{tmp}/out/20260101-000000-fedit-smoke' output-dir='{tmp}/out'",
-             "run-config key 'resume-from': {tmp}/out/20260101-000000-fedit-smoke/checkpoint/"
-             "state.safetensors is not a checkpoint of this version: 'round' must be an int >= 0, "
-             "got 'one'",
-             setup=lambda tmp: _checkpoint(tmp, {"round": "one", "arrays": {}, "strategy": {}})),
-    BadInput("a checkpoint holding NaN",
-             "resume-from='{tmp}/out/20260101-000000-fedit-smoke' output-dir='{tmp}/out'",
-             "run-config key 'resume-from': {tmp}/out/20260101-000000-fedit-smoke/checkpoint/"
-             "state.safetensors is not a checkpoint of this version: array 'w' holds NaN or "
-             "infinite values",
-             setup=lambda tmp: _checkpoint(tmp, {"round": 1, "strategy": {},
-                                                 "arrays": {"w": np.full(2, np.nan, np.float32)}})),
-    BadInput("an output-dir that cannot be written", "output-dir='{tmp}/file/runs'",
-             "run-config key 'output-dir' must be a directory this user can write; "
-             "{tmp}/file/runs: Not a directory", setup=_read_only),
-    BadInput("target modules the model does not have", "lora-target-modules='q_proj,query'",
-             "run-config key 'lora-target-modules': the model 'embedded' has no linear layer named "
-             "'query'; its linear layers are down_proj, gate_proj, k_proj, lm_head, o_proj, "
-             "q_proj, up_proj, v_proj"),
-    BadInput("an unknown federation key", "",
-             "--federation-config key(s) 'num-clients' unknown to Flower; allowed: "
-             "num-supernodes, client-resources-num-cpus", federation="num-clients=2"),
-    BadInput("a federation value of the wrong type", "",
-             "--federation-config key 'client-resources-num-cpus' must be an int >= 0, got 0.5",
-             federation="num-supernodes=2 client-resources-num-cpus=0.5"),
-    BadInput("more CPUs per client than the machine has", "",
-             "--federation-config key 'client-resources-num-cpus' is 4096 but Ray has ",
-             federation="num-supernodes=2 client-resources-num-cpus=4096"),
-    BadInput("a GPU per client on a machine without one", "",
-             "--federation-config key 'client-resources-num-gpus' is 1 but Ray has 0 (this "
-             "machine's GPUs)",
-             federation="num-supernodes=2 client-resources-num-gpus=1"),
+    BadInput(
+        "NaN in a float key",
+        "learning-rate=nan",
+        "run-config key 'learning-rate' must be a finite float (a float in [0, inf]), got nan",
+    ),
+    BadInput(
+        "inf in a float key",
+        "fraction-train=inf",
+        "run-config key 'fraction-train' must be a finite float (a float in [0, 1]), got inf",
+    ),
+    BadInput(
+        "NaN in a fraction",
+        "fraction-train=nan",
+        "run-config key 'fraction-train' must be a finite float (a float in [0, 1]), got nan",
+    ),
+    BadInput(
+        "a label at or above the number of choices",
+        "client-data='{tmp}/bad.jsonl,{data}'",
+        "run-config key 'client-data': {tmp}/bad.jsonl line 1: data source "
+        "'{tmp}/bad.jsonl': label 7 is not the index of one of its 3 choices; label|answer "
+        "must be an int in [0, 3)",
+        setup=lambda tmp: write_jsonl(tmp / "bad.jsonl", questions(40, lambda i: 7)),
+    ),
+    BadInput(
+        "a negative label",
+        "client-data='{tmp}/bad.jsonl,{data}'",
+        "run-config key 'client-data': {tmp}/bad.jsonl line 2: data source "
+        "'{tmp}/bad.jsonl': label -1 is not the index of one of its 3 choices",
+        setup=lambda tmp: write_jsonl(tmp / "bad.jsonl", questions(40, lambda i: -1 if i else 0)),
+    ),
+    BadInput(
+        "a data file that is not UTF-8",
+        "client-data='{tmp}/latin1.jsonl,{data}'",
+        "run-config key 'client-data': {tmp}/latin1.jsonl line 2 is not UTF-8 text (byte "
+        "0xe9 at column 14); save the file as UTF-8",
+        setup=lambda tmp: _bytes(tmp / "latin1.jsonl", b'{"text": "a"}\n{"text": "caf\xe9"}\n'),
+    ),
+    BadInput(
+        "an empty data file",
+        "client-data='{tmp}/empty.jsonl,{data}'",
+        "run-config key 'client-data': {tmp}/empty.jsonl is empty (no non-blank line)",
+        setup=lambda tmp: _bytes(tmp / "empty.jsonl", b"\n\n"),
+    ),
+    BadInput(
+        "test-examples above what a source holds",
+        "test-examples=100000",
+        "run-config key 'client-data': data source '{data}' has 40 examples, fewer than "
+        "test-examples + val-examples + 1 = 100005; lower test-examples / val-examples",
+    ),
+    BadInput(
+        "test-examples above an embedded source",
+        "client-data='bigbench:logical_deduction/three_objects,bigbench:social_iqa' "
+        "test-examples=400",
+        "run-config key 'client-data': data source 'bigbench:logical_deduction/three_objects' "
+        "has 300 examples, fewer than test-examples + val-examples + 1 = 405",
+    ),
+    BadInput(
+        "a checkpoint of the wrong type",
+        "resume-from='{tmp}/out/20260101-000000-fedit-smoke' output-dir='{tmp}/out'",
+        "run-config key 'resume-from': {tmp}/out/20260101-000000-fedit-smoke/checkpoint/"
+        "state.safetensors is not a checkpoint of this version: 'round' must be an int >= 0, "
+        "got 'one'",
+        setup=lambda tmp: _checkpoint(tmp, {"round": "one", "arrays": {}, "strategy": {}}),
+    ),
+    BadInput(
+        "a checkpoint holding NaN",
+        "resume-from='{tmp}/out/20260101-000000-fedit-smoke' output-dir='{tmp}/out'",
+        "run-config key 'resume-from': {tmp}/out/20260101-000000-fedit-smoke/checkpoint/"
+        "state.safetensors is not a checkpoint of this version: array 'w' holds NaN or "
+        "infinite values",
+        setup=lambda tmp: _checkpoint(
+            tmp, {"round": 1, "strategy": {}, "arrays": {"w": np.full(2, np.nan, np.float32)}}
+        ),
+    ),
+    BadInput(
+        "a checkpoint of another LoRA rank (its config.json edited to match)",
+        "resume-from='{tmp}/out/20260101-000000-fedit-smoke' output-dir='{tmp}/out' "
+        "num-server-rounds=2",
+        "run-config key 'resume-from': {tmp}/out/20260101-000000-fedit-smoke/checkpoint/"
+        "state.safetensors does not fit what method 'fedit' builds for model 'embedded' with "
+        "this run config: array "
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight "
+        "has shape (8, 576), expected (16, 576)",
+        setup=lambda tmp: _checkpoint(tmp, {"round": 1, "strategy": {}, "arrays": lora_of_rank(8)}),
+    ),
+    BadInput(
+        "a SliceGPT checkpoint whose LoRA does not fit the bases it records",
+        "method='slicegpt' resume-from='{tmp}/out/20260101-000000-slicegpt-smoke' "
+        "output-dir='{tmp}/out' num-server-rounds=2",
+        "run-config key 'resume-from': {tmp}/out/20260101-000000-slicegpt-smoke/checkpoint/"
+        "state.safetensors does not fit what method 'slicegpt' builds for model 'embedded' "
+        "with this run config: array "
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight "
+        "has shape (16, 576), expected (16, 8)",
+        setup=sliced_checkpoint,
+    ),
+    BadInput(
+        "an output-dir that cannot be written",
+        "output-dir='{tmp}/file/runs'",
+        "run-config key 'output-dir' must be a directory this user can write; "
+        "{tmp}/file/runs: Not a directory",
+        setup=_read_only,
+    ),
+    BadInput(
+        "target modules the model does not have",
+        "lora-target-modules='q_proj,query'",
+        "run-config key 'lora-target-modules': the model 'embedded' has no linear layer named "
+        "'query'; its linear layers are down_proj, gate_proj, k_proj, lm_head, o_proj, "
+        "q_proj, up_proj, v_proj",
+    ),
+    BadInput(
+        "an unknown federation key",
+        "",
+        "--federation-config key(s) 'num-clients' unknown to Flower; allowed: "
+        "num-supernodes, client-resources-num-cpus",
+        federation="num-clients=2",
+    ),
+    BadInput(
+        "a federation value of the wrong type",
+        "",
+        "--federation-config key 'client-resources-num-cpus' must be an int >= 0, got 0.5",
+        federation="num-supernodes=2 client-resources-num-cpus=0.5",
+    ),
+    BadInput(
+        "more CPUs per client than the machine has",
+        "",
+        "--federation-config key 'client-resources-num-cpus' is 4096 but Ray has ",
+        federation="num-supernodes=2 client-resources-num-cpus=4096",
+    ),
+    BadInput(
+        "a GPU per client on a machine without one",
+        "",
+        "--federation-config key 'client-resources-num-gpus' is 1 but Ray has 0 (this "
+        "machine's GPUs)",
+        federation="num-supernodes=2 client-resources-num-gpus=1",
+    ),
 ]
 
 
@@ -157,39 +269,87 @@ class Fault:
 E2E = "tests/cli/test_end_to_end.py"
 LAUNCH = "tests/cli/test_launch.py"
 FAULTS: list[Fault] = [
-    Fault("a client whose data breaks every message (preflight off)",
-          "the run completes on the others; its results.md row `1 ⚠ stale: never scored, failed in "
-          "round 0, 1, 2`; last line `the run completed, but 5 client replies were left out ...: "
-          "client 1 (failed)`; exit 0", "at the end", E2E),
-    Fault("a client that fails some rounds", "its row `⚠ failed in round 1` or `⚠ stale: no score "
-          "after round 0` with `failed` in the tuned cells, never its untouched scores; means "
-          "`(2 of 4)`", "at the end", "tests/core/test_results.py"),
-    Fault("a SIGKILLed Ray worker (ClientApp actor)", "Flower 1.42 never replaces it: the messages "
-          "it gets fail; the run completes on the others, results.md marks the rows, the last line "
-          "counts them; `--strict` exits 1", "at the end", E2E + " (slow)"),
-    Fault("`--strict` and a left-out reply", "last line `the run fails with --strict, but ...`; "
-          "exit 1", "at the end", LAUNCH),
-    Fault("a malformed reply (NaN, inf, 3e38, int32, wrong shape, bad count or mask)",
-          "rejected with its reason in metrics.jsonl; the round aggregates the others",
-          "in the round", "tests/conformance/test_bad_replies.py"),
-    Fault("SIGTERM to `fedprune run` after a checkpoint", "everything it started stopped; "
-          "summary.json `interrupted`; last line `stopped by SIGTERM; run directory ...; continue "
-          "it with: fedprune run ... resume-from=...`; exit 143", "≤ 60",
-          E2E + " (slow), " + LAUNCH),
-    Fault("Ctrl-C (SIGINT) to `fedprune run`", "the same, `stopped by Ctrl-C (SIGINT)`; exit 130",
-          "≤ 60", E2E + " (slow), " + LAUNCH),
+    Fault(
+        "a client whose data breaks every message (preflight off)",
+        "the run completes on the others; its results.md row `1 ⚠ stale: never scored, failed in "
+        "round 0, 1, 2`; last line `the run completed, but 5 client replies were left out ...: "
+        "client 1 (failed)`; exit 0",
+        "at the end",
+        E2E,
+    ),
+    Fault(
+        "a client that fails some rounds",
+        "its row `⚠ failed in round 1` or `⚠ stale: no score "
+        "after round 0` with `failed` in the tuned cells, never its untouched scores; means "
+        "`(2 of 4)`",
+        "at the end",
+        "tests/core/test_results.py",
+    ),
+    Fault(
+        "a SIGKILLed Ray worker (ClientApp actor)",
+        "Flower 1.42 never replaces it: the messages "
+        "it gets fail; the run completes on the others, results.md marks the rows, the last line "
+        "counts them; `--strict` exits 1",
+        "at the end",
+        E2E + " (slow)",
+    ),
+    Fault(
+        "`--strict` and a left-out reply",
+        "last line `the run fails with --strict, but ...`; exit 1",
+        "at the end",
+        LAUNCH,
+    ),
+    Fault(
+        "a malformed reply (NaN, inf, 3e38, int32, wrong shape, bad count or mask)",
+        "rejected with its reason in metrics.jsonl; the round aggregates the others",
+        "in the round",
+        "tests/conformance/test_bad_replies.py",
+    ),
+    Fault(
+        "SIGTERM to `fedprune run` after a checkpoint",
+        "everything it started stopped; "
+        "summary.json `interrupted`; last line `stopped by SIGTERM; run directory ...; continue "
+        "it with: fedprune run ... resume-from=...`; exit 143",
+        "≤ 60",
+        E2E + " (slow), " + LAUNCH,
+    ),
+    Fault(
+        "Ctrl-C (SIGINT) to `fedprune run`",
+        "the same, `stopped by Ctrl-C (SIGINT)`; exit 130",
+        "≤ 60",
+        E2E + " (slow), " + LAUNCH,
+    ),
     Fault("`--timeout` reached", "the same, `stopped by its --timeout`; exit 124", "≤ 60", LAUNCH),
-    Fault("the launcher's parent exits (`timeout make run`)", "the launcher stops as on SIGTERM",
-          "≤ 1 + the above", LAUNCH),
-    Fault("a signal before the first checkpoint", "`... holds no checkpoint; start the run again`; "
-          "summary.json `interrupted`", "≤ 60", LAUNCH),
-    Fault("two identical launches at once", "each prints its own run directory (by Flower run id), "
-          "never the other's", "–", LAUNCH),
-    Fault("40 run directories created at once", "40 distinct directories, no `FileExistsError`",
-          "–", LAUNCH),
-    Fault("plain `flwr run .` without the Makefile's variables, no network",
-          "Flower's `uv sync` installs nothing (pyproject `[tool.uv]`); the run completes offline",
-          "uv sync < 10", "tests/cli/test_flwr_plain.py (the run: slow)"),
+    Fault(
+        "the launcher's parent exits (`timeout make run`)",
+        "the launcher stops as on SIGTERM",
+        "≤ 1 + the above",
+        LAUNCH,
+    ),
+    Fault(
+        "a signal before the first checkpoint",
+        "`... holds no checkpoint; start the run again`; summary.json `interrupted`",
+        "≤ 60",
+        LAUNCH,
+    ),
+    Fault(
+        "two identical launches at once",
+        "each prints its own run directory (by Flower run id), never the other's",
+        "–",
+        LAUNCH,
+    ),
+    Fault(
+        "40 run directories created at once",
+        "40 distinct directories, no `FileExistsError`",
+        "–",
+        LAUNCH,
+    ),
+    Fault(
+        "plain `flwr run .` without the Makefile's variables, no network",
+        "Flower's `uv sync` installs nothing (pyproject `[tool.uv]`); the run completes offline",
+        "uv sync < 10",
+        "tests/cli/test_flwr_plain.py (the run: slow)",
+    ),
 ]
 
 
@@ -198,8 +358,10 @@ def render_table() -> str:
     rows = ["| fault or bad input | what the user sees | seconds | test |", "|---|---|---|---|"]
     for case in BAD_INPUTS:
         seen = case.expected.replace("{tmp}/", "").replace("{data}", "d.jsonl").replace("|", "\\|")
-        rows.append(f"| {case.what} | `error: {seen}…` (exit 2, nothing started) | "
-                    f"≤ {REFUSAL_SECONDS:g} | `tests/cli/test_bad_inputs.py` |")
+        rows.append(
+            f"| {case.what} | `error: {seen}…` (exit 2, nothing started) | "
+            f"≤ {REFUSAL_SECONDS:g} | `tests/cli/test_bad_inputs.py` |"
+        )
     for fault in FAULTS:
         rows.append(f"| {fault.what} | {fault.sees} | {fault.seconds} | `{fault.test}` |")
     return "\n".join([BEGIN, *rows, END])
@@ -208,7 +370,7 @@ def render_table() -> str:
 def doc_table(text: str) -> str:
     """The generated table in a doc's text ('' when it has none)."""
     start, end = text.find(BEGIN), text.find(END)
-    return text[start:end + len(END)] if start >= 0 and end > start else ""
+    return text[start : end + len(END)] if start >= 0 and end > start else ""
 
 
 def main(argv: list[str]) -> int:

@@ -5,6 +5,7 @@ is that list."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,8 +36,11 @@ def _arguments(case: BadInput, tmp: Path) -> tuple[list[str], str]:
 
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=[c.what for c in BAD_INPUTS])
 def test_a_bad_input_is_refused_in_one_line_before_anything_starts(
-        case: BadInput, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    case: BadInput,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     never = lambda *a, **k: pytest.fail("nothing may start")  # noqa: E731
     monkeypatch.setattr(launch.subprocess, "run", never)
     monkeypatch.setattr(launch.subprocess, "Popen", never)
@@ -53,17 +57,30 @@ def test_a_bad_input_is_refused_in_one_line_before_anything_starts(
 
 
 def test_the_command_line_refuses_in_seconds_and_starts_no_process(tmp_path: Path) -> None:
-    """A fresh `python -m fedprune_cli.main run` (its imports included) with a NaN learning rate
-    and with more CPUs than the machine has: exit 2, the one line, and no process left or started
-    with its environment (no SuperLink, no Ray)."""
-    for case in (BAD_INPUTS[0], next(c for c in BAD_INPUTS if "more CPUs" in c.what)):
+    """A fresh `python -m fedprune_cli.main run` (its imports included) with a NaN learning rate,
+    with more CPUs than the machine has and with a checkpoint of another LoRA rank: exit 2, the one
+    line, and no process left or started with its environment (no SuperLink, no Ray)."""
+    picked = [
+        BAD_INPUTS[0],
+        *(c for c in BAD_INPUTS if "more CPUs" in c.what or "LoRA rank" in c.what),
+    ]
+    assert len(picked) == 3
+    for case in picked:
+        for leftover in tmp_path.iterdir():  # each case writes its own files
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         args, expected = _arguments(case, tmp_path)
         marker = f"FEDPRUNE_TEST_MARKER={uuid.uuid4().hex}"
         name, value = marker.split("=")
         env = {**os.environ, "PYTHONPATH": str(fault_cases.ROOT), name: value}
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "fedprune_cli.main", *args], env=env,
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        done = subprocess.run(
+            [sys.executable, "-m", "fedprune_cli.main", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
         seconds = time.perf_counter() - start
         assert done.returncode == 2 and done.stderr.splitlines() == [done.stderr.strip()]
         assert done.stderr.startswith(expected), done.stderr

@@ -14,14 +14,30 @@ from fedprune_cli.compare import compare, compare_pooled
 from fedprune_cli.main import main
 
 
-def write_run(path: Path, per_client: dict[int, tuple[list[float], list[float], list[int]]],
-              model: str = "final") -> Path:
-    """A rescore.json as fedprune_cli/rescore_accuracy.py writes it: {client: (acc, nll, tokens)}."""
+def write_run(
+    path: Path,
+    per_client: dict[int, tuple[list[float], list[float], list[int]]],
+    model: str = "final",
+) -> Path:
+    """A rescore.json as fedprune_cli/rescore_accuracy.py writes it: {client: (acc, nll,
+    tokens)}."""
     path.mkdir(parents=True)
-    models = {model: {str(k): {"acc": acc, "acc_norm": acc, "nll": nll, "tokens": tokens}
-                      for k, (acc, nll, tokens) in per_client.items()}}
-    (path / "rescore.json").write_text(json.dumps({"per-source": 10, "clients": [str(k) for k in per_client],
-                                                   "models": models, "seconds": 1.0}))
+    models = {
+        model: {
+            str(k): {"acc": acc, "acc_norm": acc, "nll": nll, "tokens": tokens}
+            for k, (acc, nll, tokens) in per_client.items()
+        }
+    }
+    (path / "rescore.json").write_text(
+        json.dumps(
+            {
+                "per-source": 10,
+                "clients": [str(k) for k in per_client],
+                "models": models,
+                "seconds": 1.0,
+            }
+        )
+    )
     return path
 
 
@@ -49,7 +65,9 @@ def test_perplexities_and_accuracy_deltas_match_brute_force(tmp_path: Path) -> N
 def test_a_dense_reference_and_mismatched_examples(tmp_path: Path) -> None:
     a = write_run(tmp_path / "a", {0: client(0, 0.0)})
     dense = write_run(tmp_path / "b", {0: client(0, 0.0)}, model="dense")
-    line = compare(a, dense, "dense")[0]  # the same answers, read from B's `dense` model: Δ exactly 0
+    line = compare(a, dense, "dense")[
+        0
+    ]  # the same answers, read from B's `dense` model: Δ exactly 0
     assert "**held**" in line and "Δ +0.00 [0.00, 0.00], n = 40" in line
     with pytest.raises(SystemExit, match="no re-scored answers"):
         compare(a, dense)  # B has no final models
@@ -59,7 +77,8 @@ def test_a_dense_reference_and_mismatched_examples(tmp_path: Path) -> None:
 
 
 def with_digests(run: Path, digests: dict[int, str]) -> Path:
-    """Give run's rescore.json the per-client question digests fedprune_cli/rescore_accuracy.py writes."""
+    """Give run's rescore.json the per-client question digests fedprune_cli/rescore_accuracy.py
+    writes."""
     record = json.loads((run / "rescore.json").read_text())
     record["clients"] = {str(k): {"questions": d} for k, d in digests.items()}
     (run / "rescore.json").write_text(json.dumps(record))
@@ -72,12 +91,16 @@ def test_runs_scored_on_different_questions_are_refused(tmp_path: Path) -> None:
     same = with_digests(write_run(tmp_path / "same", scores), {0: "q0", 1: "q1"})
     assert "Δ +0.00 [0.00, 0.00]" in compare(a, same)[0]
     other = with_digests(write_run(tmp_path / "other", scores), {0: "q0", 1: "another draw"})
-    with pytest.raises(SystemExit, match=r"client\(s\) \[1\] were re-scored on different questions"):
+    with pytest.raises(
+        SystemExit, match=r"client\(s\) \[1\] were re-scored on different questions"
+    ):
         compare(a, other)
     # records without digests (before 2026-11-28): the split keys of the two run configs decide
     old_a, old_b = write_run(tmp_path / "old-a", scores), write_run(tmp_path / "old-b", scores)
     for run, seed in ((old_a, 0), (old_b, 0)):
-        (run / "config.json").write_text(json.dumps({"seed": seed, "client-data": "x,y", "lora-rank": seed + 4}))
+        (run / "config.json").write_text(
+            json.dumps({"seed": seed, "client-data": "x,y", "lora-rank": seed + 4})
+        )
     compare(old_a, old_b)  # same splits, another training key: paired
     (old_b / "config.json").write_text(json.dumps({"seed": 1, "client-data": "x,y"}))
     with pytest.raises(SystemExit, match="seed differ"):
@@ -85,16 +108,31 @@ def test_runs_scored_on_different_questions_are_refused(tmp_path: Path) -> None:
 
 
 def test_pairs_pool_by_their_means_and_the_interval_holds_their_spread(tmp_path: Path) -> None:
-    """Two seed replicates: the pooled Δ is the mean of the pairs' Δ (brute force), n counts both, and when the
-    pairs disagree (A above B in one, below in the other, each decisively) the pooled interval holds both."""
-    up = (write_run(tmp_path / "a1", {0: client(0, 1.0)}), write_run(tmp_path / "b1", {0: client(0, 0.0)}))
-    down = (write_run(tmp_path / "a2", {0: client(1, 0.0)}), write_run(tmp_path / "b2", {0: client(1, 1.0)}))
+    """Two seed replicates: the pooled Δ is the mean of the pairs' Δ (brute force), n counts both,
+    and when the pairs disagree (A above B in one, below in the other, each decisively) the pooled
+    interval holds both."""
+    up = (
+        write_run(tmp_path / "a1", {0: client(0, 1.0)}),
+        write_run(tmp_path / "b1", {0: client(0, 0.0)}),
+    )
+    down = (
+        write_run(tmp_path / "a2", {0: client(1, 0.0)}),
+        write_run(tmp_path / "b2", {0: client(1, 1.0)}),
+    )
     assert "**not held**" in compare(*up)[0] and "**held**" in compare(*down)[0]
     lines = compare_pooled([up, down])
-    ppl = [[math.exp(sum(c[1]) / sum(c[2])) for c in (client(s, 1.0 - s), client(s, float(s)))] for s in (0, 1)]
+    ppl = [
+        [math.exp(sum(c[1]) / sum(c[2])) for c in (client(s, 1.0 - s), client(s, float(s)))]
+        for s in (0, 1)
+    ]
     mean_a, mean_b = np.mean([p[0] for p in ppl]), np.mean([p[1] for p in ppl])
-    assert f"client 0: {mean_a:.2f} vs {mean_b:.2f}" in lines[0] and "pooled over 2 pairs" in lines[0]
-    lo, hi = (float(x) for x in re.search(r"Δ [+-][0-9.]+ \[([-0-9.]+), ([-0-9.]+)\], n = 80", lines[0]).groups())
+    assert (
+        f"client 0: {mean_a:.2f} vs {mean_b:.2f}" in lines[0] and "pooled over 2 pairs" in lines[0]
+    )
+    lo, hi = (
+        float(x)
+        for x in re.search(r"Δ [+-][0-9.]+ \[([-0-9.]+), ([-0-9.]+)\], n = 80", lines[0]).groups()
+    )
     assert lo < min(p[0] - p[1] for p in ppl) + 0.5 and hi > max(p[0] - p[1] for p in ppl) - 0.5
     assert "**unresolved**" in lines[0]
     acc = [100 * (np.mean(client(s, 1.0 - s)[0]) - np.mean(client(s, float(s))[0])) for s in (0, 1)]
@@ -102,7 +140,9 @@ def test_pairs_pool_by_their_means_and_the_interval_holds_their_spread(tmp_path:
     assert found == pytest.approx(np.mean(acc), abs=0.051) and "n = 80" in lines[1]
 
 
-def test_the_command_line_takes_runs_in_pairs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_line_takes_runs_in_pairs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a = write_run(tmp_path / "a", {0: client(0, 0.0)})
     assert main(["compare", str(a), str(a), str(a)]) == 2
     assert "runs come in pairs" in capsys.readouterr().err
@@ -113,14 +153,23 @@ def test_the_command_line_takes_runs_in_pairs(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_the_ratio_to_a_goal_is_the_paired_perplexity_ratio(tmp_path: Path) -> None:
-    """`--ratio-goal`: per client ppl(A) / ppl(B) with the interval `intervals.paired_perplexity_interval` gives
-    (one pair: the same draws), judged at or below the goal over the whole interval."""
+    """`--ratio-goal`: per client ppl(A) / ppl(B) with the interval
+    `intervals.paired_perplexity_interval` gives (one pair: the same draws), judged at or below the
+    goal over the whole interval."""
     from fedprune_app.llm.intervals import TokenScores, paired_perplexity_interval
 
-    a_scores, b_scores = client(0, 0.3), client(0, 0.0)  # A e^0.3 = 1.35 times B on every answer token
+    a_scores, b_scores = (
+        client(0, 0.3),
+        client(0, 0.0),
+    )  # A e^0.3 = 1.35 times B on every answer token
     a, b = write_run(tmp_path / "a", {0: a_scores}), write_run(tmp_path / "b", {0: b_scores})
-    ref = paired_perplexity_interval(TokenScores.of(a_scores[1], a_scores[2]), TokenScores.of(b_scores[1], b_scores[2]),
-                                     "ratio", iters=2000, seed=0)
+    ref = paired_perplexity_interval(
+        TokenScores.of(a_scores[1], a_scores[2]),
+        TokenScores.of(b_scores[1], b_scores[2]),
+        "ratio",
+        iters=2000,
+        seed=0,
+    )
     for goal, verdict in ((1.25, "**not held**"), (1.5, "**held**")):
         line = compare_pooled([(a, b)], ratio_goal=goal)[2]
         assert line.startswith(f"answer perplexity ratio A / B at or below {goal:g}: {verdict}")
@@ -130,26 +179,39 @@ def test_the_ratio_to_a_goal_is_the_paired_perplexity_ratio(tmp_path: Path) -> N
 
 
 def write_rouge_run(path: Path, scores: list[float], seed: int = 0) -> Path:
-    """A run re-scored by `fedprune rescore rouge`: config.json and rescore.json with Rouge-L per example."""
+    """A run re-scored by `fedprune rescore rouge`: config.json and rescore.json with Rouge-L per
+    example."""
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"method": "fedit", "seed": seed}))
-    (path / "rescore.json").write_text(json.dumps({"examples": len(scores), "per-source": 10,
-                                                   "rouge-l": float(np.mean(scores)), "scores": scores}))
+    (path / "rescore.json").write_text(
+        json.dumps(
+            {
+                "examples": len(scores),
+                "per-source": 10,
+                "rouge-l": float(np.mean(scores)),
+                "scores": scores,
+            }
+        )
+    )
     return path
 
 
 def test_two_fedit_runs_compare_on_rouge_paired_per_example(tmp_path: Path) -> None:
-    """Instruction-tuning runs compare by Rouge-L: the effect is the mean paired difference, its interval holds
-    it, and a difference of noise only reads unresolved."""
+    """Instruction-tuning runs compare by Rouge-L: the effect is the mean paired difference, its
+    interval holds it, and a difference of noise only reads unresolved."""
     rng = np.random.default_rng(3)
     base = rng.uniform(0.1, 0.6, 200)
     a = write_rouge_run(tmp_path / "a", (base + 0.1).tolist())
     b = write_rouge_run(tmp_path / "b", base.tolist())
     line = compare_pooled([(a, b)])[0]
-    effect, lo, hi = (float(x) for x in re.search(r"Δ ([+-][0-9.]+) \[([-0-9.]+), ([-0-9.]+)\]", line).groups())
+    effect, lo, hi = (
+        float(x) for x in re.search(r"Δ ([+-][0-9.]+) \[([-0-9.]+), ([-0-9.]+)\]", line).groups()
+    )
     assert effect == pytest.approx(10.0, abs=0.01) and lo <= effect <= hi and "A above B" in line
     noise = rng.normal(0, 0.05, 100)
-    c = write_rouge_run(tmp_path / "c", (base + np.concatenate([noise, -noise])).tolist())  # mean Δ exactly 0
+    c = write_rouge_run(
+        tmp_path / "c", (base + np.concatenate([noise, -noise])).tolist()
+    )  # mean Δ exactly 0
     assert "**unresolved**" in compare_pooled([(c, b)])[0]
     d = write_rouge_run(tmp_path / "d", base.tolist(), seed=1)
     with pytest.raises(SystemExit, match="seed"):

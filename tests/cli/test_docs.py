@@ -1,7 +1,7 @@
-"""Every relative link in README.md and docs/ reaches a file that exists and, where it names a section
-(`page.md#section`), a heading of that page, by GitHub's anchor rule (lower case, punctuation dropped, spaces to
-hyphens, `-1`, `-2` … for repeated headings). Moving text between pages or renaming a heading breaks links
-silently otherwise."""
+"""Every relative link in README.md and docs/ reaches a file that exists and, where it names a
+section (`page.md#section`), a heading of that page, by GitHub's anchor rule (lower case,
+punctuation dropped, spaces to hyphens, `-1`, `-2` … for repeated headings). Moving text between
+pages or renaming a heading breaks links silently otherwise."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def slug(heading: str) -> str:
 
 
 def anchors(page: Path) -> set[str]:
-    """The anchors of every heading of `page` (headings inside fenced code blocks are not headings)."""
+    """The anchors of every heading of `page` (headings inside fenced code blocks are not
+    headings)."""
     found: set[str] = set()
     seen: dict[str, int] = {}
     fenced = False
@@ -55,15 +56,26 @@ def broken_links(pages: list[Path]) -> list[str]:
 
 def test_slug_follows_githubs_rule() -> None:
     assert slug("`make run`: the preset on 4 SuperNodes") == "make-run-the-preset-on-4-supernodes"
-    assert slug("The paper's protocol, 50–80% (2026-11-25/26)") == "the-papers-protocol-5080-2026-11-2526"
+    assert (
+        slug("The paper's protocol, 50–80% (2026-11-25/26)")
+        == "the-papers-protocol-5080-2026-11-2526"
+    )
 
 
-def test_a_missing_file_or_heading_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_file_or_heading_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     (tmp_path / "a.md").write_text("# Top\n## Same\n## Same\n```\n# not a heading\n```\n")
-    (tmp_path / "b.md").write_text("[ok](a.md#same-1) [ok](#here) [no](a.md#same-2) [no](c.md) [no](a.md#not-a-heading)"
-                                   " [web](https://x.org/y.md#z)\n# Here\n")
-    assert broken_links([tmp_path / "b.md"]) == ["b.md: a.md#same-2", "b.md: c.md", "b.md: a.md#not-a-heading"]
+    (tmp_path / "b.md").write_text(
+        "[ok](a.md#same-1) [ok](#here) [no](a.md#same-2) [no](c.md) [no](a.md#not-a-heading)"
+        " [web](https://x.org/y.md#z)\n# Here\n"
+    )
+    assert broken_links([tmp_path / "b.md"]) == [
+        "b.md: a.md#same-2",
+        "b.md: c.md",
+        "b.md: a.md#not-a-heading",
+    ]
 
 
 def test_every_relative_link_in_the_docs_resolves() -> None:
@@ -71,15 +83,18 @@ def test_every_relative_link_in_the_docs_resolves() -> None:
     assert broken_links(pages) == []
 
 
-# --- the commands the docs name exist ------------------------------------------------------------------------
+# --- the commands the docs name exist -------------------------------------------------------------
 
-FEDPRUNE = re.compile(r"(?:^|&&|;|\||\$\()\s*(?:\$\s+)?(?:\S*bin/)?fedprune\s+([a-z][\w-]*)((?:\s+[^\s|;&#`]+)*)")
+FEDPRUNE = re.compile(
+    r"(?:^|&&|;|\||\$\()\s*(?:\$\s+)?(?:\S*bin/)?fedprune\s+([a-z][\w-]*)((?:\s+[^\s|;&#`]+)*)"
+)
 PYTHON_M = re.compile(r"python(?:3(?:\.\d+)?)?\s+-m\s+([A-Za-z_][\w.]*)")
 MAKE = re.compile(r"(?<![\w/.-])make\s+([a-z][\w-]*)")
 
 
 def code_spans(text: str) -> list[str]:
-    """The inline code spans and fenced code lines of a markdown text: where the docs write commands."""
+    """The inline code spans and fenced code lines of a markdown text: where the docs write
+    commands."""
     spans, fenced = [], False
     for line in text.splitlines():
         if line.lstrip().startswith("```"):
@@ -95,7 +110,11 @@ def module_exists(name: str) -> bool:
 
     parts = name.split(".")
     local = ROOT.joinpath(*parts)
-    if local.with_suffix(".py").is_file() or (local / "__init__.py").is_file() or (local / "__main__.py").is_file():
+    if (
+        local.with_suffix(".py").is_file()
+        or (local / "__init__.py").is_file()
+        or (local / "__main__.py").is_file()
+    ):
         return True
     if (ROOT / parts[0]).exists():  # a package of this checkout that lacks the module
         return False
@@ -103,8 +122,8 @@ def module_exists(name: str) -> bool:
 
 
 def unknown_commands(text: str) -> list[str]:
-    """The `fedprune` sub-commands, options, benchmarks and grids, `python -m` modules and `make` targets that
-    a text names and that do not exist."""
+    """The `fedprune` sub-commands, options, benchmarks and grids, `python -m` modules and `make`
+    targets that a text names and that do not exist."""
     import argparse
 
     from fedprune_cli.main import BENCHMARKS, GRIDS, parser
@@ -120,41 +139,64 @@ def unknown_commands(text: str) -> list[str]:
                 bad.append(f"fedprune {command}")
                 continue
             if command in ("bench", "grid"):
-                if rest and not rest[0].startswith(("-", "<")) and rest[0] not in (BENCHMARKS if command ==
-                                                                                    "bench" else GRIDS):
+                if (
+                    rest
+                    and not rest[0].startswith(("-", "<"))
+                    and rest[0] not in (BENCHMARKS if command == "bench" else GRIDS)
+                ):
                     bad.append(f"fedprune {command} {rest[0]}")
                 continue
             sub = subparsers[command]
             if command == "rescore" and rest and not rest[0].startswith(("-", "<")):
-                kinds = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices
+                kinds = next(
+                    a for a in sub._actions if isinstance(a, argparse._SubParsersAction)
+                ).choices
                 if rest[0] not in kinds:
                     bad.append(f"fedprune rescore {rest[0]}")
                     continue
                 sub = kinds[rest[0]]
             options = {s for a in sub._actions for s in a.option_strings}
-            bad += [f"fedprune {command} {flag}" for flag in (t.split("=")[0] for t in rest)
-                    if flag.startswith("--") and flag not in options and flag != "--"]
+            bad += [
+                f"fedprune {command} {flag}"
+                for flag in (t.split("=")[0] for t in rest)
+                if flag.startswith("--") and flag not in options and flag != "--"
+            ]
         bad += [f"python -m {m}" for m in PYTHON_M.findall(span) if not module_exists(m)]
         bad += [f"make {t}" for t in MAKE.findall(span) if t not in targets]
     return bad
 
 
 def doc_pages() -> list[Path]:
-    """The manuals and notes (the run and benchmark records under docs/runs and docs/bench are history)."""
+    """The manuals and notes (the run and benchmark records under docs/runs and docs/bench are
+    history)."""
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    return [p for p in pages if not p.is_relative_to(ROOT / "docs" / "runs")
-            and not p.is_relative_to(ROOT / "docs" / "bench")]
+    return [
+        p
+        for p in pages
+        if not p.is_relative_to(ROOT / "docs" / "runs")
+        and not p.is_relative_to(ROOT / "docs" / "bench")
+    ]
 
 
 def test_a_command_that_does_not_exist_is_reported() -> None:
-    text = ("Run `fedprune run --run-config conf/smoke.toml --references` or `fedprune launch`,\n"
-            "`pip show fedprune x`,\n"
-            "`fedprune bench compiled --repeats 3`, `fedprune bench nosuch`, `fedprune grid fedspallm`,\n"
-            "`fedprune rescore accuracy RUN --dense`, `fedprune rescore rouge RUN --dense`,\n"
-            "`fedprune compare A B --no-such-flag`, `make test`, `make nosuch`,\n"
-            "```\npython -m tools.launch\npython -m fedprune_cli.main --help\npython -m pytest -q\n```\n")
-    assert unknown_commands(text) == ["fedprune launch", "fedprune bench nosuch", "fedprune rescore --dense",
-                                      "fedprune compare --no-such-flag", "make nosuch", "python -m tools.launch"]
+    text = (
+        "Run `fedprune run --run-config conf/smoke.toml --references` or `fedprune launch`,\n"
+        "`pip show fedprune x`,\n"
+        "`fedprune bench compiled --repeats 3`, `fedprune bench nosuch`, "
+        "`fedprune grid fedspallm`,\n"
+        "`fedprune rescore accuracy RUN --dense`, `fedprune rescore rouge RUN --dense`,\n"
+        "`fedprune compare A B --no-such-flag`, `make test`, `make nosuch`,\n"
+        "```\npython -m tools.launch\npython -m fedprune_cli.main --help\n"
+        "python -m pytest -q\n```\n"
+    )
+    assert unknown_commands(text) == [
+        "fedprune launch",
+        "fedprune bench nosuch",
+        "fedprune rescore --dense",
+        "fedprune compare --no-such-flag",
+        "make nosuch",
+        "python -m tools.launch",
+    ]
 
 
 @pytest.mark.parametrize("page", doc_pages(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -163,8 +205,8 @@ def test_every_command_the_docs_name_exists(page: Path) -> None:
 
 
 def test_every_method_has_a_manual_with_its_known_limits() -> None:
-    """A run's broken-model flag points to docs/methods/<method>.md#known-limits: each registered method has
-    that page and heading, and a page stays a manual (about 400 lines at most)."""
+    """A run's broken-model flag points to docs/methods/<method>.md#known-limits: each registered
+    method has that page and heading, and a page stays a manual (about 400 lines at most)."""
     from fedprune_app.core.registry import names
 
     for method in names():

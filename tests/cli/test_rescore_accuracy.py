@@ -1,4 +1,5 @@
-"""`fedprune rescore accuracy`: answer scores per example, in document order (paired perplexity units)."""
+"""`fedprune rescore accuracy`: answer scores per example, in document order (paired perplexity
+units)."""
 
 from __future__ import annotations
 
@@ -15,24 +16,35 @@ from fedprune_cli.rescore_accuracy import answer_nll
 
 
 def test_answer_nll_is_each_answers_own_score_in_order(tiny_model_dir: Path) -> None:
-    model, tokenizer = load_base_model(str(tiny_model_dir)).eval(), load_tokenizer(str(tiny_model_dir))
-    rows = [mc_example("t", f"What is {i} plus {i}?", [str(2 * i), "seven hundred and one"], i % 2) for i in range(7)]
+    model, tokenizer = (
+        load_base_model(str(tiny_model_dir)).eval(),
+        load_tokenizer(str(tiny_model_dir)),
+    )
+    rows = [
+        mc_example("t", f"What is {i} plus {i}?", [str(2 * i), "seven hundred and one"], i % 2)
+        for i in range(7)
+    ]
     scored = answer_nll(model, tokenizer, rows, 64, batch_size=3)
     assert len(scored["nll"]) == len(scored["tokens"]) == 7
-    for i, row in enumerate(rows):  # one at a time: the same NLL, so batching and order change nothing
+    for i, row in enumerate(
+        rows
+    ):  # one at a time: the same NLL, so batching and order change nothing
         alone = answer_nll(model, tokenizer, [row], 64, batch_size=1)
         assert scored["tokens"][i] == alone["tokens"][0]
         assert scored["nll"][i] == pytest.approx(alone["nll"][0], rel=1e-4)
     assert scored["tokens"][1] > scored["tokens"][0]  # the long answer has more tokens
     units = TokenScores.of(scored["nll"], scored["tokens"])
-    assert units.perplexity == pytest.approx(math.exp(mean_loss(model, tokenizer, rows, 64)), rel=1e-5)
+    assert units.perplexity == pytest.approx(
+        math.exp(mean_loss(model, tokenizer, rows, 64)), rel=1e-5
+    )
 
 
-def test_a_fedit_and_a_flexlora_run_are_scored_with_the_models_their_clients_use(tiny_model_dir: Path,
-                                                                                tmp_path: Path) -> None:
-    """LoRA runs re-score too (so `fedprune compare` takes them): FedIT's global adapter on the base model
-    for every client, FlexLoRA's per-client adapter for each; `dense` adds the untouched base model. The
-    loaded model gives the adapter's own output, not the base model's."""
+def test_a_fedit_and_a_flexlora_run_are_scored_with_the_models_their_clients_use(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """LoRA runs re-score too (so `fedprune compare` takes them): FedIT's global adapter on the base
+    model for every client, FlexLoRA's per-client adapter for each; `dense` adds the untouched base
+    model. The loaded model gives the adapter's own output, not the base model's."""
     import json
 
     import torch
@@ -43,11 +55,15 @@ def test_a_fedit_and_a_flexlora_run_are_scored_with_the_models_their_clients_use
 
     def adapter(path: Path, rank: int, seed: int) -> torch.Tensor:
         torch.manual_seed(seed)
-        model = get_peft_model(load_base_model(str(tiny_model_dir)),
-                               LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"]))
+        model = get_peft_model(
+            load_base_model(str(tiny_model_dir)),
+            LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"]),
+        )
         for name, p in model.named_parameters():
             if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.5)  # a non-zero delta: the adapter changes the output
+                torch.nn.init.normal_(
+                    p, std=0.5
+                )  # a non-zero delta: the adapter changes the output
         model.save_pretrained(path)
         return model.eval()(torch.tensor([[1, 2, 3]])).logits
 
@@ -61,7 +77,9 @@ def test_a_fedit_and_a_flexlora_run_are_scored_with_the_models_their_clients_use
         if method == "fedit":
             expected = dict.fromkeys((0, 1), adapter(run / "adapter", 4, 0))
         else:
-            expected = {k: adapter(run / "client-adapters" / f"client-{k}", 2 + 2 * k, k) for k in (0, 1)}
+            expected = {
+                k: adapter(run / "client-adapters" / f"client-{k}", 2 + 2 * k, k) for k in (0, 1)
+            }
         models = models_of(run, cfg, [0, 1], dense=True)
         assert set(models) == {"final", "dense"}
         with torch.no_grad():

@@ -1,5 +1,6 @@
-"""Every method's strategy against tampered copies of real client replies (tiny model, no Ray): each bad reply
-is rejected with a logged reason and counted, and leaves the global state exactly as the good replies make it."""
+"""Every method's strategy against tampered copies of real client replies (tiny model, no Ray): each
+bad reply is rejected with a logged reason and counted, and leaves the global state exactly as the
+good replies make it."""
 
 from __future__ import annotations
 
@@ -19,8 +20,12 @@ from tests.conformance import Tamper, conformance_of
 from tests.local_grid import LocalGrid, method_config
 
 
-def _copy(content: RecordDict, arrays: dict[str, np.ndarray] | None = None, metrics: dict[str, Any] | None = None,
-          drop: str | None = None) -> RecordDict:
+def _copy(
+    content: RecordDict,
+    arrays: dict[str, np.ndarray] | None = None,
+    metrics: dict[str, Any] | None = None,
+    drop: str | None = None,
+) -> RecordDict:
     out = RecordDict()
     for name, record in content.items():
         if name == drop:
@@ -40,6 +45,7 @@ def _first_float(arrays: dict[str, np.ndarray]) -> str:
 
 def _generic_tampers() -> dict[str, tuple[Tamper, str]]:
     """name -> (tamper, a regular expression the logged reason must match)."""
+
     def arrays(c: RecordDict) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in numpy_state(c.array_records["arrays"]).items()}
 
@@ -66,7 +72,8 @@ def _generic_tampers() -> dict[str, tuple[Tamper, str]]:
     def examples(n: float) -> Tamper:
         return lambda c: _copy(c, metrics={**dict(c.metric_records["metrics"]), "num-examples": n})
 
-    def retyped(c: RecordDict) -> RecordDict:  # one array arrives as int32 (it turned the average into ints)
+    # one array arrives as int32 (it turned the average into ints)
+    def retyped(c: RecordDict) -> RecordDict:
         a = arrays(c)
         key = _first_float(a)
         a[key] = a[key].astype(np.int32)
@@ -81,7 +88,8 @@ def _generic_tampers() -> dict[str, tuple[Tamper, str]]:
     return {
         "missing array": (missing, r"missing \d+ arrays|holds (\d+) .*, expected the (?!\1)\d+"),
         "extra array": (extra, r"\d+ unexpected arrays|holds (\d+) .*, expected the (?!\1)\d+"),
-        "wrong shape": (reshaped, r"shape"), "non-finite": (non_finite, r"non-finite"),
+        "wrong shape": (reshaped, r"shape"),
+        "non-finite": (non_finite, r"non-finite"),
         "zero examples": (examples(0), r"positive 'num-examples'"),
         "negative examples": (examples(-5), r"positive 'num-examples'"),
         "NaN examples": (examples(float("nan")), r"positive 'num-examples'"),
@@ -93,8 +101,9 @@ def _generic_tampers() -> dict[str, tuple[Tamper, str]]:
     }
 
 
-def _real_round(method: str, tiny_model_dir: Path, tmp_path: Path) -> tuple[FederatedStrategy, list[Message],
-                                                                          list[Message]]:
+def _real_round(
+    method: str, tiny_model_dir: Path, tmp_path: Path
+) -> tuple[FederatedStrategy, list[Message], list[Message]]:
     cfg = method_config(tiny_model_dir, tmp_path, method, fraction_train=1.0)
     grid = LocalGrid(cfg, 4, seed=0)
     strategy = registry.strategy_class(method)(cfg)
@@ -122,8 +131,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def check_bad_replies(method: str, tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Each tampered copy of a real round's replies is rejected with its reason and leaves the state alone; one bad
-    reply among good ones aggregates to exactly what the good ones give."""
+    """Each tampered copy of a real round's replies is rejected with its reason and leaves the state
+    alone; one bad reply among good ones aggregates to exactly what the good ones give."""
     strategy, sent, replies = _real_round(method, tiny_model_dir, tmp_path)
     rows: list[dict[str, Any]] = []
     strategy.record = rows.append
@@ -133,18 +142,22 @@ def check_bad_replies(method: str, tiny_model_dir: Path, tmp_path: Path) -> None
         bad = [Message(tamper(r.content), reply_to=m) for m, r in zip(sent, replies, strict=True)]
         assert strategy.aggregate_train(1, bad) == (None, None), name
         assert _same(_state(strategy), before), f"{name} changed the strategy state"
-        assert all(r["status"] == "rejected" and re.search(reason, r["problem"]) for r in rows[-len(bad):]), \
-            (name, rows[-1].get("problem"))
+        assert all(
+            r["status"] == "rejected" and re.search(reason, r["problem"]) for r in rows[-len(bad) :]
+        ), (name, rows[-1].get("problem"))
     # a round with one bad reply among good ones aggregates exactly what the good ones alone give
     good_only = _real_round(method, tiny_model_dir, tmp_path / "again")[0]
     expected, _ = good_only.aggregate_train(1, replies[1:])
     mixed = [Message(tampers["non-finite"][0](replies[0].content), reply_to=sent[0]), *replies[1:]]
     got, _ = strategy.aggregate_train(1, mixed)
     assert got is not None and expected is not None
-    assert _same(numpy_state(got), numpy_state(expected)) and _same(_state(strategy), _state(good_only))
+    assert _same(numpy_state(got), numpy_state(expected)) and _same(
+        _state(strategy), _state(good_only)
+    )
 
 
 @pytest.mark.parametrize("method", registry.names())
 def test_bad_replies_are_rejected_and_leave_the_state_as_the_good_ones_make_it(
-        method: str, tiny_model_dir: Path, tmp_path: Path, flower_ids: None) -> None:
+    method: str, tiny_model_dir: Path, tmp_path: Path, flower_ids: None
+) -> None:
     check_bad_replies(method, tiny_model_dir, tmp_path)

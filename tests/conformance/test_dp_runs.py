@@ -75,10 +75,8 @@ def test_the_budget_ends_the_run_with_the_last_allowed_rounds_models(
     done, logged = summary(run), rows(run)
     assert done["status"] == "completed" and done["privacy"]["stopped-after-round"] == 2
     assert not [r for r in logged if r["phase"] == "train" and r["round"] == 3]
-    assert {r["round"] for r in logged if r["phase"] == "evaluate"} == {
-        0,
-        2,
-    }  # the final models, scored
+    # the final models, scored
+    assert {r["round"] for r in logged if r["phase"] == "evaluate"} == {0, 2}
     assert "Round 3 was not started" in (run / "results.md").read_text()
     assert (run / "adapter").is_dir()
 

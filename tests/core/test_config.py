@@ -1,4 +1,5 @@
-"""The typed run config: defaults in step with pyproject, clear errors naming the key and allowed values."""
+"""The typed run config: defaults in step with pyproject, clear errors naming the key and allowed
+values."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pyproject_defaults_match_the_typed_config() -> None:
-    flwr_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    flwr_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
+        "config"
+    ]
     assert flwr_config == defaults()
 
 
@@ -38,19 +41,28 @@ def test_defaults_validate_and_read_as_attributes() -> None:
 
 
 def test_unknown_key_names_it_and_suggests_the_close_one() -> None:
-    with pytest.raises(ConfigError, match=r"'lora-rnak' \(did you mean 'lora-rank'\?\).*Allowed keys: method"):
+    with pytest.raises(
+        ConfigError, match=r"'lora-rnak' \(did you mean 'lora-rank'\?\).*Allowed keys: method"
+    ):
         RunConfig.from_flower({"lora-rnak": 8})
 
 
-@pytest.mark.parametrize(("key", "value", "pattern"), [
-    ("num-server-rounds", "3", r"'num-server-rounds' must be an int in \[1, inf\], got '3'"),
-    ("num-server-rounds", 0, r"'num-server-rounds' must be an int in \[1, inf\], got 0"),
-    ("fraction-train", 1.5, r"'fraction-train' must be a float in \[0, 1\]"),
-    ("model-quantization", "3bit", r"'model-quantization' must be one of 'none', '4bit', '8bit', got '3bit'"),
-    ("partitioner", "random", r"'partitioner' must be one of 'by-source', 'iid', 'dirichlet'"),
-    ("seed", True, r"'seed' must be an int"),
-    ("ppl-stride", 512, r"'ppl-stride' must be <= ppl-window \(256\)"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "pattern"),
+    [
+        ("num-server-rounds", "3", r"'num-server-rounds' must be an int in \[1, inf\], got '3'"),
+        ("num-server-rounds", 0, r"'num-server-rounds' must be an int in \[1, inf\], got 0"),
+        ("fraction-train", 1.5, r"'fraction-train' must be a float in \[0, 1\]"),
+        (
+            "model-quantization",
+            "3bit",
+            r"'model-quantization' must be one of 'none', '4bit', '8bit', got '3bit'",
+        ),
+        ("partitioner", "random", r"'partitioner' must be one of 'by-source', 'iid', 'dirichlet'"),
+        ("seed", True, r"'seed' must be an int"),
+        ("ppl-stride", 512, r"'ppl-stride' must be <= ppl-window \(256\)"),
+    ],
+)
 def test_bad_values_name_the_key_and_what_it_accepts(key: str, value: object, pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern):
         RunConfig.from_flower({key: value})
@@ -60,7 +72,9 @@ def test_unknown_method_lists_the_registry() -> None:
     names = registry.names()
     assert {"fedflap", "fedit", "fedspallm", "fedtpa", "flexlora", "sftp"} <= set(names)
     listed = ", ".join(repr(n) for n in sorted(names))
-    with pytest.raises(ConfigError, match=re.escape(f"'method' must be one of {listed}, got 'fedprox'")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"'method' must be one of {listed}, got 'fedprox'")
+    ):
         RunConfig.from_flower({"method": "fedprox"}, methods=names)
 
 
@@ -82,7 +96,9 @@ def test_every_key_has_a_meaning() -> None:
     assert all(k.help for k in keys) and len({k.name for k in keys}) == len(keys)
 
 
-def test_launcher_rejects_a_bad_key_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
+def test_launcher_rejects_a_bad_key_before_starting_anything(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     start = time.perf_counter()
     code = main(["run", "--run-config", "lora-rank=0"])
     assert code == 2 and time.perf_counter() - start < 10
@@ -98,12 +114,17 @@ def test_launcher_merges_presets_and_overrides_in_order(tmp_path: Path) -> None:
 
 
 def test_presets_are_valid() -> None:
-    """Every preset validates and says which method it runs; every registered method has a preset."""
+    """Every preset validates and says which method it runs; every registered method has a
+    preset."""
     presets = sorted((ROOT / "conf").glob("*.toml"))
     methods = {RunConfig.from_flower(launch.merged_config(ROOT, [str(p)])).method for p in presets}
-    assert methods == set(registry.names()), f"presets run {sorted(methods)}, registry has {registry.names()}"
+    assert methods == set(registry.names()), (
+        f"presets run {sorted(methods)}, registry has {registry.names()}"
+    )
     for name in registry.names():
-        assert (ROOT / "conf" / f"{name}.toml").is_file(), f"method {name!r} has no conf/{name}.toml"
+        assert (ROOT / "conf" / f"{name}.toml").is_file(), (
+            f"method {name!r} has no conf/{name}.toml"
+        )
 
 
 def test_key_reference_and_pyproject_are_generated_from_the_typed_configs() -> None:
@@ -114,14 +135,18 @@ def test_key_reference_and_pyproject_are_generated_from_the_typed_configs() -> N
     assert config_keys.with_block(text.replace("lora-rank = 16", "lora-rank = 8")) == text
     page = (ROOT / "docs" / "config.md").read_text()
     for key in all_keys():
-        assert f"| `{key.name}` | `{config_keys.toml_value(key.default)}` |" in page, f"docs/config.md lacks {key.name}"
+        assert f"| `{key.name}` | `{config_keys.toml_value(key.default)}` |" in page, (
+            f"docs/config.md lacks {key.name}"
+        )
 
 
 def test_every_key_belongs_to_exactly_one_section() -> None:
     names = [k.name for k in all_keys()]
     assert len(names) == len(set(names))
     cfg = RunConfig.from_flower({"sftp-lambda": 4, "flexlora-ranks": "2,4"})
-    assert cfg.section(SFTPConfig).sftp_lambda == 4.0 and isinstance(cfg.section(SFTPConfig).sftp_lambda, float)
+    assert cfg.section(SFTPConfig).sftp_lambda == 4.0 and isinstance(
+        cfg.section(SFTPConfig).sftp_lambda, float
+    )
     assert cfg.section(FlexLoRAConfig).flexlora_ranks == "2,4" and cfg["sftp-lambda"] == 4.0
     assert not hasattr(cfg, "sftp_lambda")  # method keys are read through their typed section
 

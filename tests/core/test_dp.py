@@ -14,6 +14,7 @@ from flwr.app import Context, MetricRecord, RecordDict
 from fedprune_app.core import registry
 from fedprune_app.core.client import FederatedClient
 from fedprune_app.core.config import ConfigError, RunConfig
+from fedprune_app.core.lora import LoRAStrategy
 from fedprune_app.core.privacy import (
     DPConfig,
     PrivacyLedger,
@@ -25,7 +26,6 @@ from fedprune_app.core.privacy import (
 )
 from fedprune_app.core.protocol import numpy_state, to_record
 from fedprune_app.core.statefile import read_state, write_state
-from strategies.fedit import FedITStrategy
 from tests.dp_reference import dp_accounting_epsilon
 
 KEYS = ("a.lora_A.weight", "a.lora_B.weight")
@@ -117,9 +117,8 @@ def test_a_client_clips_its_reply_before_it_leaves_and_only_with_dp_on() -> None
     reply = _client(_cfg(dp_clipping_norm=0.5)).private_reply(content, _reply(local, 0))
     assert _norm(numpy_state(reply.array_records["arrays"]), sent) == pytest.approx(0.5, rel=1e-5)
     assert reply.metric_records["metrics"]["dp-clipped"] == 1
-    untouched = _client(_cfg()).private_reply(
-        content, _reply(local, 0)
-    )  # DP off: the reply as trained
+    # DP off: the reply as trained
+    untouched = _client(_cfg()).private_reply(content, _reply(local, 0))
     assert _norm(numpy_state(untouched.array_records["arrays"]), local) == 0.0
     assert "dp-clipped" not in untouched.metric_records["metrics"]
 
@@ -154,8 +153,8 @@ def test_sigma_zero_is_the_uniform_mean_of_clipped_updates_over_m() -> None:
     assert norms == pytest.approx([_norm(s, ref) for s in states])
 
 
-def _strategy(rows: list[dict[str, Any]], **dp: Any) -> FedITStrategy:
-    strategy = FedITStrategy(_cfg(**dp), recorder=rows.append)
+def _strategy(rows: list[dict[str, Any]], **dp: Any) -> LoRAStrategy:
+    strategy = LoRAStrategy(_cfg(**dp), recorder=rows.append)
     strategy.num_connected = 4
     return strategy
 
@@ -176,13 +175,12 @@ def test_the_strategy_clips_unclipped_replies_and_sigma_zero_equals_clipping_alo
             out[k], ref[k] + sum(c[k] - ref[k] for c in clipped) / 4, rtol=1e-5, atol=1e-6
         )
     (row,) = [r for r in rows if r["phase"] == "privacy"]
-    assert (
-        row["status"] == "released" and row["dp-epsilon"] is None
-    )  # σ = 0: no guarantee, ε infinite
+    # σ = 0: no guarantee, ε infinite
+    assert row["status"] == "released" and row["dp-epsilon"] is None
     assert row["dp-clipped"] == 2 and row["dp-sampled"] == 4 and row["dp-replies"] == 3
 
 
-def _run_rounds(strategy: FedITStrategy, first: int, last: int, rng: np.random.Generator) -> None:
+def _run_rounds(strategy: LoRAStrategy, first: int, last: int, rng: np.random.Generator) -> None:
     ref = _state(rng)
     for r in range(first, last + 1):
         assert strategy.dp_allows(r, last)
@@ -228,7 +226,7 @@ def test_resume_continues_the_same_epsilon(tmp_path: Path) -> None:
     """Three rounds in one go, or two, a checkpoint (statefile, no pickle) and a fresh strategy for
     the third."""
 
-    def run(strategy: FedITStrategy, first: int, last: int) -> None:
+    def run(strategy: LoRAStrategy, first: int, last: int) -> None:
         _run_rounds(strategy, first, last, np.random.default_rng(100 + first))
 
     whole_rows: list[dict[str, Any]] = []
@@ -245,9 +243,8 @@ def test_resume_continues_the_same_epsilon(tmp_path: Path) -> None:
     eps = [r["dp-epsilon"] for r in resumed_rows if r.get("status") == "released"]
     assert eps == [[r["dp-epsilon"] for r in whole_rows if r.get("status") == "released"][-1]]
     assert eps[0] == pytest.approx(dp_accounting_epsilon(0.9, 3, 1e-5), rel=1e-9)
-    assert not [
-        r for r in resumed_rows if r.get("status") == "planned"
-    ]  # the plan was the first run's
+    # the plan was the first run's
+    assert not [r for r in resumed_rows if r.get("status") == "planned"]
     assert resumed.privacy.releases == 3
 
 

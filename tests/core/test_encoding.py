@@ -1,4 +1,5 @@
-"""The wire encodings of sparse matrices (fedprune_app.core.encoding) against brute-force references."""
+"""The wire encodings of sparse matrices (fedprune_app.core.encoding) against brute-force
+references."""
 
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ def test_unpack_mask_refuses_anything_but_an_exact_packed_mask() -> None:
     packed = pack_mask(mask)
     with pytest.raises(EncodingError, match="unpacked bool mask.*update the client"):
         unpack_mask(mask.reshape(-1), (3, 5), "w:mask")
-    with pytest.raises(EncodingError, match=r"w:mask: .*shape \(2,\) uint8, got shape \(3,\) uint8"):
+    with pytest.raises(
+        EncodingError, match=r"w:mask: .*shape \(2,\) uint8, got shape \(3,\) uint8"
+    ):
         unpack_mask(np.zeros(3, np.uint8), (3, 5), "w:mask")
     with pytest.raises(EncodingError, match="got shape \\(2,\\) uint16"):
         unpack_mask(packed.astype(np.uint16), (3, 5), "w:mask")
@@ -60,8 +63,13 @@ def test_unpack_mask_refuses_anything_but_an_exact_packed_mask() -> None:
 
 def test_bfloat16_matches_torchs_rounding_and_decodes_exactly() -> None:
     rng = np.random.default_rng(0)
-    x = np.concatenate([rng.normal(scale=0.05, size=4000), rng.normal(scale=300, size=1000),
-                        [0.0, -0.0, 1e-30, -1e-40, 3.0e38, 1.00390625, 1.01171875]]).astype(np.float32)
+    x = np.concatenate(
+        [
+            rng.normal(scale=0.05, size=4000),
+            rng.normal(scale=300, size=1000),
+            [0.0, -0.0, 1e-30, -1e-40, 3.0e38, 1.00390625, 1.01171875],
+        ]
+    ).astype(np.float32)
     bits = to_payload(x, "bfloat16")
     reference = torch.from_numpy(x).to(torch.bfloat16)
     assert bits.dtype == np.uint16
@@ -71,12 +79,20 @@ def test_bfloat16_matches_torchs_rounding_and_decodes_exactly() -> None:
 
 def test_float16_is_numpys_cast_and_overflow_is_refused_by_name() -> None:
     x = np.array([0.1, -2.5, 1e-8, 65504.0], dtype=np.float32)
-    np.testing.assert_array_equal(from_payload(to_payload(x, "float16"), "float16"), x.astype(np.float16))
-    with pytest.raises(EncodingError, match="model.w: a value of magnitude 7e\\+04 overflows payload-dtype 'float16'"):
+    np.testing.assert_array_equal(
+        from_payload(to_payload(x, "float16"), "float16"), x.astype(np.float16)
+    )
+    with pytest.raises(
+        EncodingError,
+        match="model.w: a value of magnitude 7e\\+04 overflows payload-dtype 'float16'",
+    ):
         to_payload(np.array([70000.0], np.float32), "float16", "model.w")
     with pytest.raises(EncodingError, match="non-finite"):
         to_payload(np.array([np.nan], np.float32), "float32")
-    with pytest.raises(ValueError, match="'payload-dtype' must be one of 'float32', 'float16', 'bfloat16', got 'int8'"):
+    with pytest.raises(
+        ValueError,
+        match="'payload-dtype' must be one of 'float32', 'float16', 'bfloat16', got 'int8'",
+    ):
         to_payload(x, "int8")
 
 
@@ -88,7 +104,9 @@ def test_kept_values_are_the_masked_weights_in_row_major_order() -> None:
     np.testing.assert_array_equal(pack_kept(w, mask), brute)
     dense = unpack_kept(brute, mask)
     np.testing.assert_array_equal(dense, np.where(mask, w, 0))
-    with pytest.raises(EncodingError, match=r"keeps \d+ weights, so the kept values must have shape"):
+    with pytest.raises(
+        EncodingError, match=r"keeps \d+ weights, so the kept values must have shape"
+    ):
         unpack_kept(brute[:-1], mask)
 
 
@@ -103,10 +121,16 @@ def test_a_record_round_trips_and_costs_what_sparse_bytes_says(dtype: str) -> No
     for k in shapes:
         values, mask = decoded[k]
         np.testing.assert_array_equal(mask, masks[k])
-        np.testing.assert_array_equal(values, from_payload(to_payload(weights[k][masks[k]], dtype), dtype))
+        np.testing.assert_array_equal(
+            values, from_payload(to_payload(weights[k][masks[k]], dtype), dtype)
+        )
         if dtype == "float32":
-            np.testing.assert_array_equal(decode_dense(encoded, shapes)[k], np.where(masks[k], weights[k], 0))
-    expected = sum(sparse_bytes(int(np.prod(s)), int(masks[k].sum()), dtype) for k, s in shapes.items())
+            np.testing.assert_array_equal(
+                decode_dense(encoded, shapes)[k], np.where(masks[k], weights[k], 0)
+            )
+    expected = sum(
+        sparse_bytes(int(np.prod(s)), int(masks[k].sum()), dtype) for k, s in shapes.items()
+    )
     assert record_bytes(to_record(encoded)) == expected
     # the default mask is W != 0: a pruned matrix encodes to the same record as with its mask
     pruned = {k: np.where(masks[k], weights[k], 0).astype(np.float32) for k in shapes}
@@ -116,7 +140,9 @@ def test_a_record_round_trips_and_costs_what_sparse_bytes_says(dtype: str) -> No
 def test_decode_names_what_is_missing_extra_or_wrong() -> None:
     shapes = {"a.weight": (4, 4)}
     good = encode_sparse({"a.weight": np.eye(4, dtype=np.float32)})
-    with pytest.raises(EncodingError, match="holds 0 weight matrices, expected the 1 sent; missing a.weight"):
+    with pytest.raises(
+        EncodingError, match="holds 0 weight matrices, expected the 1 sent; missing a.weight"
+    ):
         decode_sparse({}, shapes)
     with pytest.raises(EncodingError, match="holds 2 weight matrices.*unexpected z.weight"):
         decode_sparse({**good, "z.weight": np.zeros(1, np.float32)}, shapes)
@@ -124,7 +150,9 @@ def test_decode_names_what_is_missing_extra_or_wrong() -> None:
         decode_sparse({**good, "z.weight" + MASK_SUFFIX: np.zeros(1, np.uint8)}, shapes)
     with pytest.raises(EncodingError, match="its mask a.weight:mask is missing"):
         decode_sparse({"a.weight": good["a.weight"]}, shapes)
-    with pytest.raises(EncodingError, match="payload-dtype 'float16' travels as float16, got float32"):
+    with pytest.raises(
+        EncodingError, match="payload-dtype 'float16' travels as float16, got float32"
+    ):
         decode_sparse(good, shapes, "float16")
     nan = {**good, "a.weight": np.full(4, np.nan, np.float32)}
     with pytest.raises(EncodingError, match="a.weight: holds non-finite values"):

@@ -1,5 +1,5 @@
-"""The import rules of the layout (docs/architecture.md "Layout"), read from every import statement (function-level
-ones too)."""
+"""The import rules of the layout (docs/architecture.md "Layout"), read from every import statement
+(function-level ones too)."""
 
 from __future__ import annotations
 
@@ -29,29 +29,43 @@ def files(*folders: str) -> list[Path]:
 
 
 def offenders(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
-    return [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p} imports {m}" for p in paths
-            for m in sorted(imports_of(p))
-            if any(m == f or m.startswith(f + ".") for f in forbidden)]
+    return [
+        f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p} imports {m}"
+        for p in paths
+        for m in sorted(imports_of(p))
+        if any(m == f or m.startswith(f + ".") for f in forbidden)
+    ]
 
 
 RULES = {
     "clients never import strategies": (("clients",), ("strategies",)),
     "strategies never import clients": (("strategies",), ("clients",)),
     "the app never imports the command line, benchmarks, experiments or tests": (
-        ("fedprune_app", "strategies", "clients"), ("fedprune_cli", "benchmarks", "experiments", "tests", "tools")),
+        ("fedprune_app", "strategies", "clients"),
+        ("fedprune_cli", "benchmarks", "experiments", "tests", "tools"),
+    ),
     "the command line imports no benchmark or experiment (it hands over by name)": (
-        ("fedprune_cli",), ("benchmarks", "experiments", "tests")),
+        ("fedprune_cli",),
+        ("benchmarks", "experiments", "tests"),
+    ),
     "standing benchmarks import no experiment": (("benchmarks",), ("experiments",)),
     "core and llm import no method, strategy or client": (
-        ("fedprune_app/core", "fedprune_app/llm"), ("fedprune_app.methods", "strategies", "clients")),
+        ("fedprune_app/core", "fedprune_app/llm"),
+        ("fedprune_app.methods", "strategies", "clients"),
+    ),
     "the LLM library imports no flwr": (("fedprune_app/llm",), ("flwr",)),
     "the structural library imports no method, strategy, client or flwr": (
-        ("fedprune_app/structural",), ("fedprune_app.methods", "strategies", "clients", "flwr")),
+        ("fedprune_app/structural",),
+        ("fedprune_app.methods", "strategies", "clients", "flwr"),
+    ),
     "the LLM library imports no core and no entry point: it stands alone": (
         ("fedprune_app/llm",),
-        ("fedprune_app.core", "fedprune_app.server_app", "fedprune_app.client_app")),
-    "method packages import no side": (("fedprune_app/methods",), ("strategies", "clients", "fedprune_app.server_app",
-                                                                   "fedprune_app.client_app")),
+        ("fedprune_app.core", "fedprune_app.server_app", "fedprune_app.client_app"),
+    ),
+    "method packages import no side": (
+        ("fedprune_app/methods",),
+        ("strategies", "clients", "fedprune_app.server_app", "fedprune_app.client_app"),
+    ),
 }
 
 
@@ -69,35 +83,55 @@ def test_the_rule_checker_sees_function_level_imports(tmp_path: Path) -> None:
     assert offenders([bad], ("strategies",)) and offenders([bad], ("flwr",))
     assert not offenders([bad], ("clients",))
     bad.write_text("from fedprune_app.core.config import RunConfig\n")
-    llm_rule = next(forbidden for name, (_, forbidden) in RULES.items()
-                    if "imports no core" in name)
-    assert offenders([bad], llm_rule) == [f"{bad} imports fedprune_app.core.config",
-                                          f"{bad} imports fedprune_app.core.config.RunConfig"]
+    llm_rule = next(
+        forbidden for name, (_, forbidden) in RULES.items() if "imports no core" in name
+    )
+    assert offenders([bad], llm_rule) == [
+        f"{bad} imports fedprune_app.core.config",
+        f"{bad} imports fedprune_app.core.config.RunConfig",
+    ]
 
 
+# --- the method rules: no method uses another's code; masks are a scoped value --------------------
 
-# --- the method rules: no method uses another's package; masks are a scoped value -----------------
-
-METHODS = sorted(p.name for p in (ROOT / "fedprune_app" / "methods").iterdir()
-                 if p.is_dir() and (p / "__init__.py").is_file())
+PACKAGES = sorted(
+    p.name
+    for p in (ROOT / "fedprune_app" / "methods").iterdir()
+    if p.is_dir() and (p / "__init__.py").is_file()
+)
+SIDES = sorted(
+    p.stem
+    for side in ("strategies", "clients")
+    for p in (ROOT / side).glob("*.py")
+    if p.stem != "__init__"
+)
+METHODS = sorted(set(PACKAGES) | set(SIDES))  # a side without a package of its own counts too
 
 
 def method_files(method: str) -> list[Path]:
     """A method's own code: its package, its strategy and its client."""
     own = [ROOT / "strategies" / f"{method}.py", ROOT / "clients" / f"{method}.py"]
-    return [*files(f"fedprune_app/methods/{method}"), *(p for p in own if p.is_file())]
+    package = [*files(f"fedprune_app/methods/{method}")] if method in PACKAGES else []
+    return [*package, *(p for p in own if p.is_file())]
 
 
 def cross_method_imports(method: str, paths: list[Path]) -> list[str]:
-    """Imports of another method's package (`fedprune_app.methods.<other>`) in `paths`."""
-    others = tuple(f"fedprune_app.methods.{m}" for m in METHODS if m != method)
+    """Imports of another method's code in `paths`: its package (`fedprune_app.methods.<other>`),
+    its client (`clients.<other>`) or its strategy (`strategies.<other>`)."""
+    others = tuple(
+        f"{home}.{m}"
+        for m in METHODS
+        if m != method
+        for home in ("fedprune_app.methods", "clients", "strategies")
+    )
     return offenders(paths, others)
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_no_method_imports_another_methods_package(method: str) -> None:
-    """What two methods share lives in a library (`fedprune_app.structural`, `llm`, `core`), not in
-    one of them."""
+def test_no_method_imports_another_methods_code(method: str) -> None:
+    """What two methods share lives in a library (`fedprune_app.structural`, `llm`, `core`: the
+    plain LoRA round is `core.lora`), not in one of them: neither its package nor its client or
+    strategy imports another method's package, client or strategy."""
     assert method_files(method)
     assert cross_method_imports(method, method_files(method)) == []
 
@@ -106,6 +140,24 @@ def test_the_cross_method_check_fails_on_a_borrowed_module(tmp_path: Path) -> No
     bad = tmp_path / "fedflap.py"
     bad.write_text("def f():\n    from fedprune_app.methods.sftp.generator import MaskGenerator\n")
     assert cross_method_imports("fedflap", [bad]) and not cross_method_imports("sftp", [bad])
+
+
+def test_the_cross_method_check_fails_on_a_borrowed_client_or_strategy(tmp_path: Path) -> None:
+    client, strategy = tmp_path / "client.py", tmp_path / "strategy.py"
+    client.write_text(
+        "from clients.fedit import FedITClient\n"
+        "from fedprune_app.methods.flexlora.svd import fit_rank\n"
+    )
+    strategy.write_text("import strategies.fedit\n")
+    assert cross_method_imports("flexlora", [client]) == [
+        f"{client} imports clients.fedit",
+        f"{client} imports clients.fedit.FedITClient",
+    ]
+    assert cross_method_imports("flexlora", [strategy]) == [f"{strategy} imports strategies.fedit"]
+    assert cross_method_imports("fedit", [client, strategy]) == [
+        f"{client} imports fedprune_app.methods.flexlora.svd",
+        f"{client} imports fedprune_app.methods.flexlora.svd.fit_rank",
+    ]
 
 
 MUTABLE = ("dict", "list", "set", "defaultdict", "OrderedDict")
@@ -128,16 +180,20 @@ def module_state(path: Path) -> list[str]:
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
             targets, value = [node.target], node.value
         elif isinstance(node, ast.FunctionDef):
-            names = {ast.unparse(d.func if isinstance(d, ast.Call) else d).split(".")[-1]
-                     for d in node.decorator_list}
+            names = {
+                ast.unparse(d.func if isinstance(d, ast.Call) else d).split(".")[-1]
+                for d in node.decorator_list
+            }
             if names & {"lru_cache", "cache"}:
                 found.append(node.name)
             continue
         literal = ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp
         mutable = isinstance(value, literal) or (
-            isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in MUTABLE)
-        found += [t.id for t in targets
-                  if mutable and isinstance(t, ast.Name) and t.id != "__all__"]
+            isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in MUTABLE
+        )
+        found += [
+            t.id for t in targets if mutable and isinstance(t, ast.Name) and t.id != "__all__"
+        ]
     rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     return [f"{rel}:{name}" for name in found]
 
@@ -154,24 +210,30 @@ def test_no_module_level_mask_or_model_state_in_the_methods() -> None:
 
 def test_the_state_check_sees_dicts_and_lru_caches(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("from functools import lru_cache\n_HELD: dict[str, list[int]] = {}\n"
-                   "KEPT = dict()\n@lru_cache(maxsize=2)\ndef model_for(name): ...\n"
-                   "NAMES = ('a', 'b')\n")
+    bad.write_text(
+        "from functools import lru_cache\n_HELD: dict[str, list[int]] = {}\n"
+        "KEPT = dict()\n@lru_cache(maxsize=2)\ndef model_for(name): ...\n"
+        "NAMES = ('a', 'b')\n"
+    )
     assert [s.split(":")[-1] for s in module_state(bad)] == ["_HELD", "KEPT", "model_for"]
 
 
 def set_masks_callers(paths: list[Path]) -> list[str]:
     """`path:line` of every call of a function named `set_masks`."""
-    return [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}:{node.lineno}" for p in paths
-            for node in ast.walk(ast.parse(p.read_text()))
-            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "set_masks"]
+    return [
+        f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}:{node.lineno}"
+        for p in paths
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "set_masks"
+    ]
 
 
 def test_masks_are_set_only_by_the_context_manager() -> None:
     """`routing.set_masks` has one caller, `routing.masked` (which restores the previous masks on
     leaving); everything else routes a model inside a `with masked(model, masks):` block."""
-    paths = files("fedprune_app", "strategies", "clients", "benchmarks", "experiments",
-                  "fedprune_cli")
+    paths = files(
+        "fedprune_app", "strategies", "clients", "benchmarks", "experiments", "fedprune_cli"
+    )
     callers = set_masks_callers(paths)
     home = "fedprune_app/structural/routing.py:"
     assert callers and all(c.startswith(home) for c in callers), callers
@@ -179,8 +241,9 @@ def test_masks_are_set_only_by_the_context_manager() -> None:
 
 def test_the_set_masks_check_sees_a_hand_paired_call(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("def f(model, masks):\n    routing.set_masks(model, masks)\n"
-                   "    set_masks(model, None)\n")
+    bad.write_text(
+        "def f(model, masks):\n    routing.set_masks(model, masks)\n    set_masks(model, None)\n"
+    )
     assert len(set_masks_callers([bad])) == 2
 
 
@@ -217,7 +280,10 @@ def test_the_app_unpickles_nothing() -> None:
     """No code path of the app or its Flower sides imports pickle: every file it reads is parsed as
     data (core/statefile.py); converting an old trusted pickle is the user's explicit command
     line."""
-    assert offenders(files("fedprune_app", "strategies", "clients"), ("pickle", "dill", "cloudpickle")) == []
+    assert (
+        offenders(files("fedprune_app", "strategies", "clients"), ("pickle", "dill", "cloudpickle"))
+        == []
+    )
 
 
 # How the methods are written in prose as well as their registry names (SFT-P, LLM-Pruner).
@@ -228,8 +294,12 @@ def method_names_in(paths: list[Path], names: tuple[str, ...]) -> list[str]:
     """`path:line: name` for every method name in the files' text (code, comments, docstrings, help
     texts), case-insensitive: `fedspallm` finds FedSpaLLM."""
     pattern = re.compile("|".join(map(re.escape, names)), re.IGNORECASE)
-    return [f"{shown(p)}:{i}: {m.group(0)}" for p in paths
-            for i, line in enumerate(p.read_text().splitlines(), 1) for m in pattern.finditer(line)]
+    return [
+        f"{shown(p)}:{i}: {m.group(0)}"
+        for p in paths
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        for m in pattern.finditer(line)
+    ]
 
 
 def shown(path: Path) -> str:
@@ -256,7 +326,6 @@ def test_the_name_checker_finds_a_method_named_in_prose(tmp_path: Path) -> None:
     assert found == [f"{bad}:1: FedSpaLLM", f"{bad}:2: SFT-P"]
 
 
-
 def undocumented(paths: list[Path]) -> list[str]:
     """`path:line: name` of every public function, method and class without a docstring."""
     out: list[str] = []
@@ -279,6 +348,8 @@ def undocumented(paths: list[Path]) -> list[str]:
 def test_every_public_function_of_the_core_and_every_hook_has_a_docstring(tmp_path: Path) -> None:
     assert undocumented(files("fedprune_app/core")) == []
     bad = tmp_path / "bad.py"
-    bad.write_text('class A:\n    """A."""\n\n    def hook(self):\n        pass\n\n'
-                   '    def _own(self):\n        pass\n')
+    bad.write_text(
+        'class A:\n    """A."""\n\n    def hook(self):\n        pass\n\n'
+        "    def _own(self):\n        pass\n"
+    )
     assert undocumented([bad]) == [f"{bad}:4: A.hook"]

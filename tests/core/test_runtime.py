@@ -16,8 +16,11 @@ def test_known_warnings_are_silenced_and_others_still_show() -> None:
         warnings.simplefilter("always")
         quiet_warnings()
         warnings.warn(jit, DeprecationWarning, stacklevel=1)
-        warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.",
-                      FutureWarning, stacklevel=1)
+        warnings.warn(
+            "`is_gradient_checkpointing` is deprecated and will be removed in v6.",
+            FutureWarning,
+            stacklevel=1,
+        )
         warnings.warn("the adapter has no weights for layer 3", UserWarning, stacklevel=1)
         warnings.warn(jit, UserWarning, stacklevel=1)  # the same text in another category
         warnings.warn("`numpy.foo` is deprecated", DeprecationWarning, stacklevel=1)
@@ -29,13 +32,17 @@ def test_known_warnings_are_silenced_and_others_still_show() -> None:
 
 
 def test_the_bitsandbytes_kernels_line_is_dropped_and_its_other_lines_kept(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     quiet_warnings()
     quiet_warnings()  # idempotent: one filter
     logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
     assert len(logger.filters) == 1
     with caplog.at_level(logging.WARNING, logger="bitsandbytes"):
-        logger.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please "
-                       "make sure you already `pip install kernels`", "No module named 'kernels'")
+        logger.warning(
+            "Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please "
+            "make sure you already `pip install kernels`",
+            "No module named 'kernels'",
+        )
         logger.warning("CUDA kernel failed: %s", "out of memory")
     assert [r.getMessage() for r in caplog.records] == ["CUDA kernel failed: out of memory"]

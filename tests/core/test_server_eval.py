@@ -1,4 +1,5 @@
-"""`server-eval-every`: which rounds the ServerApp scores the global model after (round 0 and the last always)."""
+"""`server-eval-every`: which rounds the ServerApp scores the global model after (round 0 and the
+last always)."""
 
 from __future__ import annotations
 
@@ -27,13 +28,18 @@ class Strategy:
         return None, None
 
 
-@pytest.mark.parametrize("every, scored", [(1, [0, 1, 2, 3, 4, 5]), (2, [0, 2, 4, 5]), (0, [0, 5]),
-                                           (7, [0, 5])])
+@pytest.mark.parametrize(
+    "every, scored", [(1, [0, 1, 2, 3, 4, 5]), (2, [0, 2, 4, 5]), (0, [0, 5]), (7, [0, 5])]
+)
 def test_the_server_scores_round_0_the_last_round_and_every_kth(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, every: int, scored: list[int]) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, every: int, scored: list[int]
+) -> None:
     monkeypatch.setattr(server_app, "held_out_text", lambda source, cfg: "text")
-    monkeypatch.setattr(server_app, "held_out_metrics",
-                        lambda model, tokenizer, text, cfg: {"ppl": 2.0, "ppl-tokens": 4})
+    monkeypatch.setattr(
+        server_app,
+        "held_out_metrics",
+        lambda model, tokenizer, text, cfg: {"ppl": 2.0, "ppl-tokens": 4},
+    )
     cfg = RunConfig.from_flower({"num-server-rounds": 5, "server-eval-every": every})
     run = Recorder()
     evaluate = server_app.server_evaluation(cfg, Strategy(), run)  # type: ignore[arg-type]

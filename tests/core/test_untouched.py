@@ -1,5 +1,5 @@
-"""`cache-untouched`: a client answers round 0 from its machine's cache when model, data, settings and code
-are the same, scores again when any of them changes, and never keeps a non-finite score."""
+"""`cache-untouched`: a client answers round 0 from its machine's cache when model, data, settings
+and code are the same, scores again when any of them changes, and never keeps a non-finite score."""
 
 from __future__ import annotations
 
@@ -15,11 +15,21 @@ from fedprune_app.core import untouched
 from tests.conftest import small_config
 
 
-def _evaluate(cfg_keys: dict[str, Any], server_round: int = 0, partition: int = 0) -> dict[str, Any]:
-    msg = Message(RecordDict({"config": ConfigRecord({"server-round": server_round})}),
-                  message_type=MessageType.EVALUATE, dst_node_id=7)
-    context = Context(run_id=1, node_id=7, state=RecordDict(), run_config=cfg_keys,
-                      node_config={"partition-id": partition, "num-partitions": 2})
+def _evaluate(
+    cfg_keys: dict[str, Any], server_round: int = 0, partition: int = 0
+) -> dict[str, Any]:
+    msg = Message(
+        RecordDict({"config": ConfigRecord({"server-round": server_round})}),
+        message_type=MessageType.EVALUATE,
+        dst_node_id=7,
+    )
+    context = Context(
+        run_id=1,
+        node_id=7,
+        state=RecordDict(),
+        run_config=cfg_keys,
+        node_config={"partition-id": partition, "num-partitions": 2},
+    )
     return dict(client_app.evaluate(msg, context).content.metric_records["metrics"])
 
 
@@ -32,15 +42,20 @@ def scored(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         from flwr.app import MetricRecord
 
         calls.append(1)
-        return RecordDict({"metrics": MetricRecord({"acc": len(calls) / 10, "num-examples": 8}),
-                           "info": self.info()})
+        return RecordDict(
+            {
+                "metrics": MetricRecord({"acc": len(calls) / 10, "num-examples": 8}),
+                "info": self.info(),
+            }
+        )
 
     monkeypatch.setattr(fedit.FedITClient, "evaluate", evaluate)
     return calls
 
 
 def test_round_0_is_scored_once_and_answered_from_the_cache(
-        tiny_model_dir: Path, scored: list[int], flower_ids: None, untouched_cache: Path) -> None:
+    tiny_model_dir: Path, scored: list[int], flower_ids: None, untouched_cache: Path
+) -> None:
     keys = small_config(tiny_model_dir, cache_untouched=True).to_dict()
     first, second = _evaluate(keys), _evaluate(keys)
     assert len(scored) == 1 and first == {"acc": 0.1, "num-examples": 8}
@@ -52,11 +67,15 @@ def test_round_0_is_scored_once_and_answered_from_the_cache(
 
 
 def test_training_keys_share_the_score_and_evaluation_keys_do_not(
-        tiny_model_dir: Path, scored: list[int], flower_ids: None) -> None:
+    tiny_model_dir: Path, scored: list[int], flower_ids: None
+) -> None:
     base = dict(cache_untouched=True)
     _evaluate(small_config(tiny_model_dir, **base).to_dict())
-    _evaluate(small_config(tiny_model_dir, **base, local_steps=9, learning_rate=1e-3,
-                           num_server_rounds=7).to_dict())
+    _evaluate(
+        small_config(
+            tiny_model_dir, **base, local_steps=9, learning_rate=1e-3, num_server_rounds=7
+        ).to_dict()
+    )
     assert len(scored) == 1  # keys that act only after round 0: the same score
     _evaluate(small_config(tiny_model_dir, **base, test_examples=6).to_dict())
     _evaluate(small_config(tiny_model_dir, **base, seed=3).to_dict())
@@ -64,8 +83,9 @@ def test_training_keys_share_the_score_and_evaluation_keys_do_not(
     assert len(scored) == 4  # another test split, seed or client: scored again
 
 
-def test_a_code_change_or_cache_off_scores_again(tiny_model_dir: Path, scored: list[int], flower_ids: None,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_code_change_or_cache_off_scores_again(
+    tiny_model_dir: Path, scored: list[int], flower_ids: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     keys = small_config(tiny_model_dir, cache_untouched=True).to_dict()
     _evaluate(keys)
     monkeypatch.setattr(untouched, "_code", lambda module: "another version")

@@ -77,8 +77,7 @@ def test_the_table_shows_each_client_before_and_after_with_n_and_interval() -> N
     text = dp_utility.render(record)
     assert (
         "| fedit | 8.0 | 0.78 | 7.99 | 3 | bigbench:social_iqa | acc | 0.450 | 0.500 [0.400, "
-        "0.600] | 60 |"
-        in text
+        "0.600] | 60 |" in text
     )
     assert "Not measured" in text
 
@@ -89,3 +88,75 @@ def test_the_dry_run_prints_one_fedprune_command_per_cell(
     assert dp_utility.main(["--dry-run", "--methods", "fedit", "--epsilons", "inf,8"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and all(shlex.split(line)[:2] == ["fedprune", "run"] for line in lines)
+
+
+def _plan(*cells: tuple[str, object]) -> dict:
+    grid = {"clients": 100, "fraction": 0.1, "rounds": 3, "clipping-norm": 0.1}
+    return {**grid, "cells": [{"method": m, "epsilon": e, "sigma": 0.5} for m, e in cells]}
+
+
+def test_a_finished_cell_is_kept_and_an_unfinished_one_planned_again() -> None:
+    old = _plan(("fedit", "inf"), ("fedit", 8.0))
+    old["cells"][0]["result"] = {"clients": []}  # inf finished, 8 did not
+    new = dp_utility.merged(old, _plan(("fedit", "inf"), ("fedit", 8.0), ("sftp", 2.0)), False)
+    assert [("result" in c, c["method"], c["epsilon"]) for c in new["cells"]] == [
+        (True, "fedit", "inf"),
+        (False, "fedit", 8.0),
+        (False, "sftp", 2.0),
+    ]
+    forced = dp_utility.merged(old, _plan(("fedit", "inf")), True)
+    assert ["result" in c for c in forced["cells"]] == [False]
+    kept = dp_utility.merged(old, _plan(("sftp", 2.0)), False)  # a narrower plan keeps the rest
+    assert [("result" in c, c["method"]) for c in kept["cells"]] == [
+        (False, "sftp"),
+        (True, "fedit"),
+    ]
+
+
+def test_a_record_of_another_grid_is_refused_not_mixed() -> None:
+    other = {**_plan(("fedit", "inf")), "clients": 1000}
+    with pytest.raises(SystemExit, match="clients=1000"):
+        dp_utility.merged(other, _plan(("fedit", "inf")), False)
+
+
+def test_the_server_table_shows_round_0_beside_the_last_round() -> None:
+    server = {"0": {"ppl `squad`": 15.06}, "3": {"ppl `squad`": 16.5}, "1": {"ppl `squad`": 15.4}}
+    record = {
+        "cells": [
+            {
+                "method": "fedit",
+                "epsilon": 2.0,
+                "sigma": 2.2,
+                "result": {"privacy": {"epsilon": 1.99}, "server": server},
+            }
+        ]
+    }
+    assert "| fedit | 2.0 | 1.99 | ppl `squad` | 15.060 | 16.500 (round 3) |" in dp_utility.render(
+        record
+    )
+
+
+def test_clients_scored_alike_share_a_line_and_others_keep_theirs() -> None:
+    def row(client: int, data: str, tuned: float) -> dict:
+        return {
+            "client": client,
+            "data": data,
+            "acc/untouched": 0.4,
+            "acc/tuned": tuned,
+            "acc-n/tuned": 60,
+        }
+
+    rows = [row(3, "a", 0.5), row(9, "b", 0.5), row(5, "a", 0.5), row(7, "a", 0.6)]
+    record = {
+        "cells": [
+            {
+                "method": "fedit",
+                "epsilon": "inf",
+                "sigma": 0.0,
+                "result": {"privacy": {}, "clients": rows},
+            }
+        ]
+    }
+    text = dp_utility.render(record)
+    assert "| fedit | inf | 0 | ∞ | 3, 5 | a | acc | 0.400 | 0.500 | 60 |" in text
+    assert "| 9 | b |" in text and "| 7 | a | acc | 0.400 | 0.600 |" in text

@@ -1,4 +1,5 @@
-"""probes.fedspallm.compare: two runs paired on the same windows, checked against a brute-force bootstrap."""
+"""probes.fedspallm.compare: two runs paired on the same windows, checked against a brute-force
+bootstrap."""
 
 from __future__ import annotations
 
@@ -38,18 +39,25 @@ def brute_force(base: dict, variant: dict, iters: int, seed: int) -> np.ndarray:
 
     out = []
     for pick in idx:
-        stat = [ppl(r["fedspallm"][0], pick) - np.mean([ppl(s, pick) for s in r["standalone"]])
-                for r in (base, variant)]
+        stat = [
+            ppl(r["fedspallm"][0], pick) - np.mean([ppl(s, pick) for s in r["standalone"]])
+            for r in (base, variant)
+        ]
         out.append(stat[1] - stat[0])
     return np.array(out)
 
 
-def test_difference_of_the_claims_statistic_matches_a_brute_force_bootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_difference_of_the_claims_statistic_matches_a_brute_force_bootstrap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(fedspallm_compare, "ITERS", 300)
     dense = scores(np.random.default_rng(0))
     base, variant = run_scores(1, 0.4, dense), run_scores(2, -0.2, dense)
     row = fedspallm_compare.compare_corpus(base, variant)
-    gap = [r["fedspallm"][0].perplexity - np.mean([s.perplexity for s in r["standalone"]]) for r in (base, variant)]
+    gap = [
+        r["fedspallm"][0].perplexity - np.mean([s.perplexity for s in r["standalone"]])
+        for r in (base, variant)
+    ]
     point, lo, hi = row["variant - base"]["global - standalone mean"]
     assert point == pytest.approx(gap[1] - gap[0])
     expected = np.percentile(brute_force(base, variant, 300, 0), [2.5, 97.5])
@@ -74,16 +82,30 @@ def test_runs_that_scored_other_windows_are_refused() -> None:
 
 
 def write_run(folder: Path, run: dict[str, list[TokenScores]], corpus: str) -> Path:
-    """A metrics.jsonl with the rows `window_scores` reads: the server's rounds 0 and 1 and one reference per client."""
+    """A metrics.jsonl with the rows `window_scores` reads: the server's rounds 0 and 1 and one
+    reference per client."""
     folder.mkdir(parents=True)
 
     def row(s: TokenScores, **kw: object) -> dict:
-        return {**kw, "data": corpus, "window-nll": s.nll.tolist(), "window-tokens": s.tokens.tolist()}
+        return {
+            **kw,
+            "data": corpus,
+            "window-nll": s.nll.tolist(),
+            "window-tokens": s.tokens.tolist(),
+        }
 
-    rows = [row(run["dense"][0], phase="server-evaluate", round=0),
-            row(run["fedspallm"][0], phase="server-evaluate", round=1)]
-    rows += [row(s, phase="reference", model="standalone", client=k) for k, s in enumerate(run["standalone"])]
-    rows += [{"phase": "train", "round": 1, "client": k, "calib-tokens": 8192} for k in range(len(run["standalone"]))]
+    rows = [
+        row(run["dense"][0], phase="server-evaluate", round=0),
+        row(run["fedspallm"][0], phase="server-evaluate", round=1),
+    ]
+    rows += [
+        row(s, phase="reference", model="standalone", client=k)
+        for k, s in enumerate(run["standalone"])
+    ]
+    rows += [
+        {"phase": "train", "round": 1, "client": k, "calib-tokens": 8192}
+        for k in range(len(run["standalone"]))
+    ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
@@ -93,8 +115,9 @@ def test_cli_writes_a_record_that_renders(tmp_path: Path) -> None:
     base = write_run(tmp_path / "a-seed1", run_scores(1, 0.3, dense), "squad_shifts:nyt")
     variant = write_run(tmp_path / "b-seed1", run_scores(2, 0.0, dense), "squad_shifts:nyt")
     out = tmp_path / "cmp.json"
-    record = fedspallm_compare.main(["--base", str(base), "--variant", str(variant), "--label", "calib 1024",
-                                     "--out", str(out)])
+    record = fedspallm_compare.main(
+        ["--base", str(base), "--variant", str(variant), "--label", "calib 1024", "--out", str(out)]
+    )
     assert json.loads(out.read_text())["corpora"].keys() == {"squad_shifts:nyt"}
     table = render_bench.render("fedspallm-compare", [out])
     assert "| calib 1024 | `nyt` | 40 |" in table and record["kind"] == "fedspallm-compare"

@@ -1,4 +1,5 @@
-"""probes.fedtpa.adapter_norms: update norms against a brute-force sum, dead dimensions, and a real PEFT folder."""
+"""probes.fedtpa.adapter_norms: update norms against a brute-force sum, dead dimensions, and a real
+PEFT folder."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def brute_update_norm(A: np.ndarray, B: np.ndarray, scaling: float) -> float:
     for i in range(B.shape[0]):
         for j in range(A.shape[1]):
             total += (scaling * sum(B[i, k] * A[k, j] for k in range(A.shape[0]))) ** 2
-    return total ** 0.5
+    return total**0.5
 
 
 def test_update_norm_and_dead_dimensions_match_a_brute_force_count() -> None:
@@ -44,13 +45,28 @@ def test_mismatched_ranks_or_missing_factors_are_refused() -> None:
 def write_run(root: Path, method: str, tag: str, partitioner: str, scale_b: float) -> Path:
     run = root / f"20261127-000000-{method}-{tag}"
     (run / "adapter").mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"method": method, "run-tag": tag, "partitioner": partitioner,
-                                                 "dirichlet-alpha": 1.0, "lora-rank": 2}))
-    (run / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 2, "lora_alpha": 4, "rank_pattern": {}}))
+    (run / "config.json").write_text(
+        json.dumps(
+            {
+                "method": method,
+                "run-tag": tag,
+                "partitioner": partitioner,
+                "dirichlet-alpha": 1.0,
+                "lora-rank": 2,
+            }
+        )
+    )
+    (run / "adapter" / "adapter_config.json").write_text(
+        json.dumps({"r": 2, "lora_alpha": 4, "rank_pattern": {}})
+    )
     prefix = "base_model.model.model.layers.0.self_attn.q_proj"
-    save_file({f"{prefix}.lora_A.weight": np.eye(2, 3, dtype=np.float32),
-               f"{prefix}.lora_B.weight": np.full((3, 2), scale_b, dtype=np.float32)},
-              str(run / "adapter" / "adapter_model.safetensors"))
+    save_file(
+        {
+            f"{prefix}.lora_A.weight": np.eye(2, 3, dtype=np.float32),
+            f"{prefix}.lora_B.weight": np.full((3, 2), scale_b, dtype=np.float32),
+        },
+        str(run / "adapter" / "adapter_model.safetensors"),
+    )
     return run
 
 
@@ -61,8 +77,8 @@ def test_a_peft_folder_is_read_with_its_scaling_and_rendered_against_fedit(tmp_p
     record = norms.main([str(fedit), str(tpa), str(iid), "--out", str(tmp_path / "r.json")])
     rows = {row["run-tag"]: row for row in record["runs"]}
     # (α/r)·B·A = 2 · [[1, 1, 0]] × 3 rows: ‖·‖_F = 2·√6 for FedIT, half of it with B halved
-    assert rows["a1-fedit"]["update-norm"] == pytest.approx(2 * 6 ** 0.5)
-    assert rows["a1-fedtpa"]["update-norm"] == pytest.approx(6 ** 0.5)
+    assert rows["a1-fedit"]["update-norm"] == pytest.approx(2 * 6**0.5)
+    assert rows["a1-fedtpa"]["update-norm"] == pytest.approx(6**0.5)
     assert (rows["a1-fedtpa"]["alpha"], rows["ainf-fedtpa"]["alpha"]) == ("1", "inf")
     table = render_bench.render("fedtpa-adapter-norms", [tmp_path / "r.json"])
     assert "| `a1-fedtpa` | 1 | 2.449 | 0.50 | 0 of 2 | 0 of 1 |" in table

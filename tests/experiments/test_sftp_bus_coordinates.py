@@ -1,4 +1,5 @@
-"""experiments/probes/sftp/bus_coordinates.py: the masks drop exactly the named coordinates, in every layer and mask."""
+"""experiments/probes/sftp/bus_coordinates.py: the masks drop exactly the named coordinates, in
+every layer and mask."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from fedprune_app.structural.routing import MASK_NAMES
 from tests.conftest import small_config
 
 
-def test_masks_drop_exactly_the_coordinates_and_magnitude_is_per_coordinate(tiny_model_dir: Path) -> None:
+def test_masks_drop_exactly_the_coordinates_and_magnitude_is_per_coordinate(
+    tiny_model_dir: Path,
+) -> None:
     cfg = small_config(tiny_model_dir, method="sftp")
     model, tokenizer = routed_model(cfg)
     masks = masks_without(model, [1, 5])

@@ -1,5 +1,6 @@
-"""probes.sftp.conditioning: the surrogate's best cuts against brute force, the `captured` score, and Alg. 1's
-mask side learning what the surrogate asks (alone: the client's own cut; NOC: one cut for all)."""
+"""probes.sftp.conditioning: the surrogate's best cuts against brute force, the `captured` score,
+and Alg. 1's mask side learning what the surrogate asks (alone: the client's own cut; NOC: one cut
+for all)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,13 @@ from fedprune_app.structural.routing import kept_parameters, prunable_parameters
 
 
 def tiny_config(layers: int = 1, hidden: int = 4) -> LlamaConfig:
-    return LlamaConfig(hidden_size=hidden, intermediate_size=6, num_attention_heads=2, num_key_value_heads=1,
-                       num_hidden_layers=layers)
+    return LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=6,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_hidden_layers=layers,
+    )
 
 
 def test_cost_tensor_is_the_kept_parameters_of_one_coordinate() -> None:
@@ -36,8 +42,9 @@ def test_cost_tensor_is_the_kept_parameters_of_one_coordinate() -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_best_cut_is_optimal_among_every_mask_of_at_most_its_cost(seed: int) -> None:
-    """Brute force over all 2^16 gate sets of a 1-layer, 4-coordinate bus: no set that costs at most what the
-    best cut keeps loses less (a ratio-ordered prefix is the LP optimum at its own cost)."""
+    """Brute force over all 2^16 gate sets of a 1-layer, 4-coordinate bus: no set that costs at most
+    what the best cut keeps loses less (a ratio-ordered prefix is the LP optimum at its own
+    cost)."""
     config = tiny_config()
     w = surrogate_importance(config, 1, 0.0, 16.0, seed, layer_share=1.0)[0]
     cut = best_cut(w, config, 0.6)
@@ -54,7 +61,9 @@ def test_importance_shares_what_rho_says() -> None:
     config = tiny_config(layers=3, hidden=8)
     same = surrogate_importance(config, 3, 0.0, 16.0, 0)
     assert all(torch.equal(same[0], w) for w in same)
-    assert torch.equal(same[0][0], same[0][2])  # layer_share 0: one importance per coordinate in every layer
+    assert torch.equal(
+        same[0][0], same[0][2]
+    )  # layer_share 0: one importance per coordinate in every layer
     own = surrogate_importance(config, 2, 1.0, 16.0, 0)
     assert not torch.allclose(own[0], own[1])
     with pytest.raises(ValueError, match="--specific"):
@@ -71,15 +80,26 @@ def test_captured_is_one_at_the_own_cut_and_zero_at_the_common_cut() -> None:
     assert captured(w[0], everything, own, common) > 1.0
 
 
-SETTINGS = {"rounds": 3, "steps": 25, "lr": 0.03, "weight-decay": 0.05, "tau": 1.0, "bias": 3.0, "lambda": 16.0,
-            "embed-dim": 8, "hidden": 16, "max-grad-norm": 1.0}
+SETTINGS = {
+    "rounds": 3,
+    "steps": 25,
+    "lr": 0.03,
+    "weight-decay": 0.05,
+    "tau": 1.0,
+    "bias": 3.0,
+    "lambda": 16.0,
+    "embed-dim": 8,
+    "hidden": 16,
+    "max-grad-norm": 1.0,
+}
 
 
 def test_each_mode_learns_what_its_design_allows() -> None:
     """The real generator, gates and penalty on a 2-layer, 16-coordinate bus, two clients with fully
-    client-specific importance: alone, each client gets nearly all of its personal gain at its budget; federated
-    with +C (Θ averaged, e_k private) most of it; under NOC every client deploys the same cut, so none of it.
-    Fails if e_k did not condition the generator (fed = NOC) or a client deployed another's mask."""
+    client-specific importance: alone, each client gets nearly all of its personal gain at its
+    budget; federated with +C (Θ averaged, e_k private) most of it; under NOC every client deploys
+    the same cut, so none of it. Fails if e_k did not condition the generator (fed = NOC) or a
+    client deployed another's mask."""
     config = tiny_config(layers=2, hidden=16)
     w = surrogate_importance(config, 2, 1.0, 16.0, 0)
     alone = train("alone", w, config, 0.7, SETTINGS, seed=0)[-1]

@@ -24,7 +24,10 @@ def _slow_build(target: str, counter: str) -> None:
 
 def test_build_once_builds_exactly_once_across_processes(tmp_path: Path) -> None:
     target, counter = tmp_path / "model", tmp_path / "count"
-    procs = [mp.get_context("spawn").Process(target=_slow_build, args=(str(target), str(counter))) for _ in range(4)]
+    procs = [
+        mp.get_context("spawn").Process(target=_slow_build, args=(str(target), str(counter)))
+        for _ in range(4)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -47,8 +50,12 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path: Path) -> None:
 def test_embedded_model_is_a_plain_llama_checkpoint() -> None:
     config = json.loads((embedded_model_dir() / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
-    assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
-            config["num_key_value_heads"]) == (30, 576, 9, 3)
+    assert (
+        config["num_hidden_layers"],
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+    ) == (30, 576, 9, 3)
 
 
 @pytest.mark.slow
@@ -59,12 +66,20 @@ def test_embedded_smollm2_perplexity_on_wikipedia_matches_the_reference() -> Non
     from fedprune_app.llm.models import load_base_model, load_tokenizer
 
     cfg = RunConfig.from_flower({})
-    ppl = perplexity(load_base_model("embedded"), load_tokenizer("embedded"),
-                     held_out_text("squad_shifts:squaddev", cfg), 256, 256, 2048)
+    ppl = perplexity(
+        load_base_model("embedded"),
+        load_tokenizer("embedded"),
+        held_out_text("squad_shifts:squaddev", cfg),
+        256,
+        256,
+        2048,
+    )
     assert 12 < ppl < 35
 
 
-def test_download_from_an_html_simple_index_checks_the_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_download_from_an_html_simple_index_checks_the_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import functools
     import hashlib
     import http.server
@@ -79,7 +94,9 @@ def test_download_from_an_html_simple_index_checks_the_hash(tmp_path: Path, monk
     good = hashlib.sha256(payload).hexdigest()
     (tmp_path / "simple" / "pkg" / "index.html").write_text(
         f'<html><body><a href="../../files/pkg-1.0.tar.gz#sha256={good}">pkg-1.0.tar.gz</a><br/>'
-        f'<a href="../../files/pkg-1.0.tar.gz#sha256={"0" * 64}" data-x="y">pkg-bad.tar.gz</a></body></html>')
+        f'<a href="../../files/pkg-1.0.tar.gz#sha256={"0" * 64}" '
+        'data-x="y">pkg-bad.tar.gz</a></body></html>'
+    )
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -1,6 +1,7 @@
-"""Device placement (run-config `device`) without a GPU: the key, the load-time errors, what `load_base_model`
-asks transformers for, every input path following `model_device`, allocations following their inputs' device
-(a `meta` tensor stands in for a GPU: mixing it with CPU tensors raises), and the CPU paths with device=cpu."""
+"""Device placement (run-config `device`) without a GPU: the key, the load-time errors, what
+`load_base_model` asks transformers for, every input path following `model_device`, allocations
+following their inputs' device (a `meta` tensor stands in for a GPU: mixing it with CPU tensors
+raises), and the CPU paths with device=cpu."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
 
 
-# --- the key and resolve_device ----------------------------------------------------------------------------
+# --- the key and resolve_device -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("value", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
 def test_every_allowed_form_parses_without_a_gpu(value: str) -> None:
@@ -48,7 +50,9 @@ def test_every_allowed_form_parses_without_a_gpu(value: str) -> None:
     assert RunConfig.from_flower({"device": value}).device == value
 
 
-@pytest.mark.parametrize("bad", ["gpu", "CUDA", "cuda:", "cuda:x", "cuda:-1", "cpu:0", " cpu", "mps"])
+@pytest.mark.parametrize(
+    "bad", ["gpu", "CUDA", "cuda:", "cuda:x", "cuda:-1", "cpu:0", " cpu", "mps"]
+)
 def test_a_bad_device_names_the_key_and_the_allowed_values(bad: str) -> None:
     for check in (lambda: RunConfig.from_flower({"device": bad}), lambda: resolve_device(bad)):
         with pytest.raises(ConfigError, match=r"'device'.*'auto', 'cpu', 'cuda' or 'cuda:<index>'"):
@@ -78,29 +82,45 @@ def test_resolve_with_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_device("cuda:2")
 
 
-def test_asking_for_cuda_without_cuda_fails_at_load(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The clear error comes from the model loaders (CUDA's absence faked, so a GPU machine runs the same test),
-    not from config parsing."""
+def test_asking_for_cuda_without_cuda_fails_at_load(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clear error comes from the model loaders (CUDA's absence faked, so a GPU machine runs the
+    same test), not from config parsing."""
     from fedprune_app.llm.layers import dense_model
     from fedprune_app.methods.sftp.models import routed_model
 
     fake_cuda(monkeypatch, 0)
     cfg = small_config(tiny_model_dir, device="cuda")  # parses
-    for load in (lambda: load_base_model(str(tiny_model_dir), device="cuda"), lambda: peft_model_for(cfg),
-                 lambda: dense_model(cfg), lambda: routed_model(cfg.replace(method="sftp"))):
-        with pytest.raises(ConfigError, match="'device' is 'cuda' but this process sees no CUDA device"):
+    for load in (
+        lambda: load_base_model(str(tiny_model_dir), device="cuda"),
+        lambda: peft_model_for(cfg),
+        lambda: dense_model(cfg),
+        lambda: routed_model(cfg.replace(method="sftp")),
+    ):
+        with pytest.raises(
+            ConfigError, match="'device' is 'cuda' but this process sees no CUDA device"
+        ):
             load()
 
 
-@pytest.mark.parametrize(("device", "quantization", "expected"), [
-    ("cpu", "none", None), ("auto", "none", {"": "cuda"}), ("cuda:1", "none", {"": "cuda:1"}),
-    ("auto", "4bit", "auto"), ("cuda", "8bit", "auto"), ("cuda:1", "4bit", {"": "cuda:1"}),
-    ("cpu", "4bit", {"": "cpu"}),
-])
-def test_what_load_base_model_asks_transformers_for(monkeypatch: pytest.MonkeyPatch, device: str,
-                                                    quantization: str, expected: Any) -> None:
-    """With 2 (pretended) GPUs: a plain model is loaded straight onto its one device, a quantized one gets
-    bitsandbytes' 'auto' map unless one device is named."""
+@pytest.mark.parametrize(
+    ("device", "quantization", "expected"),
+    [
+        ("cpu", "none", None),
+        ("auto", "none", {"": "cuda"}),
+        ("cuda:1", "none", {"": "cuda:1"}),
+        ("auto", "4bit", "auto"),
+        ("cuda", "8bit", "auto"),
+        ("cuda:1", "4bit", {"": "cuda:1"}),
+        ("cpu", "4bit", {"": "cpu"}),
+    ],
+)
+def test_what_load_base_model_asks_transformers_for(
+    monkeypatch: pytest.MonkeyPatch, device: str, quantization: str, expected: Any
+) -> None:
+    """With 2 (pretended) GPUs: a plain model is loaded straight onto its one device, a quantized
+    one gets bitsandbytes' 'auto' map unless one device is named."""
     from transformers import AutoModelForCausalLM
 
     fake_cuda(monkeypatch, 2)
@@ -116,23 +136,29 @@ def test_what_load_base_model_asks_transformers_for(monkeypatch: pytest.MonkeyPa
     assert ("quantization_config" in seen) == (quantization != "none")
 
 
-def test_model_device_reads_the_input_embeddings_else_the_first_parameter(tiny_model_dir: Path) -> None:
+def test_model_device_reads_the_input_embeddings_else_the_first_parameter(
+    tiny_model_dir: Path,
+) -> None:
     model, _ = peft_model_for(small_config(tiny_model_dir, device="cpu"))
     assert model_device(model) == CPU
     assert model_device(nn.Linear(2, 2, device="meta")) == META
 
 
-# --- every input path follows model_device -----------------------------------------------------------------
+# --- every input path follows model_device --------------------------------------------------------
+
 
 class _Seen(Exception):
     pass
 
 
 @contextmanager
-def inputs_recorded(model: nn.Module, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list, list]]:
-    """`model_device` (in every module that feeds a model) answers META and records its argument; the model's
-    input embedding records the device of the token ids it receives and stops the call there (a meta tensor
-    cannot go further through a CPU model). Yields (models asked about, devices of the ids received)."""
+def inputs_recorded(
+    model: nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[list, list]]:
+    """`model_device` (in every module that feeds a model) answers META and records its argument;
+    the model's input embedding records the device of the token ids it receives and stops the call
+    there (a meta tensor cannot go further through a CPU model). Yields (models asked about, devices
+    of the ids received)."""
     asked: list[nn.Module] = []
     received: list[torch.device] = []
 
@@ -140,9 +166,16 @@ def inputs_recorded(model: nn.Module, monkeypatch: pytest.MonkeyPatch) -> Iterat
         asked.append(m)
         return META
 
-    for module in (fedprune_app.llm.training, fedprune_app.llm.evaluation, fedprune_app.methods.fedspallm.pruners,
-                   fedprune_app.methods.sftp.models, fedprune_app.structural.held, fedprune_app.structural.speed,
-                   clients.fedtpa, clients.sftp):
+    for module in (
+        fedprune_app.llm.training,
+        fedprune_app.llm.evaluation,
+        fedprune_app.methods.fedspallm.pruners,
+        fedprune_app.methods.sftp.models,
+        fedprune_app.structural.held,
+        fedprune_app.structural.speed,
+        clients.fedtpa,
+        clients.sftp,
+    ):
         monkeypatch.setattr(module, "model_device", spy)
 
     def hook(_module: nn.Module, args: tuple) -> None:
@@ -157,8 +190,9 @@ def inputs_recorded(model: nn.Module, monkeypatch: pytest.MonkeyPatch) -> Iterat
         model.eval()
 
 
-def test_training_and_evaluation_inputs_go_to_the_models_device(tiny_model_dir: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_training_and_evaluation_inputs_go_to_the_models_device(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from clients.fedtpa import mean_feature
     from fedprune_app.llm.evaluation import generate, mean_loss, perplexity
     from fedprune_app.llm.training import train_steps
@@ -174,21 +208,29 @@ def test_training_and_evaluation_inputs_go_to_the_models_device(tiny_model_dir: 
     }
     for name, call in calls.items():
         with inputs_recorded(model, monkeypatch) as (asked, received), pytest.raises(_Seen):
-            if name == "generate":  # HF's generate inspects its ids (.item()) before the first forward
+            if (
+                name == "generate"
+            ):  # HF's generate inspects its ids (.item()) before the first forward
+
                 def fake_generate(**kwargs: Any) -> None:
-                    received.extend({t.device for t in kwargs.values() if isinstance(t, torch.Tensor)})
+                    received.extend(
+                        {t.device for t in kwargs.values() if isinstance(t, torch.Tensor)}
+                    )
                     raise _Seen
+
                 monkeypatch.setattr(model, "generate", fake_generate)
             call()
         assert asked and all(m is model for m in asked), name
         # train_steps also feeds the packing probe (`packs_exactly`), on the same device
-        assert received and set(received) == {META}, \
+        assert received and set(received) == {META}, (
             f"{name} fed the model on {received}, not on the device model_device named"
+        )
     monkeypatch.delattr(model, "generate")
 
 
-def test_pruning_and_sftp_inputs_go_to_the_models_device(tiny_model_dir: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pruning_and_sftp_inputs_go_to_the_models_device(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fedprune_app.llm.layers import calibration_batches, dense_model
     from fedprune_app.methods.fedspallm.pruners import prune_sequentially, pruner_for
     from fedprune_app.methods.sftp.generator import generator_for
@@ -207,23 +249,35 @@ def test_pruning_and_sftp_inputs_go_to_the_models_device(tiny_model_dir: Path,
     generator = generator_for(cfg, model.config, seed=0)
     with inputs_recorded(model, monkeypatch) as (asked, received), pytest.raises(_Seen):
         local_round(cfg, model, tok, generator, ClientState(None), examples(), RoundPlan(1, 0, 0.5))
-    assert asked and all(m is model for m in asked) and received and set(received) == {META}  # probe included
+    assert (
+        asked and all(m is model for m in asked) and received and set(received) == {META}
+    )  # probe included
 
 
-def test_speed_table_times_each_model_on_its_device(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The compiled-models table (SFT-P, LLM-Pruner, SliceGPT) builds its prompt on the CPU: it must move it to
-    each model's device (found on an H200: a CPU prompt into a CUDA model raised in the embedding's index_select)."""
+def test_speed_table_times_each_model_on_its_device(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled-models table (SFT-P, LLM-Pruner, SliceGPT) builds its prompt on the CPU: it must
+    move it to each model's device (found on an H200: a CPU prompt into a CUDA model raised in the
+    embedding's index_select)."""
     from fedprune_app.llm.layers import dense_model
     from fedprune_app.structural.speed import speed_table
 
     model, _ = dense_model(small_config(tiny_model_dir, device="cpu"))
     with inputs_recorded(model, monkeypatch) as (asked, received), pytest.raises(_Seen):
-        speed_table({"dense": model}, int(model.config.vocab_size), model.config.eos_token_id, prefill=8,
-                    new_tokens=1, repeats=1)
+        speed_table(
+            {"dense": model},
+            int(model.config.vocab_size),
+            model.config.eos_token_id,
+            prefill=8,
+            new_tokens=1,
+            repeats=1,
+        )
     assert asked == [model] and received == [META]
 
 
-# --- allocations follow their inputs' device (meta raises when mixed with the CPU) --------------------------
+# --- allocations follow their inputs' device (meta raises when mixed with the CPU) ----------------
+
 
 def test_input_stats_and_hessians_live_on_the_inputs_device_in_float32() -> None:
     from fedprune_app.methods.fedspallm.pruners import collect_input_stats
@@ -243,7 +297,9 @@ def test_contribution_ema_lives_on_the_adapters_device() -> None:
     lora = nn.Module()
     lora.lora_A = nn.ModuleDict({"default": nn.Linear(6, 2, bias=False, device="meta")})
     lora.lora_B = nn.ModuleDict({"default": nn.Linear(2, 5, bias=False, device="meta")})
-    initial = {"l.lora_A": torch.ones(2, 6)}  # last round's EMA comes back from context.state on the CPU
+    initial = {
+        "l.lora_A": torch.ones(2, 6)
+    }  # last round's EMA comes back from context.state on the CPU
     tracker = ContributionTracker({"l": lora}, 0.85, initial)
     assert {t.device for t in tracker.ema.values()} == {META}
     assert tracker.scores().shape == (1, 2)
@@ -254,19 +310,34 @@ def test_sftp_masks_budget_and_routing_follow_the_hidden_states() -> None:
     from fedprune_app.methods.sftp.objective import budget_penalty
     from fedprune_app.structural.routing import MASK_NAMES, kept_parameters, merge, route
 
-    config = type("Config", (), {"hidden_size": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
-                                 "intermediate_size": 8, "num_hidden_layers": 1})()
+    config = type(
+        "Config",
+        (),
+        {
+            "hidden_size": 4,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "intermediate_size": 8,
+            "num_hidden_layers": 1,
+        },
+    )()
     masks = [{n: torch.ones(4, device="meta") for n in MASK_NAMES}]
     kept = kept_parameters(config, masks)
     assert kept.device == META and budget_penalty(kept, 10.0).device == META
-    x, g_cpu = torch.zeros(2, 3, 4, device="meta"), torch.ones(4)  # masks from a generator left on the CPU
+    x, g_cpu = (
+        torch.zeros(2, 3, 4, device="meta"),
+        torch.ones(4),
+    )  # masks from a generator left on the CPU
     norm = nn.RMSNorm(4, eps=1e-6, device="meta")
     assert route(x, g_cpu, norm).device == META and merge(x, x, g_cpu).device == META
     cfg = RunConfig.from_flower({"method": "sftp"})
-    assert {p.device for p in generator_for(cfg, config, seed=0, device="meta").parameters()} == {META}
+    assert {p.device for p in generator_for(cfg, config, seed=0, device="meta").parameters()} == {
+        META
+    }
 
 
-# --- the CPU paths, device=cpu explicitly --------------------------------------------------------------------
+# --- the CPU paths, device=cpu explicitly ---------------------------------------------------------
+
 
 def test_cpu_paths_run_with_device_cpu(tiny_model_dir: Path) -> None:
     import numpy as np
@@ -286,10 +357,15 @@ def test_cpu_paths_run_with_device_cpu(tiny_model_dir: Path) -> None:
     assert {v.device for v in models.get_adapter_state(model).values()} == {CPU}
 
     pruned, tok = dense_model(cfg)
-    batches = calibration_batches([text_example("t", " ".join(map(str, range(200))))], tok, 4, 16, seed=0)
+    batches = calibration_batches(
+        [text_example("t", " ".join(map(str, range(200))))], tok, 4, 16, seed=0
+    )
     masks = prune_sequentially(pruned, batches, [0, 1], pruner_for(cfg))
-    assert masks and {m.device for m in masks.values()} == {CPU} and {m.dtype for m in masks.values()} == {
-        torch.bool}
+    assert (
+        masks
+        and {m.device for m in masks.values()} == {CPU}
+        and {m.dtype for m in masks.values()} == {torch.bool}
+    )
     assert all(abs(sparsity_of(m) - 0.5) < 0.02 for m in masks.values())
     weights, _, _ = prunable_weights(cfg)  # restores the dense copy, kept on the CPU
     assert {w.dtype for w in weights.values()} == {np.dtype(np.float32)}

@@ -1,4 +1,5 @@
-"""Perplexity intervals against brute force: an explicit resampling loop with the same seed, percentiles by hand."""
+"""Perplexity intervals against brute force: an explicit resampling loop with the same seed,
+percentiles by hand."""
 
 from __future__ import annotations
 
@@ -28,11 +29,15 @@ def _percentile_by_hand(values: list[float], q: float) -> float:
 
 
 def _loop(scores: list[TokenScores], combine, iters: int, seed: int) -> list[float]:
-    """One resample at a time: n unit indices drawn with replacement, each model's ppl on them, combined."""
+    """One resample at a time: n unit indices drawn with replacement, each model's ppl on them,
+    combined."""
     rng, n, out = np.random.default_rng(seed), len(scores[0].nll), []
     for _ in range(iters):
         idx = [int(i) for i in rng.integers(0, n, size=n)]
-        ppl = [math.exp(sum(s.nll[i] for i in idx) / sum(int(s.tokens[i]) for i in idx)) for s in scores]
+        ppl = [
+            math.exp(sum(s.nll[i] for i in idx) / sum(int(s.tokens[i]) for i in idx))
+            for s in scores
+        ]
         out.append(combine(*ppl))
     return out
 
@@ -48,18 +53,22 @@ def test_perplexity_interval_is_the_percentile_of_an_explicit_resampling_loop() 
     assert perplexity_interval(A, iters=300, seed=12, level=0.9) != ci
 
 
-@pytest.mark.parametrize(("statistic", "combine"), [("ratio", lambda a, b: a / b), ("difference", lambda a, b: a - b)])
+@pytest.mark.parametrize(
+    ("statistic", "combine"), [("ratio", lambda a, b: a / b), ("difference", lambda a, b: a - b)]
+)
 def test_paired_interval_resamples_both_models_on_the_same_units(statistic: str, combine) -> None:
     ci = paired_perplexity_interval(A, B, statistic, iters=200, seed=5)
     ref = _loop([A, B], combine, 200, 5)
     assert ci.estimate == pytest.approx(combine(A.perplexity, B.perplexity))
-    assert (ci.lo, ci.hi) == pytest.approx((_percentile_by_hand(ref, 2.5), _percentile_by_hand(ref, 97.5)),
-                                           rel=1e-12)
+    assert (ci.lo, ci.hi) == pytest.approx(
+        (_percentile_by_hand(ref, 2.5), _percentile_by_hand(ref, 97.5)), rel=1e-12
+    )
 
 
 def test_a_model_against_itself_has_a_zero_width_paired_interval_but_not_an_unpaired_one() -> None:
     assert paired_perplexity_interval(A, A, "ratio", iters=100) == pytest.approx(
-        type(perplexity_interval(A))(1.0, 1.0, 1.0, 0.95))
+        type(perplexity_interval(A))(1.0, 1.0, 1.0, 0.95)
+    )
     ci = perplexity_interval(A, iters=100)
     assert ci.hi - ci.lo > 0.1 * ci.estimate
 
@@ -76,7 +85,8 @@ def test_bad_input_names_what_is_wrong() -> None:
 
 
 def test_resampled_perplexities_draw_one_set_of_units_for_every_model() -> None:
-    """Draw by draw, the same resampled units for both models: A − B equals the explicit paired loop."""
+    """Draw by draw, the same resampled units for both models: A − B equals the explicit paired
+    loop."""
     draws = resampled_perplexities({"a": A, "b": B}, iters=150, seed=9)
     ref = _loop([A, B], lambda a, b: a - b, 150, 9)
     assert draws["a"] - draws["b"] == pytest.approx(ref, rel=1e-12)
@@ -85,8 +95,8 @@ def test_resampled_perplexities_draw_one_set_of_units_for_every_model() -> None:
 
 
 def test_pooled_interval_resamples_replicates_then_takes_each_replicates_own_draw() -> None:
-    """Two-stage bootstrap against a loop: each sample draws replicates with replacement and averages their draws
-    of that sample; one replicate is its own percentile interval."""
+    """Two-stage bootstrap against a loop: each sample draws replicates with replacement and
+    averages their draws of that sample; one replicate is its own percentile interval."""
     rng = np.random.default_rng(3)
     draws = [rng.normal(mu, 1.0, size=400) for mu in (0.0, 2.0, 5.0)]
     ci = pooled_interval([0.1, 2.1, 4.9], draws, seed=4, level=0.9)
@@ -94,11 +104,14 @@ def test_pooled_interval_resamples_replicates_then_takes_each_replicates_own_dra
     for i in range(400):
         ref.append(sum(float(draws[int(j)][i]) for j in pick[i]) / 3)
     assert ci.estimate == pytest.approx(7.1 / 3)
-    assert (ci.lo, ci.hi) == pytest.approx((_percentile_by_hand(ref, 5.0), _percentile_by_hand(ref, 95.0)),
-                                           rel=1e-12)
+    assert (ci.lo, ci.hi) == pytest.approx(
+        (_percentile_by_hand(ref, 5.0), _percentile_by_hand(ref, 95.0)), rel=1e-12
+    )
     single = pooled_interval([0.1], draws[:1], level=0.9)
-    assert (single.lo, single.hi) == pytest.approx((_percentile_by_hand(list(draws[0]), 5.0),
-                                                    _percentile_by_hand(list(draws[0]), 95.0)), rel=1e-12)
+    assert (single.lo, single.hi) == pytest.approx(
+        (_percentile_by_hand(list(draws[0]), 5.0), _percentile_by_hand(list(draws[0]), 95.0)),
+        rel=1e-12,
+    )
     # the replicates' spread widens the interval beyond any one replicate's
     assert ci.hi - ci.lo > single.hi - single.lo
     with pytest.raises(ValueError, match="one set of draws per estimate"):

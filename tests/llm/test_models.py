@@ -1,4 +1,5 @@
-"""Model loading from a local path (the code path of any HF name), bitsandbytes 4-bit, LoRA state round trips."""
+"""Model loading from a local path (the code path of any HF name), bitsandbytes 4-bit, LoRA state
+round trips."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def test_fresh_lora_leaves_the_output_unchanged_and_state_round_trips(tiny_model
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, before)
     state = get_adapter_state(model)
-    assert all(("lora_A" in k or "lora_B" in k) for k in state) and len(state) == 2 * 2 * 2  # 2 layers, q+v, A+B
+    assert (
+        all(("lora_A" in k or "lora_B" in k) for k in state) and len(state) == 2 * 2 * 2
+    )  # 2 layers, q+v, A+B
     changed = {k: v + 0.01 for k, v in state.items()}
     set_adapter_state(model, changed)
     for k, v in get_adapter_state(model).items():
@@ -64,7 +67,9 @@ def test_4bit_loading_and_a_qlora_step(tiny_model_dir: Path) -> None:
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
-def test_saved_adapter_reloads_through_peft_and_load_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_saved_adapter_reloads_through_peft_and_load_run(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     cfg = small_config(tiny_model_dir)
     model = add_lora(load_base_model(str(tiny_model_dir)), cfg, seed=0)
     set_adapter_state(model, {k: v + 0.05 for k, v in get_adapter_state(model).items()})
@@ -85,10 +90,17 @@ def test_the_library_loads_a_model_from_its_own_settings(tiny_model_dir: Path) -
     from fedprune_app.core.config import RunConfig
     from fedprune_app.llm.models import Lora, cached_peft_model, peft_model_for
 
-    settings = SimpleNamespace(model_name=str(tiny_model_dir), model_dtype="float32",
-                               model_quantization="none", device="cpu", lora_rank=4, lora_alpha=8,
-                               lora_dropout=0.0,
-                               lora_target_modules="q_proj,v_proj", seed=3)
+    settings = SimpleNamespace(
+        model_name=str(tiny_model_dir),
+        model_dtype="float32",
+        model_quantization="none",
+        device="cpu",
+        lora_rank=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        lora_target_modules="q_proj,v_proj",
+        seed=3,
+    )
     cached_peft_model.cache_clear()
     built = RunConfig.from_flower
     try:
@@ -114,8 +126,13 @@ def loading_path(load: Any) -> list[str]:
     original = transformers.AutoModelForCausalLM.from_pretrained.__func__
 
     def spy(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append([frame.name for frame in traceback.extract_stack()
-                     if "/fedprune_app/" in frame.filename])
+        seen.append(
+            [
+                frame.name
+                for frame in traceback.extract_stack()
+                if "/fedprune_app/" in frame.filename
+            ]
+        )
         return original(cls, *args, **kwargs)
 
     transformers.AutoModelForCausalLM.from_pretrained = classmethod(spy)
@@ -137,10 +154,19 @@ def test_model_loading_is_a_few_calls_deep(tiny_model_dir: Path) -> None:
     cached_peft_model.cache_clear()
     _cached_model.cache_clear()
     assert loading_path(lambda: peft_model_for(cfg, rank=2)) == [
-        "peft_model_for", "cached_peft_model", "load_base_model"]
+        "peft_model_for",
+        "cached_peft_model",
+        "load_base_model",
+    ]
     assert loading_path(lambda: dense_model(cfg)) == [
-        "dense_model", "_cached_model", "load_base_model"]
+        "dense_model",
+        "_cached_model",
+        "load_base_model",
+    ]
     keep = {"heads": np.ones((2, 2), bool), "channels": np.ones((2, 128), bool)}
     assert loading_path(lambda: pruned_model_for(cfg, keep)) == [
-        "pruned_model_for", "_pruned", "load_base_model"]
+        "pruned_model_for",
+        "_pruned",
+        "load_base_model",
+    ]
     cached_peft_model.cache_clear()

@@ -15,12 +15,15 @@ from tests.conftest import small_config
 
 def _masks(model: torch.nn.Module, seed: int) -> list[dict[str, torch.Tensor]]:
     d, gen = model.config.hidden_size, torch.Generator().manual_seed(seed)
-    return [{n: (torch.rand(d, generator=gen) < 0.5).float() for n in MASK_NAMES}
-            for _ in range(model.config.num_hidden_layers)]
+    return [
+        {n: (torch.rand(d, generator=gen) < 0.5).float() for n in MASK_NAMES}
+        for _ in range(model.config.num_hidden_layers)
+    ]
 
 
 def test_the_cache_keeps_one_model_per_setting_and_drops_the_least_recent(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     cache = RoutedModels(size=1)
     cfg = small_config(tiny_model_dir, device="cpu")
     plain, _ = cache.routed(cfg, adapters=False)
@@ -35,7 +38,8 @@ def test_the_cache_keeps_one_model_per_setting_and_drops_the_least_recent(
 
 
 def test_a_masked_model_routes_every_call_and_leaves_the_shared_model_dense(
-        tiny_model_dir: Path) -> None:
+    tiny_model_dir: Path,
+) -> None:
     model, _ = RoutedModels().routed(small_config(tiny_model_dir, device="cpu"), adapters=False)
     ids = torch.tensor([[1, 20, 300, 40, 5, 6]])
     masks = _masks(model, seed=0)

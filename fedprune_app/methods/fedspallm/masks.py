@@ -1,4 +1,5 @@
-"""FedSpaLLM's masks: the exact ⌈s·d⌉ zero count, sparsity reports, `masks.npz` (wire format: core.encoding)."""
+"""FedSpaLLM's masks: the exact ⌈s·d⌉ zero count, sparsity reports, `masks.npz` (wire format:
+core.encoding)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 import numpy as np
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.encoding import MASK_SUFFIX as MASK_SUFFIX  # `<name>:mask`: bit-packed, True = kept
+from fedprune_app.core.encoding import (
+    MASK_SUFFIX as MASK_SUFFIX,
+)  # `<name>:mask`: bit-packed, True = kept
 from fedprune_app.llm.layers import model_with_weights
 
 
@@ -22,11 +25,18 @@ def target_count(sparsity: float, size: int) -> int:
 
 def sparsity_report(state: dict[str, np.ndarray]) -> dict[str, Any]:
     """Per matrix (zeros, size, their ratio) and overall: the exact zeros of each pruned matrix."""
-    per = {k: {"zeros": int((v == 0).sum()), "size": int(v.size), "sparsity": float((v == 0).mean())}
-           for k, v in state.items()}
+    per = {
+        k: {"zeros": int((v == 0).sum()), "size": int(v.size), "sparsity": float((v == 0).mean())}
+        for k, v in state.items()
+    }
     total = sum(m["size"] for m in per.values())
     zeros = sum(m["zeros"] for m in per.values())
-    return {"overall": zeros / total if total else 0.0, "zeros": zeros, "size": total, "matrices": per}
+    return {
+        "overall": zeros / total if total else 0.0,
+        "zeros": zeros,
+        "size": total,
+        "matrices": per,
+    }
 
 
 def save_pruned(cfg: RunConfig, state: dict[str, np.ndarray], out_dir: Path) -> dict[str, str]:

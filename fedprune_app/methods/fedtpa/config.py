@@ -22,16 +22,22 @@ class FedTPAConfig(ConfigSection):
         maximum=1.0,
     )
     fedtpa_delta: float = key(
-        0.1, "FedTPA delta: step of the keep-ratio adjustment by loss trend (Eq. 9).", minimum=0.0, maximum=0.99
+        0.1,
+        "FedTPA delta: step of the keep-ratio adjustment by loss trend (Eq. 9).",
+        minimum=0.0,
+        maximum=0.99,
     )
     fedtpa_ema_decay: float = key(
-        0.85, "FedTPA eta: decay of the EMA of |w * dL/dw| (Eq. 6; AdaLoRA's 0.85).", minimum=0.0, maximum=0.999
+        0.85,
+        "FedTPA eta: decay of the EMA of |w * dL/dw| (Eq. 6; AdaLoRA's 0.85).",
+        minimum=0.0,
+        maximum=0.999,
     )
     fedtpa_ema_scope: str = key(
         "warmup",
-        "FedTPA: the span of Eq. 6's EMA. 'warmup' = restarted from zero at every round's warm-up (§III-D1: 'the "
-        "overall contribution score during the warm-up stage', of the global adapter just received); 'run' = "
-        "carried over from the client's previous warm-ups.",
+        "FedTPA: the span of Eq. 6's EMA. 'warmup' = restarted from zero at every round's warm-up "
+        "(§III-D1: 'the overall contribution score during the warm-up stage', of the global "
+        "adapter just received); 'run' = carried over from the client's previous warm-ups.",
         choices=("warmup", "run"),
     )
     fedtpa_warmup_steps: int = key(
@@ -52,10 +58,13 @@ class FedTPAConfig(ConfigSection):
         "beta = 1 for every client and no feature upload.",
     )
     fedtpa_dapr: bool = key(
-        True, "FedTPA DAPR: adjust each keep-ratio by its loss trend every round (Eq. 9); false = fixed."
+        True,
+        "FedTPA DAPR: adjust each keep-ratio by its loss trend every round (Eq. 9); false = fixed.",
     )
     fedtpa_lcwa: bool = key(
-        True, "FedTPA LCWA: layer-wise contribution-weighted aggregation (Eq. 8); false = FedAvg by num-examples."
+        True,
+        "FedTPA LCWA: layer-wise contribution-weighted aggregation (Eq. 8); false = FedAvg by "
+        "num-examples.",
     )
 
     def check(self, cfg: RunConfig) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from fedprune_app.core.config import ConfigError, ConfigSection, RunConfig, key, split_list
+from fedprune_app.llm.shapes import Spec, lora_spec
 
 
 @dataclass(frozen=True)
@@ -30,3 +32,13 @@ class FlexLoRAConfig(ConfigSection):
                 "run-config key 'flexlora-ranks' must be comma-separated positive ints (one, or "
                 f"one per client), got {self.flexlora_ranks!r}"
             )
+
+
+def max_rank(cfg: RunConfig) -> int:
+    """r_max: the largest rank in `flexlora-ranks` (the global adapter's rank)."""
+    return max(int(v) for v in split_list(cfg.section(FlexLoRAConfig).flexlora_ranks))
+
+
+def checkpoint_spec(cfg: RunConfig, config: Mapping[str, Any]) -> Spec | None:
+    """The global LoRA at r_max (`llm.shapes.lora_spec`): what every round's SVD gives back."""
+    return lora_spec(cfg, config, rank=max_rank(cfg))

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from fedprune_app.core.config import RunConfig
 from fedprune_app.methods.sftp.config import SFTPConfig
+from fedprune_app.methods.sftp.shapes import GENERATOR_PREFIX as GENERATOR_PREFIX  # its home
 from fedprune_app.structural.held import force_open
 from fedprune_app.structural.routing import (
     MASK_NAMES,
@@ -24,10 +25,8 @@ from fedprune_app.structural.routing import (
     prunable_parameters,
 )
 
-GENERATOR_PREFIX = "mask-generator."  # Θ's tensors in a message; Φ (LoRA) keeps peft's names
+# --- gates (Eq. 12) -------------------------------------------------------------------------------
 
-
-# --- gates (Eq. 12) -------------------------------------------------------------------------------------
 
 class _ReinMaxBinary(torch.autograd.Function):
     """B ~ Bernoulli(σ(a)) forward; ReinMax's closed-form surrogate for the logits [a, 0], channel
@@ -38,8 +37,9 @@ class _ReinMaxBinary(torch.autograd.Function):
         # drawn on the generator's device (a seeded CPU generator gives the same gates on any model
         # device)
         probs = torch.sigmoid(a)
-        b = torch.bernoulli(probs if generator is None else probs.to(generator.device),
-                            generator=generator).to(a.device)
+        b = torch.bernoulli(
+            probs if generator is None else probs.to(generator.device), generator=generator
+        ).to(a.device)
         ctx.save_for_backward(a, b)
         ctx.tau = tau
         return b
@@ -47,12 +47,14 @@ class _ReinMaxBinary(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_b: Tensor) -> tuple[Tensor, None, None]:
         a, b = ctx.saved_tensors
-        pi0 = torch.sigmoid(a)                                  # softmax([a, 0])[0]
-        pi1 = 0.5 * (torch.sigmoid(a / ctx.tau) + b)            # ½(softmax([a, 0]/τ) + D)[0]
+        pi0 = torch.sigmoid(a)  # softmax([a, 0])[0]
+        pi1 = 0.5 * (torch.sigmoid(a / ctx.tau) + b)  # ½(softmax([a, 0]/τ) + D)[0]
         return grad_b * (2 * pi1 * (1 - pi1) - 0.5 * pi0 * (1 - pi0)), None, None
 
 
-def reinmax_binary(s: Tensor, tau: float, c: float, generator: torch.Generator | None = None) -> Tensor:
+def reinmax_binary(
+    s: Tensor, tau: float, c: float, generator: torch.Generator | None = None
+) -> Tensor:
     """Eq. 12: hard gates g ∈ {0,1} with g ~ Bernoulli(π0), π0 = σ(s + c); ReinMax gradient (Liu et
     al. 2023).
 
@@ -81,8 +83,14 @@ def deterministic_mask(s: Tensor, c: float) -> Tensor:
     return (torch.sigmoid(s.detach() + c) > 0.5).to(s.dtype)
 
 
-def deployed_gates(s: Tensor, c: float, held: Tensor | None, config: Any, keep_ratio: float | None,
-                   rule: str = "budget") -> Tensor:
+def deployed_gates(
+    s: Tensor,
+    c: float,
+    held: Tensor | None,
+    config: Any,
+    keep_ratio: float | None,
+    rule: str = "budget",
+) -> Tensor:
     """The hard gates a client deploys (evaluation, the masks the server compiles), (layers, 4, d)
     0/1.
 
@@ -102,7 +110,9 @@ def deployed_gates(s: Tensor, c: float, held: Tensor | None, config: Any, keep_r
     if held is not None:
         row = held.detach().cpu().numpy() > 0.5
         forced = {name: np.broadcast_to(row, pi[:, i].shape) for i, name in enumerate(MASK_NAMES)}
-    kept = fill_budget(scores, coordinate_costs(config), keep_ratio * prunable_parameters(config), forced)
+    kept = fill_budget(
+        scores, coordinate_costs(config), keep_ratio * prunable_parameters(config), forced
+    )
     gates = np.stack([kept[name] for name in MASK_NAMES], axis=1)
     return torch.from_numpy(gates).to(s.device, s.dtype)
 
@@ -114,12 +124,16 @@ def mask_rounding(s: Tensor, c: float, config: Any) -> dict[str, float]:
     T(π)), and the share of gates with 0.1 < π < 0.9 (not yet saturated). s: logits (layers, 4,
     d)."""
     total, pi = prunable_parameters(config), torch.sigmoid(s.detach().float() + c)
-    return {"deterministic": float(kept_parameters(config, layer_masks(deterministic_mask(s, c)))) / total,
-            "expected": float(kept_parameters(config, layer_masks(pi))) / total,
-            "unsaturated": float(((pi > 0.1) & (pi < 0.9)).float().mean())}
+    return {
+        "deterministic": float(kept_parameters(config, layer_masks(deterministic_mask(s, c))))
+        / total,
+        "expected": float(kept_parameters(config, layer_masks(pi))) / total,
+        "unsaturated": float(((pi > 0.1) & (pi < 0.9)).float().mean()),
+    }
 
 
-# --- the generator (Eq. 10–11) --------------------------------------------------------------------------
+# --- the generator (Eq. 10–11) --------------------------------------------------------------------
+
 
 class MaskGenerator(nn.Module):
     """h_Θ: (e_k, l) ↦ logits s_{k,l}^{m,in/out} ∈ R^d for the 4 masks (MASK_NAMES) of every layer
@@ -133,8 +147,14 @@ class MaskGenerator(nn.Module):
     deterministic mask is all ones.
     """
 
-    def __init__(self, num_layers: int, hidden_size: int, embed_dim: int = 16, hidden: int = 32,
-                 conditioning: bool = True) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        hidden_size: int,
+        embed_dim: int = 16,
+        hidden: int = 32,
+        conditioning: bool = True,
+    ) -> None:
         super().__init__()
         self.num_layers, self.hidden_size, self.embed_dim = num_layers, hidden_size, embed_dim
         self.conditioning = conditioning
@@ -151,13 +171,20 @@ class MaskGenerator(nn.Module):
         if self.conditioning and embedding is None:
             raise ValueError("a client-conditioned generator needs the client embedding e_k")
         e = embedding if self.conditioning else self.shared_input
-        x = torch.cat([e.expand(self.num_layers, self.embed_dim), self.layer_embedding.weight], dim=-1)
+        x = torch.cat(
+            [e.expand(self.num_layers, self.embed_dim), self.layer_embedding.weight], dim=-1
+        )
         out = self.fc2(nn.functional.gelu(self.fc1(x)))
         return out.view(self.num_layers, len(MASK_NAMES), self.hidden_size)
 
     def config(self) -> dict[str, Any]:
-        return {"num_layers": self.num_layers, "hidden_size": self.hidden_size, "embed_dim": self.embed_dim,
-                "hidden": self.fc1.out_features, "conditioning": self.conditioning}
+        return {
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "embed_dim": self.embed_dim,
+            "hidden": self.fc1.out_features,
+            "conditioning": self.conditioning,
+        }
 
 
 def initial_embedding(cfg: RunConfig, seed: int) -> Tensor:
@@ -170,8 +197,9 @@ def initial_embedding(cfg: RunConfig, seed: int) -> Tensor:
     return sftp_cfg.sftp_embed_init_std * draw
 
 
-def generator_for(cfg: RunConfig, model_config: Any, seed: int | None = None,
-                  device: torch.device | str = "cpu") -> MaskGenerator:
+def generator_for(
+    cfg: RunConfig, model_config: Any, seed: int | None = None, device: torch.device | str = "cpu"
+) -> MaskGenerator:
     """The generator for a model config and the `sftp-*` keys (initialised on the CPU from `seed` if
     given, so the same seed gives the same Θ on any device), then moved to `device` (the routed
     model's)."""
@@ -179,41 +207,57 @@ def generator_for(cfg: RunConfig, model_config: Any, seed: int | None = None,
     with torch.random.fork_rng():
         if seed is not None:
             torch.manual_seed(seed)
-        generator = MaskGenerator(int(model_config.num_hidden_layers), int(model_config.hidden_size),
-                                  sftp_cfg.sftp_embed_dim, sftp_cfg.sftp_generator_hidden,
-                                  sftp_cfg.sftp_conditioning)
+        generator = MaskGenerator(
+            int(model_config.num_hidden_layers),
+            int(model_config.hidden_size),
+            sftp_cfg.sftp_embed_dim,
+            sftp_cfg.sftp_generator_hidden,
+            sftp_cfg.sftp_conditioning,
+        )
     return generator.to(device)
 
 
 def get_generator_state(generator: MaskGenerator) -> dict[str, Tensor]:
     """Θ as float32 CPU tensors, named `mask-generator.<param>`."""
-    return {GENERATOR_PREFIX + k: v.detach().to("cpu", torch.float32).clone()
-            for k, v in generator.state_dict().items()}
+    return {
+        GENERATOR_PREFIX + k: v.detach().to("cpu", torch.float32).clone()
+        for k, v in generator.state_dict().items()
+    }
 
 
 def set_generator_state(generator: MaskGenerator, state: Mapping[str, Tensor]) -> None:
     """Load Θ from a mapping that holds every `mask-generator.*` tensor (other entries are
     ignored)."""
     own = generator.state_dict()
-    theta = {k[len(GENERATOR_PREFIX):]: torch.as_tensor(v) for k, v in state.items() if k.startswith(GENERATOR_PREFIX)}
+    theta = {
+        k[len(GENERATOR_PREFIX) :]: torch.as_tensor(v)
+        for k, v in state.items()
+        if k.startswith(GENERATOR_PREFIX)
+    }
     missing = sorted(set(own) - set(theta))
     if missing:
         raise KeyError(f"generator state lacks {missing}")
     for k, v in theta.items():
         if k not in own or tuple(v.shape) != tuple(own[k].shape):
-            raise ValueError(f"generator tensor {k} has shape {tuple(v.shape)}, expected "
-                             f"{tuple(own[k].shape) if k in own else 'no such tensor'}")
+            raise ValueError(
+                f"generator tensor {k} has shape {tuple(v.shape)}, expected "
+                f"{tuple(own[k].shape) if k in own else 'no such tensor'}"
+            )
     generator.load_state_dict(theta)
 
 
 def layer_masks(gates: Tensor) -> list[LayerMasks]:
     """(layers, 4, d) gates -> one {mask name: (d,) tensor} per decoder layer (what `masked`
     takes)."""
-    return [{name: gates[layer, i] for i, name in enumerate(MASK_NAMES)} for layer in range(gates.shape[0])]
+    return [
+        {name: gates[layer, i] for i, name in enumerate(MASK_NAMES)}
+        for layer in range(gates.shape[0])
+    ]
 
 
-def sampled_masks(s: Tensor, tau: float, c: float, held: Tensor | None,
-                  generator: torch.Generator | None = None) -> list[LayerMasks]:
+def sampled_masks(
+    s: Tensor, tau: float, c: float, held: Tensor | None, generator: torch.Generator | None = None
+) -> list[LayerMasks]:
     """The masks of one training step: ReinMax gates of the scores s (Eq. 12), the held gates at 1
     (`force_open`), one LayerMasks per decoder layer."""
     return layer_masks(force_open(reinmax_binary(s, tau, c, generator), held))

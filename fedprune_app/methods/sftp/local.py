@@ -55,8 +55,9 @@ class RoundPlan:
         return self.fixed_masks is not None
 
 
-def optimisation(cfg: RunConfig, model: nn.Module, generator: MaskGenerator, state: ClientState,
-                 plan: RoundPlan) -> Optimisation:
+def optimisation(
+    cfg: RunConfig, model: nn.Module, generator: MaskGenerator, state: ClientState, plan: RoundPlan
+) -> Optimisation:
     """AdamW over Θ and e_k (lr `sftp-generator-lr`, constant; e_k's times `sftp-embed-lr-scale`
     with wd `sftp-embed-weight-decay`, Θ's wd `sftp-generator-weight-decay`) and Φ (lr
     `sftp-lora-lr` cosine-annealed over all rounds' steps, step (round−1)·E + t of R·E; wd
@@ -65,20 +66,27 @@ def optimisation(cfg: RunConfig, model: nn.Module, generator: MaskGenerator, sta
     sftp_cfg = cfg.section(SFTPConfig)
     lora = [p for p in model.parameters() if p.requires_grad]
     if plan.recovery and not lora:
-        raise ValueError("a recovery round (fixed masks) trains Φ only: it needs adapters "
-                         "(sftp-adapters)")
+        raise ValueError(
+            "a recovery round (fixed masks) trains Φ only: it needs adapters (sftp-adapters)"
+        )
     theta = list(generator.parameters())
     groups: list[dict[str, Any]] = [] if plan.recovery else [{"params": theta}]
     embedding = None if plan.recovery else state.embedding
     if embedding is not None:
-        groups.append({"params": [embedding],
-                       "lr": sftp_cfg.sftp_embed_lr_scale * sftp_cfg.sftp_generator_lr,
-                       "weight_decay": sftp_cfg.sftp_embed_weight_decay})
+        groups.append(
+            {
+                "params": [embedding],
+                "lr": sftp_cfg.sftp_embed_lr_scale * sftp_cfg.sftp_generator_lr,
+                "weight_decay": sftp_cfg.sftp_embed_weight_decay,
+            }
+        )
     if lora:
-        groups.append({"params": lora, "lr": sftp_cfg.sftp_lora_lr,
-                       "weight_decay": cfg.weight_decay})
-    opt = torch.optim.AdamW(groups, lr=sftp_cfg.sftp_generator_lr,
-                            weight_decay=sftp_cfg.sftp_generator_weight_decay)
+        groups.append(
+            {"params": lora, "lr": sftp_cfg.sftp_lora_lr, "weight_decay": cfg.weight_decay}
+        )
+    opt = torch.optim.AdamW(
+        groups, lr=sftp_cfg.sftp_generator_lr, weight_decay=sftp_cfg.sftp_generator_weight_decay
+    )
     if embedding is not None and state.moments:
         opt.state[embedding] = {k: v.clone() for k, v in state.moments.items()}
     first = (plan.server_round - 1) * cfg.local_steps
@@ -92,8 +100,15 @@ def optimisation(cfg: RunConfig, model: nn.Module, generator: MaskGenerator, sta
     return Optimisation(opt, params, "sftp-generator-lr", schedule)
 
 
-def local_round(cfg: RunConfig, model: nn.Module, tokenizer: Any, generator: MaskGenerator,
-                state: ClientState, examples: Sequence[Example], plan: RoundPlan) -> TrainReport:
+def local_round(
+    cfg: RunConfig,
+    model: nn.Module,
+    tokenizer: Any,
+    generator: MaskGenerator,
+    state: ClientState,
+    examples: Sequence[Example],
+    plan: RoundPlan,
+) -> TrainReport:
     """`local-steps` steps of Alg. 1 on the routed `model`; `report.losses` is L_k, `report.values`
     holds 'clm' and 'penalty' per step.
 
@@ -116,25 +131,41 @@ def local_round(cfg: RunConfig, model: nn.Module, tokenizer: Any, generator: Mas
     gate_rng = torch.Generator().manual_seed(plan.seed)
     first = (plan.server_round - 1) * cfg.local_steps
 
-    def step_loss(model: nn.Module, batch: dict[str, Any], t: int
-                  ) -> tuple[Tensor, dict[str, Tensor]]:
+    def step_loss(
+        model: nn.Module, batch: dict[str, Any], t: int
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         if plan.recovery:
             masks = plan.fixed_masks
         else:  # gates from float32 logits, whatever dtype `mixed-precision` runs h_Θ in
-            masks = sampled_masks(generator(state.embedding).float(), sftp_cfg.sftp_gate_tau,
-                                  sftp_cfg.sftp_gate_bias, held, gate_rng)
+            masks = sampled_masks(
+                generator(state.embedding).float(),
+                sftp_cfg.sftp_gate_tau,
+                sftp_cfg.sftp_gate_bias,
+                held,
+                gate_rng,
+            )
         with masked(model, masks):
             clm = model(**batch).loss
-        target = ramped_keep_ratio(plan.keep_ratio, first + t, sftp_cfg.sftp_budget_warmup_steps,
-                                   highest)
-        loss, penalty = sftp_objective(clm, kept_parameters(config, masks), target, total,
-                                       sftp_cfg.sftp_lambda)
+        target = ramped_keep_ratio(
+            plan.keep_ratio, first + t, sftp_cfg.sftp_budget_warmup_steps, highest
+        )
+        loss, penalty = sftp_objective(
+            clm, kept_parameters(config, masks), target, total, sftp_cfg.sftp_lambda
+        )
         return (clm if plan.recovery else loss), {"clm": clm, "penalty": penalty}
 
     generator.train()
     try:
-        report = train_steps(model, tokenizer, examples, cfg, plan.seed, optimisation=opt,
-                             step_loss=step_loss, targets=sftp_cfg.sftp_loss_on)
+        report = train_steps(
+            model,
+            tokenizer,
+            examples,
+            cfg,
+            plan.seed,
+            optimisation=opt,
+            step_loss=step_loss,
+            targets=sftp_cfg.sftp_loss_on,
+        )
     finally:
         generator.eval()
     if state.embedding is not None and not plan.recovery:

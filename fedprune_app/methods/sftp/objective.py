@@ -21,8 +21,9 @@ def budget_penalty(kept: Tensor, target: float | Tensor) -> Tensor:
     return torch.log(torch.maximum(kept, target) / torch.minimum(kept, target))
 
 
-def sftp_objective(clm_loss: Tensor, kept: Tensor, keep_ratio: float, total: int, lam: float
-                   ) -> tuple[Tensor, Tensor]:
+def sftp_objective(
+    clm_loss: Tensor, kept: Tensor, keep_ratio: float, total: int, lam: float
+) -> tuple[Tensor, Tensor]:
     """Eq. 13: (L_k, R) with L_k = L_CLM + λ·R(T(g_k), p·T_total) and R the budget penalty of Eq. 14
     (returned too: the client reports it). The client's local training minimises exactly this
     L_k."""
@@ -30,8 +31,13 @@ def sftp_objective(clm_loss: Tensor, kept: Tensor, keep_ratio: float, total: int
     return clm_loss + lam * penalty, penalty
 
 
-def expected_kept(model: nn.Module, tokenizer: Any, generator: MaskGenerator,
-                  embedding: Tensor | None, cfg: RunConfig) -> float:
+def expected_kept(
+    model: nn.Module,
+    tokenizer: Any,
+    generator: MaskGenerator,
+    embedding: Tensor | None,
+    cfg: RunConfig,
+) -> float:
     """E[T(g)]/T_total under the sampled gates g ~ Bernoulli(π) (held gates at 1): T is linear in
     each gate, so this is T(π)/T_total, the kept ratio Eq. 14's penalty drives to p (Fig. 4b's
     curve)."""

@@ -30,8 +30,9 @@ def cosine_lr(base: float, step: int, total: int) -> float:
     return base * 0.5 * (1 + math.cos(math.pi * min(step, total) / max(1, total)))
 
 
-def ramped_keep_ratio(keep_ratio: float, step: int, warmup: int,
-                      highest: float | None = None) -> float:
+def ramped_keep_ratio(
+    keep_ratio: float, step: int, warmup: int, highest: float | None = None
+) -> float:
     """The budget target p_t of Eq. 13 at global local step `step` (0-based, (round−1)·E + t): with
     r_t = min(1, (t+1)/W), p + (1 − p_max)·(1 − r_t) over the first W = `warmup` steps
     (`sftp-budget-warmup-steps`), then p; W = 0 is the paper's constant p. p_max = `highest` (the
@@ -48,4 +49,3 @@ def ramped_keep_ratio(keep_ratio: float, step: int, warmup: int,
     ramp = min(1.0, (step + 1) / warmup)
     # = p + (1 − p_max)(1 − r_t)
     return 1.0 - (1.0 - keep_ratio) * ramp - (top - keep_ratio) * (1.0 - ramp)
-

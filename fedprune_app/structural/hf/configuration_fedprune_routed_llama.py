@@ -1,11 +1,13 @@
 """Configuration of SFT-P's compiled (routed) LLaMA-family model (§3.1; Appx. A.1, Eq. 16–18).
 
-Self-contained: imports only transformers, so `save_pretrained` can copy this file next to the weights and
-`AutoConfig.from_pretrained(dir, trust_remote_code=True)` can load it on a machine without fedprune.
+Self-contained: imports only transformers, so `save_pretrained` can copy this file next to the
+weights and `AutoConfig.from_pretrained(dir, trust_remote_code=True)` can load it on a machine
+without fedprune.
 
-The base model's config plus `lanes`: per decoder layer the four lanes π (attn-in, attn-out, ffn-in, ffn-out) as
-hex bitmasks over the d-wide residual bus (bit i of `int(text, 16)` set ⇔ coordinate i is in the lane), and
-`bias`: whether the fused input projection and the output projection of each submodule have biases.
+The base model's config plus `lanes`: per decoder layer the four lanes π (attn-in, attn-out, ffn-in,
+ffn-out) as hex bitmasks over the d-wide residual bus (bit i of `int(text, 16)` set ⇔ coordinate i
+is in the lane), and `bias`: whether the fused input projection and the output projection of each
+submodule have biases.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ MASK_NAMES = ("attn-in", "attn-out", "ffn-in", "ffn-out")
 
 
 def encode_lane(indices: Sequence[int]) -> str:
-    """The lane π (coordinate indices) as a hex bitmask: bit i set ⇔ i ∈ π ("0" for an empty lane)."""
+    """The lane π (coordinate indices) as a hex bitmask: bit i set ⇔ i ∈ π ("0" for an empty
+    lane)."""
     return format(sum(1 << int(i) for i in set(indices)), "x")
 
 
 def decode_lane(text: str, d: int) -> list[int]:
-    """The sorted coordinate indices of a hex bitmask written by `encode_lane`; ValueError if it names a coordinate
-    at or beyond the bus width d."""
+    """The sorted coordinate indices of a hex bitmask written by `encode_lane`; ValueError if it
+    names a coordinate at or beyond the bus width d."""
     bits = int(text, 16)
     if bits >> d:
         raise ValueError(f"lane bitmask {text[:16]}... names a coordinate >= hidden_size {d}")
@@ -45,8 +48,10 @@ class FedpruneRoutedLlamaConfig(LlamaConfig):
         """(lanes π as index lists, bias flags) of decoder layer `layer_idx`."""
         if self.lanes is None or len(self.lanes) != self.num_hidden_layers:
             have = None if self.lanes is None else len(self.lanes)
-            raise ValueError(f"config 'lanes' must hold one entry per decoder layer ({self.num_hidden_layers}), "
-                             f"got {have}")
+            raise ValueError(
+                f"config 'lanes' must hold one entry per decoder layer ({self.num_hidden_layers}), "
+                f"got {have}"
+            )
         spec = self.lanes[layer_idx]
         routing = {name: decode_lane(spec[name], int(self.hidden_size)) for name in MASK_NAMES}
         bias = {m: [bool(b) for b in spec["bias"][m]] for m in ("attn", "ffn")}
@@ -55,5 +60,7 @@ class FedpruneRoutedLlamaConfig(LlamaConfig):
     @staticmethod
     def lane_spec(routing: dict[str, Sequence[int]], bias: dict[str, Sequence[bool]]) -> dict:
         """One `lanes` entry from lane index lists and bias flags (the inverse of `layer_spec`)."""
-        return {**{name: encode_lane(routing[name]) for name in MASK_NAMES},
-                "bias": {m: [bool(b) for b in bias[m]] for m in ("attn", "ffn")}}
+        return {
+            **{name: encode_lane(routing[name]) for name in MASK_NAMES},
+            "bias": {m: [bool(b) for b in bias[m]] for m in ("attn", "ffn")},
+        }

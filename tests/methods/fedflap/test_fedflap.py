@@ -1,4 +1,5 @@
-"""fedflap (federated FLAP-style structural baseline): importance, averaging, the global cut, and a whole tiny run."""
+"""fedflap (federated FLAP-style structural baseline): importance, averaging, the global cut, and a
+whole tiny run."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def model(tiny_model_dir: Path) -> Any:
 
 
 def _brute_force(model: Any, input_ids: torch.Tensor) -> dict[str, np.ndarray]:
-    """Each layer's four quantities recomputed from its submodules, layer by layer, without hooks."""
+    """Each layer's four quantities recomputed from its submodules, layer by layer, without
+    hooks."""
     base = model.get_base_model()
     out: dict[str, list[np.ndarray]] = {n: [] for n in MASK_NAMES}
     with torch.no_grad(), model.disable_adapter():
@@ -55,7 +57,9 @@ def _brute_force(model: Any, input_ids: torch.Tensor) -> dict[str, np.ndarray]:
             h = hidden[i]
             rope = base.model.rotary_emb(h, positions)
             x = layer.input_layernorm(h)
-            attn, _ = layer.self_attn(hidden_states=x, position_embeddings=rope, attention_mask=None)
+            attn, _ = layer.self_attn(
+                hidden_states=x, position_embeddings=rope, attention_mask=None
+            )
             y = layer.post_attention_layernorm(h + attn)
             ffn = layer.mlp(y)
             if i + 1 < len(hidden) - 1:  # the last hidden state is after the final norm
@@ -66,8 +70,12 @@ def _brute_force(model: Any, input_ids: torch.Tensor) -> dict[str, np.ndarray]:
                 return t.reshape(-1, t.shape[-1]).double().var(dim=0, unbiased=True).numpy()
 
             def cols(*mods: Any) -> np.ndarray:
-                return sum(mod.base_layer.weight.double().pow(2).sum(0).numpy() if hasattr(mod, "base_layer")
-                           else mod.weight.double().pow(2).sum(0).numpy() for mod in mods)
+                return sum(
+                    mod.base_layer.weight.double().pow(2).sum(0).numpy()
+                    if hasattr(mod, "base_layer")
+                    else mod.weight.double().pow(2).sum(0).numpy()
+                    for mod in mods
+                )
 
             out["attn-in"].append(var(x) * cols(a.q_proj, a.k_proj, a.v_proj))
             out["attn-out"].append(var(attn))
@@ -87,14 +95,25 @@ def test_importance_matches_a_brute_force_computation(model: Any) -> None:
 
 
 def test_importance_ignores_padding(model: Any) -> None:
-    """Right padding (causal attention) must not change the statistics: a padded batch = the rows alone."""
+    """Right padding (causal attention) must not change the statistics: a padded batch = the rows
+    alone."""
     gen = torch.Generator().manual_seed(1)
-    a, b = torch.randint(0, 1000, (1, 10), generator=gen), torch.randint(0, 1000, (1, 6), generator=gen)
+    a, b = (
+        torch.randint(0, 1000, (1, 10), generator=gen),
+        torch.randint(0, 1000, (1, 6), generator=gen),
+    )
     padded = torch.cat([a, torch.cat([b, torch.zeros(1, 4, dtype=torch.long)], 1)])
-    mask = torch.cat([torch.ones(1, 10), torch.cat([torch.ones(1, 6), torch.zeros(1, 4)], 1)]).long()
+    mask = torch.cat(
+        [torch.ones(1, 10), torch.cat([torch.ones(1, 6), torch.zeros(1, 4)], 1)]
+    ).long()
     got = importance_scores(model, [{"input_ids": padded, "attention_mask": mask}])
-    want = importance_scores(model, [{"input_ids": a, "attention_mask": torch.ones_like(a)},
-                                     {"input_ids": b, "attention_mask": torch.ones_like(b)}])
+    want = importance_scores(
+        model,
+        [
+            {"input_ids": a, "attention_mask": torch.ones_like(a)},
+            {"input_ids": b, "attention_mask": torch.ones_like(b)},
+        ],
+    )
     for n in MASK_NAMES:
         np.testing.assert_allclose(got[n], want[n], rtol=1e-4, atol=1e-6)
 
@@ -136,10 +155,21 @@ def test_cut_reaches_the_budget_and_keeps_the_top_scores(p: float, model: Any) -
     cost = kept_of(config, masks)  # SFT-P's budget accounting
     assert cost <= target + 1e-6 and target - cost < max(costs.values())
     assert all(masks[n][i].any() for n in MASK_NAMES for i in range(layers))
-    # brute force: the non-forced kept coordinates are exactly a prefix of the global descending order
-    entries = sorted(((-scores[n][i, j], k, i, j) for k, n in enumerate(MASK_NAMES) for i in range(layers)
-                      for j in range(d)))
-    forced = {(k, i, int(np.argmax(scores[n][i]))) for k, n in enumerate(MASK_NAMES) for i in range(layers)}
+    # brute force: the non-forced kept coordinates are exactly a prefix of the global descending
+    # order
+    entries = sorted(
+        (
+            (-scores[n][i, j], k, i, j)
+            for k, n in enumerate(MASK_NAMES)
+            for i in range(layers)
+            for j in range(d)
+        )
+    )
+    forced = {
+        (k, i, int(np.argmax(scores[n][i])))
+        for k, n in enumerate(MASK_NAMES)
+        for i in range(layers)
+    }
     kept = [masks[MASK_NAMES[k]][i, j] for _, k, i, j in entries]
     free = [(k, i, j) not in forced for _, k, i, j in entries]
     flags = [kp for kp, f in zip(kept, free, strict=True) if f]
@@ -158,14 +188,29 @@ def test_cut_never_empties_a_lane(model: Any) -> None:
 
 def test_several_budgets_are_refused(tiny_model_dir: Path) -> None:
     with pytest.raises(ConfigError, match="single keep ratio"):
-        FedFLAPStrategy(small_config(tiny_model_dir, method="fedflap", sftp_keep_ratios="0.5,0.8,0.5,0.5"))
-    assert FedFLAPStrategy(small_config(tiny_model_dir, method="fedflap", sftp_keep_ratios="0.5,0.5")).keep_ratio == 0.5
+        FedFLAPStrategy(
+            small_config(tiny_model_dir, method="fedflap", sftp_keep_ratios="0.5,0.8,0.5,0.5")
+        )
+    assert (
+        FedFLAPStrategy(
+            small_config(tiny_model_dir, method="fedflap", sftp_keep_ratios="0.5,0.5")
+        ).keep_ratio
+        == 0.5
+    )
 
 
 def test_whole_tiny_run(tiny_model_dir: Path, tmp_path: Path, flower_ids: None) -> None:
-    cfg = small_config(tiny_model_dir, method="fedflap", output_dir=str(tmp_path / "runs"), num_server_rounds=3,
-                       fraction_train=1.0, fraction_evaluate=0.5, test_examples=4, sftp_keep_ratios="0.5",
-                       fedflap_batches=2)
+    cfg = small_config(
+        tiny_model_dir,
+        method="fedflap",
+        output_dir=str(tmp_path / "runs"),
+        num_server_rounds=3,
+        fraction_train=1.0,
+        fraction_evaluate=0.5,
+        test_examples=4,
+        sftp_keep_ratios="0.5",
+        fedflap_batches=2,
+    )
     grid = LocalGrid(cfg, 4, seed=0)
     run, err = run_server(cfg, grid)
     assert err is None, err
@@ -179,10 +224,17 @@ def test_whole_tiny_run(tiny_model_dir: Path, tmp_path: Path, flower_ids: None) 
     final: dict[str, torch.Tensor] = {}
     for msg, reply in grid.exchanges:
         assert not reply.has_error(), reply.error.reason
-        kind, rnd = msg.metadata.message_type, msg.content.config_records["config"].get("server-round")
+        kind, rnd = (
+            msg.metadata.message_type,
+            msg.content.config_records["config"].get("server-round"),
+        )
         sent = msg.content.array_records.get("arrays")
         if kind in (MessageType.TRAIN, MessageType.EVALUATE) and sent is not None:
-            masks = {k[len(MASK_PREFIX):]: v.numpy() for k, v in sent.items() if k.startswith(MASK_PREFIX)}
+            masks = {
+                k[len(MASK_PREFIX) :]: v.numpy()
+                for k, v in sent.items()
+                if k.startswith(MASK_PREFIX)
+            }
             has_masks = rnd >= 2 or (kind == MessageType.EVALUATE and rnd >= 1)
             assert bool(masks) == has_masks, (kind, rnd)
             for n, m in masks.items():  # every client gets the one global mask
@@ -202,7 +254,9 @@ def test_whole_tiny_run(tiny_model_dir: Path, tmp_path: Path, flower_ids: None) 
     assert evaluated == {0, 1, 3}
     table = json.loads((run / "fedflap.json").read_text())
     assert {"dense", "post-hoc", "fedflap"} <= set(table) and table["rounds"]["post-hoc"] == "1"
-    assert table["post-hoc"]["mean"]["kept-ratio-prunable"] == pytest.approx(kept_of(model.config, saved) / total)
+    assert table["post-hoc"]["mean"]["kept-ratio-prunable"] == pytest.approx(
+        kept_of(model.config, saved) / total
+    )
     assert "| post-hoc (1) |" in (run / "fedflap.md").read_text()
     # the compiled model = the masked model with the final LoRA
     set_adapter_state(model, {k: v for k, v in final.items() if not k.startswith(MASK_PREFIX)})
@@ -213,4 +267,5 @@ def test_whole_tiny_run(tiny_model_dir: Path, tmp_path: Path, flower_ids: None) 
         compiled = load_compiled(run / "compiled")(input_ids=ids).logits
     torch.testing.assert_close(compiled, routed, atol=1e-4, rtol=1e-4)
     assert sum(p.numel() for p in load_compiled(run / "compiled").parameters()) < sum(
-        p.numel() for n, p in model.named_parameters() if "lora_" not in n)
+        p.numel() for n, p in model.named_parameters() if "lora_" not in n
+    )

@@ -31,8 +31,9 @@ def mask_mismatch(content: RecordDict) -> RecordDict:
 
 
 def dense_mask(content: RecordDict) -> RecordDict:
-    """A reply that pruned nothing: one matrix with every weight kept (its mask all ones, a value for each;
-    the tiny model's matrices have a multiple of 8 weights, so the packed mask's bits are the matrix)."""
+    """A reply that pruned nothing: one matrix with every weight kept (its mask all ones, a value
+    for each; the tiny model's matrices have a multiple of 8 weights, so the packed mask's bits are
+    the matrix)."""
     arrays = {k: v.copy() for k, v in numpy_state(content.array_records["arrays"]).items()}
     mask_key = next(k for k in arrays if k.endswith(MASK_SUFFIX))
     weight_key = mask_key.removesuffix(MASK_SUFFIX)
@@ -44,8 +45,13 @@ def dense_mask(content: RecordDict) -> RecordDict:
 def unpacked_masks(content: RecordDict) -> RecordDict:
     """The format before bit-packed masks: every mask as bool (of the kept values' length)."""
     arrays = numpy_state(content.array_records["arrays"])
-    return _with_arrays(content, {k: np.unpackbits(v).astype(bool) if k.endswith(MASK_SUFFIX) else v
-                                  for k, v in arrays.items()})
+    return _with_arrays(
+        content,
+        {
+            k: np.unpackbits(v).astype(bool) if k.endswith(MASK_SUFFIX) else v
+            for k, v in arrays.items()
+        },
+    )
 
 
 def decode(cfg: Any, name: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -57,17 +63,36 @@ def decode(cfg: Any, name: str, arrays: dict[str, np.ndarray]) -> dict[str, np.n
     dense = prunable_weights(cfg)[0]
     shapes = {k: dense[k].shape for k in arrays if not k.endswith(MASK_SUFFIX)}
     decoded = decode_sparse(arrays, shapes, cfg.section(FedSpaLLMConfig).payload_dtype)
-    return {k: v for key, (values, mask) in decoded.items() for k, v in ((key, values), (key + MASK_SUFFIX, mask))}
+    return {
+        k: v
+        for key, (values, mask) in decoded.items()
+        for k, v in ((key, values), (key + MASK_SUFFIX, mask))
+    }
 
 
 CONFORMANCE = Conformance(
-    settings={"client-data": "squad_shifts:nyt,squad_shifts:reddit,squad_shifts:amazon_reviews,squad_shifts:squaddev",
-              "calib-segments": 2, "calib-seq-len": 32, "fedspallm-resources": "0.5"},
-    # the privacy run sends bfloat16 (uint16 bits on the wire) so the decoding of every encoding is checked
+    settings={
+        "client-data": "squad_shifts:nyt,squad_shifts:reddit,"
+        "squad_shifts:amazon_reviews,squad_shifts:squaddev",
+        "calib-segments": 2,
+        "calib-seq-len": 32,
+        "fedspallm-resources": "0.5",
+    },
+    # the privacy run sends bfloat16 (uint16 bits on the wire) so the decoding of every encoding is
+    # checked
     privacy_settings={"fedspallm-references": "standalone", "payload-dtype": "bfloat16"},
-    evaluated_by=f"{MessageType.EVALUATE}.reference",  # the server scores the global model; clients their own
-    tampers={"mask does not match the kept values": (mask_mismatch, r"keeps \d+ weights, so the kept values"),
-             "unpacked bool masks": (unpacked_masks, r"unpacked bool mask .*update the client"),
-             "a mask that pruned nothing": (dense_mask, r"keeps 1.000 of its weights, more than the 0.500")},
+    # the server scores the global model; clients their own
+    evaluated_by=f"{MessageType.EVALUATE}.reference",
+    tampers={
+        "mask does not match the kept values": (
+            mask_mismatch,
+            r"keeps \d+ weights, so the kept values",
+        ),
+        "unpacked bool masks": (unpacked_masks, r"unpacked bool mask .*update the client"),
+        "a mask that pruned nothing": (
+            dense_mask,
+            r"keeps 1.000 of its weights, more than the 0.500",
+        ),
+    },
     decode=decode,
 )

@@ -1,5 +1,6 @@
-"""FedSpaLLM under the paper's protocol (conf/fedspallm-paper.toml): every client calibrates on an IID share of one
-generic corpus, and the models are scored on corpora that no client calibrated on, 32,768 tokens of each."""
+"""FedSpaLLM under the paper's protocol (conf/fedspallm-paper.toml): every client calibrates on an
+IID share of one generic corpus, and the models are scored on corpora that no client calibrated on,
+32,768 tokens of each."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ def paper_config() -> RunConfig:
 
 def test_no_calibration_text_is_in_an_evaluation_corpus() -> None:
     cfg = paper_config()
-    calibration, evaluation = set(split_list(cfg.client_data)), set(split_list(cfg.server_eval_data))
+    calibration, evaluation = (
+        set(split_list(cfg.client_data)),
+        set(split_list(cfg.server_eval_data)),
+    )
     assert cfg.partitioner == "iid" and calibration and evaluation and not calibration & evaluation
     scored = {source: held_out_text(source, cfg) for source in evaluation}
     shares = [client_data(cfg, k, CLIENTS) for k in range(CLIENTS)]
@@ -29,8 +33,10 @@ def test_no_calibration_text_is_in_an_evaluation_corpus() -> None:
         assert set(data.sources) == calibration
         for example in data.train:
             assert all(example["response"] not in text for text in scored.values())
-    every = {e["response"] for source in evaluation for e in load_source(source)}  # whole corpora, not only
-    pooled = {e["response"] for data in shares for e in data.train}                # the scored paragraphs
+    every = {
+        e["response"] for source in evaluation for e in load_source(source)
+    }  # whole corpora, not only
+    pooled = {e["response"] for data in shares for e in data.train}  # the scored paragraphs
     assert not pooled & every
     sizes = [len(d.train) for d in shares]
     assert max(sizes) - min(sizes) <= 1 and len(pooled) == sum(sizes)  # IID shares, disjoint
@@ -40,4 +46,6 @@ def test_each_evaluation_corpus_is_scored_on_32768_tokens() -> None:
     cfg = paper_config()
     tokenizer = load_tokenizer(cfg.model_name)
     for source in split_list(cfg.server_eval_data):
-        assert len(tokenizer(held_out_text(source, cfg))["input_ids"]) >= cfg.eval_ppl_tokens == 32768
+        assert (
+            len(tokenizer(held_out_text(source, cfg))["input_ids"]) >= cfg.eval_ppl_tokens == 32768
+        )

@@ -21,7 +21,9 @@ from fedprune_app.methods.fedspallm.pruners import (
 def _correlated_inputs(n: int = 2048, d: int = 64, seed: int = 0) -> torch.Tensor:
     """Strongly correlated features (rank-16 signal + noise), as LLM activations are."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, 16, generator=g) @ torch.randn(16, d, generator=g) + 0.1 * torch.randn(n, d, generator=g)
+    return torch.randn(n, 16, generator=g) @ torch.randn(16, d, generator=g) + 0.1 * torch.randn(
+        n, d, generator=g
+    )
 
 
 def _hessian(x: torch.Tensor) -> torch.Tensor:
@@ -29,7 +31,9 @@ def _hessian(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("sparsity", [0.5, 0.6])
-def test_sparsegpt_reconstructs_the_layer_output_better_than_magnitude_and_wanda(sparsity: float) -> None:
+def test_sparsegpt_reconstructs_the_layer_output_better_than_magnitude_and_wanda(
+    sparsity: float,
+) -> None:
     x = _correlated_inputs()
     w = torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
     dense = x @ w.T
@@ -39,7 +43,7 @@ def test_sparsegpt_reconstructs_the_layer_output_better_than_magnitude_and_wanda
 
     w_sgpt, keep = sparsegpt_prune(w, _hessian(x), sparsity)
     w_mag, _ = magnitude_prune(w, sparsity)
-    w_wanda, _ = wanda_prune(w, (x ** 2).mean(0), sparsity)
+    w_wanda, _ = wanda_prune(w, (x**2).mean(0), sparsity)
     assert sparsity_of(keep) == pytest.approx(sparsity, abs=1 / keep.numel())
     assert float((w_sgpt == 0).float().mean()) >= sparsity_of(keep)
     assert (w_sgpt[~keep] == 0).all()
@@ -49,8 +53,11 @@ def test_sparsegpt_reconstructs_the_layer_output_better_than_magnitude_and_wanda
 def test_n_m_sparsity_prunes_n_of_every_m() -> None:
     x = _correlated_inputs(d=64)
     w = torch.randn(8, 64)
-    for pruned, keep in (sparsegpt_prune(w, _hessian(x), 0.5, prunen=2, prunem=4, blocksize=32),
-                         wanda_prune(w, (x ** 2).mean(0), 0.5, 2, 4), magnitude_prune(w, 0.5, 2, 4)):
+    for pruned, keep in (
+        sparsegpt_prune(w, _hessian(x), 0.5, prunen=2, prunem=4, blocksize=32),
+        wanda_prune(w, (x**2).mean(0), 0.5, 2, 4),
+        magnitude_prune(w, 0.5, 2, 4),
+    ):
         assert (keep.reshape(8, 16, 4).sum(-1) == 2).all() and (pruned[~keep] == 0).all()
 
 
@@ -62,21 +69,36 @@ def test_wanda_prunes_within_each_row() -> None:
 
 def _tiny_llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
 def _tiny_opt() -> OPTForCausalLM:
     torch.manual_seed(0)
-    cfg = OPTConfig(vocab_size=128, hidden_size=32, ffn_dim=64, num_hidden_layers=3, num_attention_heads=4,
-                    max_position_embeddings=64, word_embed_proj_dim=32)
+    cfg = OPTConfig(
+        vocab_size=128,
+        hidden_size=32,
+        ffn_dim=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        word_embed_proj_dim=32,
+    )
     return OPTForCausalLM(cfg).eval()
 
 
 @pytest.mark.parametrize("build", [_tiny_llama, _tiny_opt], ids=["llama", "opt"])
 def test_layer_loop_replays_every_keyword_argument(build) -> None:
-    """Replaying the captured kwargs through the layers gives the model's own hidden states (rotary too)."""
+    """Replaying the captured kwargs through the layers gives the model's own hidden states (rotary
+    too)."""
     model = build()
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -100,7 +122,8 @@ def test_sparsity_zero_leaves_the_model_exactly_dense(build) -> None:
         before = model(input_ids=ids).logits.clone()
     masks = prune_sequentially(model, [ids], range(3), make_pruner("sparsegpt", 0.0))
     assert all(m.all() for m in masks.values()) and len(masks) == 3 * len(
-        [n for n, m in decoder_layers(model)[0].named_modules() if isinstance(m, torch.nn.Linear)])
+        [n for n, m in decoder_layers(model)[0].named_modules() if isinstance(m, torch.nn.Linear)]
+    )
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, before)
 
@@ -125,23 +148,31 @@ def test_cheaper_pruners_through_the_loop_match_the_direct_call(kind: str) -> No
     layer = decoder_layers(model)[0]
     original = layer.mlp.down_proj.weight.detach().clone()
     captured: list[torch.Tensor] = []
-    handle = layer.mlp.down_proj.register_forward_hook(lambda _m, a, _o: captured.append(a[0].detach()))
+    handle = layer.mlp.down_proj.register_forward_hook(
+        lambda _m, a, _o: captured.append(a[0].detach())
+    )
     with torch.no_grad():
         model(input_ids=ids)
     handle.remove()
     x = captured[0].reshape(-1, captured[0].shape[-1])
-    expected = (magnitude_prune(original, 0.5)[0] if kind == "magnitude"
-                else wanda_prune(original, (x ** 2).mean(0), 0.5)[0])
+    expected = (
+        magnitude_prune(original, 0.5)[0]
+        if kind == "magnitude"
+        else wanda_prune(original, (x**2).mean(0), 0.5)[0]
+    )
     prune_sequentially(model, [ids], [0], make_pruner(kind, 0.5))
     torch.testing.assert_close(layer.mlp.down_proj.weight, expected)
 
 
 @pytest.mark.parametrize("name", ["self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj"])
 def test_shared_input_hessians_match_each_linears_own(name: str) -> None:
-    """q/k/v (and gate/up) read the same tensor and share one Hessian; SparseGPT's result must equal the
-    direct call with the Hessian of that linear's own captured inputs, over two calibration batches."""
+    """q/k/v (and gate/up) read the same tensor and share one Hessian; SparseGPT's result must equal
+    the direct call with the Hessian of that linear's own captured inputs, over two calibration
+    batches."""
     model = _tiny_llama()
-    batches = [torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(s)) for s in (6, 7)]
+    batches = [
+        torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(s)) for s in (6, 7)
+    ]
     layer = decoder_layers(model)[0]
     linear = layer.get_submodule(name)
     original = linear.weight.detach().clone()
@@ -164,7 +195,9 @@ def test_linears_reading_the_same_tensor_share_their_statistics() -> None:
     model = _tiny_llama()
     inputs = capture_layer0_inputs(model, [torch.randint(0, 128, (2, 16))])
     layer = decoder_layers(model)[0]
-    stats = collect_input_stats(layer, linear_modules(layer), inputs.hidden, inputs.kwargs, "hessian")
+    stats = collect_input_stats(
+        layer, linear_modules(layer), inputs.hidden, inputs.kwargs, "hessian"
+    )
     assert stats["self_attn.q_proj"] is stats["self_attn.k_proj"] is stats["self_attn.v_proj"]
     assert stats["mlp.gate_proj"] is stats["mlp.up_proj"]
     assert len({id(s) for s in stats.values()}) == 4  # qkv, o, gate/up, down

@@ -1,5 +1,6 @@
-"""FlexLoRA under differential privacy: the server clips each client's change of ΔW (not its factors),
-averages uniformly and adds σ·C/m noise on the dense ΔW; with σ = 0 and nothing clipped it is FlexLoRA."""
+"""FlexLoRA under differential privacy: the server clips each client's change of ΔW (not its
+factors), averages uniformly and adds σ·C/m noise on the dense ΔW; with σ = 0 and nothing clipped it
+is FlexLoRA."""
 
 from __future__ import annotations
 
@@ -28,8 +29,14 @@ def _factors(rng: np.random.Generator, rank: int, scale: float = 1.0) -> dict[st
 
 
 def _strategy(rows: list[dict[str, Any]], **dp: Any) -> tuple[FlexLoRAStrategy, list[dict]]:
-    cfg = RunConfig.from_flower({"method": "flexlora", "flexlora-ranks": "2,4", "lora-alpha": ALPHA,
-                                 **{k.replace("_", "-"): v for k, v in dp.items()}})
+    cfg = RunConfig.from_flower(
+        {
+            "method": "flexlora",
+            "flexlora-ranks": "2,4",
+            "lora-alpha": ALPHA,
+            **{k.replace("_", "-"): v for k, v in dp.items()},
+        }
+    )
     strategy = FlexLoRAStrategy(cfg, recorder=rows.append)
     strategy.layers, strategy.num_connected = list(LAYERS), 4
     seen: list[dict] = []
@@ -51,19 +58,30 @@ def _round(scale: float) -> tuple[dict[str, np.ndarray], list[RecordDict], list[
     for rank in ranks:  # what the client was sent (the global at its rank) plus a change
         sent = {}
         for layer in LAYERS:
-            sent[layer + LORA_B], sent[layer + LORA_A] = truncate_factors(glob[layer + LORA_B],
-                                                                          glob[layer + LORA_A], rank)
+            sent[layer + LORA_B], sent[layer + LORA_A] = truncate_factors(
+                glob[layer + LORA_B], glob[layer + LORA_A], rank
+            )
         move = _factors(rng, rank, scale)
         states.append({k: sent[k] + (move[k] if k.endswith(LORA_B) else 0) for k in sent})
-    replies = [RecordDict({"arrays": to_record(s), "metrics": MetricRecord(
-        {"rank": r, "num-examples": 10 * (i + 1), "partition-id": i})}) for i, (s, r) in
-        enumerate(zip(states, ranks, strict=True))]
+    replies = [
+        RecordDict(
+            {
+                "arrays": to_record(s),
+                "metrics": MetricRecord(
+                    {"rank": r, "num-examples": 10 * (i + 1), "partition-id": i}
+                ),
+            }
+        )
+        for i, (s, r) in enumerate(zip(states, ranks, strict=True))
+    ]
     return glob, replies, states, ranks
 
 
 def _products(state: dict[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
-    return {layer: lora_delta(state[layer + LORA_B], state[layer + LORA_A], ALPHA, rank)
-            for layer in LAYERS}
+    return {
+        layer: lora_delta(state[layer + LORA_B], state[layer + LORA_A], ALPHA, rank)
+        for layer in LAYERS
+    }
 
 
 def test_sigma_zero_without_clipping_is_flexloras_uniform_mean() -> None:
@@ -90,7 +108,9 @@ def test_each_clients_change_of_delta_w_is_clipped_to_c_jointly_and_averaged_ove
             base[layer] += ref[layer] / 3
             change[layer] += (own[layer] - ref[layer]) * (0.5 / norm) / 4
     for layer in LAYERS:
-        np.testing.assert_allclose(seen[0][layer], base[layer] + change[layer], rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(
+            seen[0][layer], base[layer] + change[layer], rtol=1e-6, atol=1e-9
+        )
     (row,) = [r for r in rows if r.get("phase") == "privacy"]
     assert row["dp-clipped"] == 3 and row["dp-sampled"] == 4 and row["dp-epsilon"] is None
 
@@ -104,7 +124,9 @@ def test_the_noise_on_delta_w_has_std_sigma_c_over_m() -> None:
     np.random.seed(11)
     for _ in range(50):
         noisy.dp_aggregate(1, replies, to_record(glob), 4)
-    noise = np.concatenate([(seen[k] - seen_quiet[0][k]).ravel() for seen in seen_noisy for k in LAYERS])
+    noise = np.concatenate(
+        [(seen[k] - seen_quiet[0][k]).ravel() for seen in seen_noisy for k in LAYERS]
+    )
     assert noise.size == 3000
     assert noise.std() == pytest.approx(2.0 * 0.5 / 4, rel=0.05)  # SE of the std ≈ 1.3%
     assert numpy_state(noisy.factors(1, seen_noisy[0]))[LAYERS[0] + LORA_B].shape == (6, R_MAX)

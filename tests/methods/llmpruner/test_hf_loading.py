@@ -1,7 +1,8 @@
-"""A compiled llmpruner directory (`save_pruned`) is a standard Hugging Face model directory (LLM-Pruner §3.1: whole
-kv groups and MLP channels removed): it loads with `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`
-(also where fedprune cannot be imported), computes what `compile_pruned` / `load_pruned` and the masked dense model
-compute, and `load_pruned` still reads the directories written before the HF model class."""
+"""A compiled llmpruner directory (`save_pruned`) is a standard Hugging Face model directory
+(LLM-Pruner §3.1: whole kv groups and MLP channels removed): it loads with
+`AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)` (also where fedprune cannot be
+imported), computes what `compile_pruned` / `load_pruned` and the masked dense model compute, and
+`load_pruned` still reads the directories written before the HF model class."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ from tests.methods.hf_checks import (
 
 @pytest.fixture(scope="module")
 def saved(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The tiny LLaMA (weights scaled so greedy decoding depends on the context), a structure with uneven layers, the
-    masked dense model's logits, and the compiled model saved with the tokenizer by `save_pruned`."""
+    """The tiny LLaMA (weights scaled so greedy decoding depends on the context), a structure with
+    uneven layers, the masked dense model's logits, and the compiled model saved with the tokenizer
+    by `save_pruned`."""
     from transformers import AutoTokenizer
 
     base = load_base_model(str(tiny_model_dir), device="cpu")
@@ -47,7 +49,10 @@ def saved(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
             if p.dim() == 2:
                 p.mul_(6.0)
     s = dims(base.config)
-    keep = {"heads": np.array([[True, False], [True, True]]), "channels": np.ones((2, s["inter"]), bool)}
+    keep = {
+        "heads": np.array([[True, False], [True, True]]),
+        "channels": np.ones((2, s["inter"]), bool),
+    }
     keep["channels"][0, ::3] = False
     keep["channels"][1, 7:50] = False
     ids = torch.randint(0, 2000, (2, 9), generator=torch.Generator().manual_seed(1))
@@ -55,7 +60,14 @@ def saved(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     compiled = compile_pruned(base, keep)
     out = tmp_path_factory.mktemp("llmpruner") / "compiled"
     save_pruned(compiled, out, AutoTokenizer.from_pretrained(tiny_model_dir))
-    return {"dir": out, "ids": ids, "base": base, "keep": keep, "compiled": compiled, "masked": masked}
+    return {
+        "dir": out,
+        "ids": ids,
+        "base": base,
+        "keep": keep,
+        "compiled": compiled,
+        "masked": masked,
+    }
 
 
 def test_the_directory_is_a_standard_hf_model_directory(saved: dict[str, Any]) -> None:
@@ -65,35 +77,45 @@ def test_the_directory_is_a_standard_hf_model_directory(saved: dict[str, Any]) -
     assert config["architectures"] == ["FedprunePrunedLlamaForCausalLM"]
     assert config["auto_map"] == {
         "AutoConfig": "configuration_fedprune_pruned_llama.FedprunePrunedLlamaConfig",
-        "AutoModelForCausalLM": "modeling_fedprune_pruned_llama.FedprunePrunedLlamaForCausalLM"}
+        "AutoModelForCausalLM": "modeling_fedprune_pruned_llama.FedprunePrunedLlamaForCausalLM",
+    }
     assert config["llmpruner_structure"] == structure_json(saved["keep"])
     for code in ("configuration_fedprune_pruned_llama.py", "modeling_fedprune_pruned_llama.py"):
         assert absolute_imports(out / code) <= ALLOWED_IMPORTS, code
     assert {"model.safetensors", "generation_config.json", "tokenizer.json", "structure.json"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
 
 
 def test_auto_model_with_trust_remote_code_equals_load_pruned_and_the_masked_model(
-        saved: dict[str, Any], modules_cache: Path) -> None:  # noqa: F811 (fixture)
+    saved: dict[str, Any],
+    modules_cache: Path,  # noqa: F811 (fixture)
+) -> None:
     ids, compiled = saved["ids"], saved["compiled"]
-    auto = check_auto_and_loader(saved["dir"], compiled, load_pruned, FedprunePrunedLlamaForCausalLM, ids,
-                                 modules_cache)
+    auto = check_auto_and_loader(
+        saved["dir"], compiled, load_pruned, FedprunePrunedLlamaForCausalLM, ids, modules_cache
+    )
     # = the dense model with the pruned structures zeroed in place
     torch.testing.assert_close(logits(compiled, ids), saved["masked"], atol=1e-5, rtol=1e-5)
     attn = auto.model.layers[0].self_attn
-    assert attn.k_proj.out_features == attn.head_dim and auto.model.layers[1].mlp.gate_proj.out_features == \
-        int(saved["keep"]["channels"][1].sum())
+    assert attn.k_proj.out_features == attn.head_dim and auto.model.layers[
+        1
+    ].mlp.gate_proj.out_features == int(saved["keep"]["channels"][1].sum())
     assert auto.lm_head.weight is auto.model.embed_tokens.weight  # SmolLM2's tied head stays tied
 
 
 def test_loads_where_fedprune_cannot_be_imported(saved: dict[str, Any], tmp_path: Path) -> None:
-    assert load_without_fedprune(saved["dir"], saved["compiled"], saved["ids"], tmp_path).startswith(
-        "transformers_modules.")
+    assert load_without_fedprune(
+        saved["dir"], saved["compiled"], saved["ids"], tmp_path
+    ).startswith("transformers_modules.")
 
 
-def test_load_pruned_reads_directories_written_before_the_hf_class(saved: dict[str, Any], tmp_path: Path) -> None:
-    """The old writer: the base LLaMA config.json + `llmpruner_structure`, safetensors' `save_model` of the shrunk
-    LlamaForCausalLM, generation_config.json. Anything else fails with a message naming what is missing."""
+def test_load_pruned_reads_directories_written_before_the_hf_class(
+    saved: dict[str, Any], tmp_path: Path
+) -> None:
+    """The old writer: the base LLaMA config.json + `llmpruner_structure`, safetensors' `save_model`
+    of the shrunk LlamaForCausalLM, generation_config.json. Anything else fails with a message
+    naming what is missing."""
     from safetensors.torch import save_model
 
     old = tmp_path / "old"
@@ -104,8 +126,9 @@ def test_load_pruned_reads_directories_written_before_the_hf_class(saved: dict[s
     assert json.loads((old / "config.json").read_text())["model_type"] == "llama"
     loaded = load_pruned(old)
     assert isinstance(loaded, FedprunePrunedLlamaForCausalLM)
-    torch.testing.assert_close(logits(loaded, saved["ids"]), logits(saved["compiled"], saved["ids"]), atol=1e-6,
-                               rtol=0)
+    torch.testing.assert_close(
+        logits(loaded, saved["ids"]), logits(saved["compiled"], saved["ids"]), atol=1e-6, rtol=0
+    )
     config = json.loads((old / "config.json").read_text())
     del config["llmpruner_structure"]
     (old / "config.json").write_text(json.dumps(config))

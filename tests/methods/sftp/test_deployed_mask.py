@@ -1,5 +1,5 @@
-"""The deployed SFT-P mask (`sftp-deploy-mask`): the budget rule against a brute-force ranking, the threshold rule,
-and the held gates; fedflap's cut keeps the held coordinates too."""
+"""The deployed SFT-P mask (`sftp-deploy-mask`): the budget rule against a brute-force ranking, the
+threshold rule, and the held gates; fedflap's cut keeps the held coordinates too."""
 
 from __future__ import annotations
 
@@ -20,17 +20,31 @@ from fedprune_app.structural.routing import (
     prunable_parameters,
 )
 
-CONFIG = LlamaConfig(hidden_size=16, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
-                     num_key_value_heads=2)
+CONFIG = LlamaConfig(
+    hidden_size=16,
+    intermediate_size=40,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 
 
-def brute_force_fill(scores: dict[str, np.ndarray], costs: dict[str, int], target: float,
-                     forced: dict[str, np.ndarray]) -> set[tuple[str, int, int]]:
-    """Forced entries, then the longest prefix of the descending order (ties by mask, layer, index) that fits."""
+def brute_force_fill(
+    scores: dict[str, np.ndarray],
+    costs: dict[str, int],
+    target: float,
+    forced: dict[str, np.ndarray],
+) -> set[tuple[str, int, int]]:
+    """Forced entries, then the longest prefix of the descending order (ties by mask, layer, index)
+    that fits."""
     kept = {(n, i, j) for n in scores for i, j in zip(*np.nonzero(forced[n]), strict=True)}
     spent = sum(costs[n] for n, _, _ in kept)
-    order = sorted((-scores[n][i, j], k, i, j) for k, n in enumerate(MASK_NAMES)
-                   for i in range(scores[n].shape[0]) for j in range(scores[n].shape[1]))
+    order = sorted(
+        (-scores[n][i, j], k, i, j)
+        for k, n in enumerate(MASK_NAMES)
+        for i in range(scores[n].shape[0])
+        for j in range(scores[n].shape[1])
+    )
     for _, k, i, j in order:
         entry = (MASK_NAMES[k], int(i), int(j))
         if entry in kept:
@@ -51,7 +65,9 @@ def test_fill_budget_is_the_top_of_the_ranking(p: float) -> None:
     costs = coordinate_costs(CONFIG)
     target = p * prunable_parameters(CONFIG)
     kept = fill_budget(scores, costs, target, forced)
-    got = {(n, int(i), int(j)) for n in MASK_NAMES for i, j in zip(*np.nonzero(kept[n]), strict=True)}
+    got = {
+        (n, int(i), int(j)) for n in MASK_NAMES for i, j in zip(*np.nonzero(kept[n]), strict=True)
+    }
     assert got == brute_force_fill(scores, costs, target, forced)
     spent = sum(costs[n] * int(kept[n].sum()) for n in MASK_NAMES)
     assert target - max(costs.values()) < spent <= target
@@ -59,7 +75,11 @@ def test_fill_budget_is_the_top_of_the_ranking(p: float) -> None:
 
 def pi_spread(seed: int = 0) -> torch.Tensor:
     """Logits whose π = σ(s + 3) spread over (0, 1), none in an empty lane."""
-    return torch.randn(3, len(MASK_NAMES), 16, generator=torch.Generator().manual_seed(seed)) * 3 - 3.0 + 1.0
+    return (
+        torch.randn(3, len(MASK_NAMES), 16, generator=torch.Generator().manual_seed(seed)) * 3
+        - 3.0
+        + 1.0
+    )
 
 
 @pytest.mark.parametrize("p", [0.5, 0.8])
@@ -77,7 +97,10 @@ def test_budget_rule_meets_the_budget_with_the_most_probable_gates(p: float) -> 
     on, off = pi[(gates == 1) & free], pi[(gates == 0) & free]
     assert on.min() >= off.max()  # top-π: no dropped gate is more probable than a kept one
     # the threshold rule can miss the budget by its rounding; the budget rule does not
-    loose = float(kept_parameters(CONFIG, layer_masks(force_open(deterministic_mask(s, 3.0), held)))) / total
+    loose = (
+        float(kept_parameters(CONFIG, layer_masks(force_open(deterministic_mask(s, 3.0), held))))
+        / total
+    )
     assert abs(loose - p) > abs(kept - p)
 
 
@@ -97,7 +120,8 @@ def test_deploy_mask_key_names_its_values() -> None:
 
 
 def test_fedflap_cut_keeps_the_held_coordinates() -> None:
-    """A massive coordinate has a near-constant input (low FLAP fluctuation): ranked last, still kept."""
+    """A massive coordinate has a near-constant input (low FLAP fluctuation): ranked last, still
+    kept."""
     rng = np.random.default_rng(3)
     scores = {n: rng.random((3, 16)) + 1.0 for n in MASK_NAMES}
     for n in MASK_NAMES:

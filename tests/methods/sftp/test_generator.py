@@ -28,8 +28,9 @@ from fedprune_app.structural.routing import (
 )
 
 
-def reinmax_reference(logits: torch.Tensor, one_hot: torch.Tensor, grad_sample: torch.Tensor, tau: float
-                      ) -> torch.Tensor:
+def reinmax_reference(
+    logits: torch.Tensor, one_hot: torch.Tensor, grad_sample: torch.Tensor, tau: float
+) -> torch.Tensor:
     """ReinMax's backward in its general K-class form (REFERENCES.md), written out row by row."""
     out = torch.empty_like(logits)
     for i in range(logits.shape[0]):
@@ -47,7 +48,7 @@ def test_gates_are_hard_with_the_bernoulli_frequency() -> None:
     g = reinmax_binary(s, tau=0.4, c=3.0, generator=torch.Generator().manual_seed(0))
     assert set(g.unique().tolist()) <= {0.0, 1.0}
     for i, p in enumerate(torch.sigmoid(torch.tensor([-1.0, 0.0, 1.0, 3.0])).tolist()):
-        freq = g[i * n:(i + 1) * n].mean().item()
+        freq = g[i * n : (i + 1) * n].mean().item()
         assert abs(freq - p) < 4 * math.sqrt(p * (1 - p) / n)
 
 
@@ -55,7 +56,9 @@ def test_same_generator_seed_same_gates() -> None:
     s = torch.randn(1000)
     a = reinmax_binary(s, 0.4, 0.0, torch.Generator().manual_seed(3))
     b = reinmax_binary(s, 0.4, 0.0, torch.Generator().manual_seed(3))
-    assert torch.equal(a, b) and not torch.equal(a, reinmax_binary(s, 0.4, 0.0, torch.Generator().manual_seed(4)))
+    assert torch.equal(a, b) and not torch.equal(
+        a, reinmax_binary(s, 0.4, 0.0, torch.Generator().manual_seed(4))
+    )
 
 
 @pytest.mark.parametrize(("tau", "c"), [(0.4, 3.0), (1.0, 0.0), (2.5, -1.0)])
@@ -74,8 +77,8 @@ def test_gradient_is_reinmax_on_the_two_class_logits(tau: float, c: float) -> No
 
 
 def test_tau_below_one_is_accepted_and_what_it_costs() -> None:
-    """τ = 1: the surrogate averages to σ'(s + c) exactly; τ = 0.4 (the paper's): smaller at saturated gates,
-    negative whenever the sampled gate is 1, still positive on average."""
+    """τ = 1: the surrogate averages to σ'(s + c) exactly; τ = 0.4 (the paper's): smaller at
+    saturated gates, negative whenever the sampled gate is 1, still positive on average."""
     n = 200_000
     for a in (-1.0, 0.5, 3.0):
         true = torch.sigmoid(torch.tensor(a)) * (1 - torch.sigmoid(torch.tensor(a)))
@@ -104,8 +107,13 @@ def test_budget_penalty_is_zero_at_target_and_symmetric_in_log_ratio() -> None:
     target = 1234.0
     assert budget_penalty(torch.tensor(target), target).item() == 0.0
     for r in (1.01, 1.5, 4.0):
-        up, down = budget_penalty(torch.tensor(target * r), target), budget_penalty(torch.tensor(target / r), target)
-        assert up.item() == pytest.approx(math.log(r), rel=1e-5) and down.item() == pytest.approx(up.item(), rel=1e-5)
+        up, down = (
+            budget_penalty(torch.tensor(target * r), target),
+            budget_penalty(torch.tensor(target / r), target),
+        )
+        assert up.item() == pytest.approx(math.log(r), rel=1e-5) and down.item() == pytest.approx(
+            up.item(), rel=1e-5
+        )
     kept = torch.tensor([2000.0, 500.0], requires_grad=True)
     budget_penalty(kept, target).sum().backward()
     torch.testing.assert_close(kept.grad, torch.tensor([1 / 2000.0, -1 / 500.0]))
@@ -150,12 +158,15 @@ def test_conditioning_on_and_off() -> None:
 
 
 def test_initial_embedding_scale_and_zero_start_equals_noc() -> None:
-    """e_k^(0) = std · N(0, I) from its seed; at std 0 a conditioned generator starts with NOC's logits (same Θ),
-    and e_k still gets a gradient, so +C can leave NOC from the client's own data."""
+    """e_k^(0) = std · N(0, I) from its seed; at std 0 a conditioned generator starts with NOC's
+    logits (same Θ), and e_k still gets a gradient, so +C can leave NOC from the client's own
+    data."""
     from fedprune_app.core.config import RunConfig
 
     def cfg(std: float) -> RunConfig:
-        return RunConfig.from_flower({"method": "sftp", "sftp-embed-init-std": std, "sftp-embed-dim": 4})
+        return RunConfig.from_flower(
+            {"method": "sftp", "sftp-embed-init-std": std, "sftp-embed-dim": 4}
+        )
 
     unit = torch.randn(4, generator=torch.Generator().manual_seed(7))
     torch.testing.assert_close(initial_embedding(cfg(1.0), 7), unit)
@@ -168,7 +179,9 @@ def test_initial_embedding_scale_and_zero_start_equals_noc() -> None:
     noc.load_state_dict(gen.state_dict())
     e = zero.clone().requires_grad_(True)
     torch.testing.assert_close(gen(e), noc())
-    budget_penalty(reinmax_binary(gen(e), 0.4, 3.0, torch.Generator().manual_seed(0)).sum(), 10.0).backward()
+    budget_penalty(
+        reinmax_binary(gen(e), 0.4, 3.0, torch.Generator().manual_seed(0)).sum(), 10.0
+    ).backward()
     assert e.grad is not None and e.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="sftp-embed-init-std"):
         cfg(-1.0)
@@ -192,8 +205,12 @@ def test_state_moves_through_get_and_set() -> None:
     e = torch.randn(4)
     assert not torch.allclose(a(e), b(e))
     state = get_generator_state(a)
-    assert all(k.startswith("mask-generator.") and v.dtype == torch.float32 for k, v in state.items())
-    set_generator_state(b, {**state, "base_model.lora_A.weight": torch.zeros(2)})  # other entries ignored
+    assert all(
+        k.startswith("mask-generator.") and v.dtype == torch.float32 for k, v in state.items()
+    )
+    set_generator_state(
+        b, {**state, "base_model.lora_A.weight": torch.zeros(2)}
+    )  # other entries ignored
     torch.testing.assert_close(a(e), b(e))
     with pytest.raises(KeyError, match="lacks"):
         set_generator_state(b, {k: v for k, v in state.items() if "fc2" not in k})
@@ -220,21 +237,32 @@ def test_cosine_schedule() -> None:
 
 
 def test_mask_rounding_against_sampled_gates() -> None:
-    """The expected kept ratio equals the mean over sampled Bernoulli(π) masks (Monte Carlo), the deterministic
-    one rounds π at 0.5, and gates at π = 0.7 round up: the bias that keeps a p = 0.8 run above its budget."""
+    """The expected kept ratio equals the mean over sampled Bernoulli(π) masks (Monte Carlo), the
+    deterministic one rounds π at 0.5, and gates at π = 0.7 round up: the bias that keeps a p = 0.8
+    run above its budget."""
     from transformers import LlamaConfig
 
-    config = LlamaConfig(hidden_size=16, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
-                         num_key_value_heads=2)
+    config = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=40,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     gen = torch.Generator().manual_seed(0)
     c = 3.0
     s = torch.randn(3, len(MASK_NAMES), 16, generator=gen) * 3 - c  # π spread over (0, 1)
     r = mask_rounding(s, c, config)
     pi, total = torch.sigmoid(s + c), prunable_parameters(config)
-    samples = [float(kept_parameters(config, layer_masks(torch.bernoulli(pi, generator=gen)))) / total
-               for _ in range(4000)]
+    samples = [
+        float(kept_parameters(config, layer_masks(torch.bernoulli(pi, generator=gen)))) / total
+        for _ in range(4000)
+    ]
     assert r["expected"] == pytest.approx(sum(samples) / len(samples), abs=0.005)
-    assert r["deterministic"] == float(kept_parameters(config, layer_masks((pi > 0.5).float()))) / total
+    assert (
+        r["deterministic"]
+        == float(kept_parameters(config, layer_masks((pi > 0.5).float()))) / total
+    )
     assert r["unsaturated"] == pytest.approx(float(((pi > 0.1) & (pi < 0.9)).float().mean()))
     flat = mask_rounding(torch.full((3, len(MASK_NAMES), 16), math.log(0.7 / 0.3) - c), c, config)
     assert flat == pytest.approx({"deterministic": 1.0, "expected": 0.7, "unsaturated": 1.0})

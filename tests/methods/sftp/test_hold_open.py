@@ -1,5 +1,6 @@
-"""`sftp-hold-open`: gates fixed at 1 in every mask (the massive-activation coordinates, or all of them for the
-dense-with-the-same-recipe ceiling), in training, in the deployed masks and in the server's view."""
+"""`sftp-hold-open`: gates fixed at 1 in every mask (the massive-activation coordinates, or all of
+them for the dense-with-the-same-recipe ceiling), in training, in the deployed masks and in the
+server's view."""
 
 from __future__ import annotations
 
@@ -18,8 +19,18 @@ from fedprune_app.methods.sftp.generator import (
 )
 from fedprune_app.methods.sftp.local import RoundPlan, local_round
 from fedprune_app.methods.sftp.models import routed_model
-from fedprune_app.structural.held import PROBE_TEXT, force_open, held_coordinates, massive_coordinates
-from fedprune_app.structural.routing import MASK_NAMES, install_routing, kept_parameters, prunable_parameters
+from fedprune_app.structural.held import (
+    PROBE_TEXT,
+    force_open,
+    held_coordinates,
+    massive_coordinates,
+)
+from fedprune_app.structural.routing import (
+    MASK_NAMES,
+    install_routing,
+    kept_parameters,
+    prunable_parameters,
+)
 from strategies.sftp import SFTPStrategy
 from tests.methods.sftp.test_sftp import content, make_client, sftp_config
 
@@ -28,8 +39,8 @@ PLANTED = 5
 
 @pytest.fixture(scope="module")
 def planted_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny LLaMA with bus coordinate PLANTED made massive (its embedding column × 300, so every token's
-    residual stream carries a large value there through every layer)."""
+    """The tiny LLaMA with bus coordinate PLANTED made massive (its embedding column × 300, so every
+    token's residual stream carries a large value there through every layer)."""
     out = tmp_path_factory.mktemp("planted")
     model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
     with torch.no_grad():
@@ -53,22 +64,30 @@ def test_force_open_fixes_the_held_gates_and_blocks_only_their_gradient() -> Non
 
 
 def test_massive_coordinates_against_the_hidden_states(planted_dir: Path) -> None:
-    """The planted coordinate is found; and the rule (mean |h| over layers and probe tokens > f × median) equals a
-    direct computation on the unrouted model for several f."""
+    """The planted coordinate is found; and the rule (mean |h| over layers and probe
+    tokens > f × median) equals a direct computation on the unrouted model for several f."""
     model = LlamaForCausalLM.from_pretrained(planted_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(planted_dir)
     with torch.no_grad():
-        states = model(**tokenizer(PROBE_TEXT, return_tensors="pt"), output_hidden_states=True).hidden_states[1:]
+        states = model(
+            **tokenizer(PROBE_TEXT, return_tensors="pt"), output_hidden_states=True
+        ).hidden_states[1:]
     magnitude = torch.stack([h[0].abs().mean(0) for h in states]).mean(0)
     install_routing(model)
     assert massive_coordinates(model, tokenizer, 10.0) == [PLANTED]
     for factor in (1.0, 1.5, 3.0):
-        expected = [i for i in range(magnitude.numel()) if magnitude[i] > factor * magnitude.median()]
+        expected = [
+            i for i in range(magnitude.numel()) if magnitude[i] > factor * magnitude.median()
+        ]
         assert massive_coordinates(model, tokenizer, factor) == expected
 
 
 def test_held_coordinates_per_setting(planted_dir: Path) -> None:
-    for setting, expected in (("none", None), ("all", torch.ones(64)), ("massive", torch.eye(64)[PLANTED])):
+    for setting, expected in (
+        ("none", None),
+        ("all", torch.ones(64)),
+        ("massive", torch.eye(64)[PLANTED]),
+    ):
         cfg = sftp_config(planted_dir, sftp_hold_open=setting)
         model, tokenizer = routed_model(cfg)
         held = held_coordinates(cfg, model, tokenizer)
@@ -80,9 +99,11 @@ def test_bad_setting_names_the_key_and_the_choices(tiny_model_dir: Path) -> None
         sftp_config(tiny_model_dir, sftp_hold_open="some")
 
 
-def test_a_closed_generator_deploys_exactly_the_held_gates(planted_dir: Path, flower_ids: None) -> None:
-    """With every logit far below −c the client's deployed mask (rule 'threshold') is the held set itself
-    (massive), or all ones (ceiling); the server's view holds them open the same way."""
+def test_a_closed_generator_deploys_exactly_the_held_gates(
+    planted_dir: Path, flower_ids: None
+) -> None:
+    """With every logit far below −c the client's deployed mask (rule 'threshold') is the held set
+    itself (massive), or all ones (ceiling); the server's view holds them open the same way."""
     for setting, kept in (("massive", 1.0 / 64), ("all", 1.0)):
         cfg = sftp_config(planted_dir, sftp_hold_open=setting, sftp_deploy_mask="threshold")
         strategy = SFTPStrategy(cfg)
@@ -95,27 +116,45 @@ def test_a_closed_generator_deploys_exactly_the_held_gates(planted_dir: Path, fl
             for name in MASK_NAMES:
                 expected = torch.ones(64) if setting == "all" else torch.eye(64)[PLANTED]
                 assert torch.equal(layer[name], expected), (setting, name)
-        assert kept_parameters(model.config, masks).item() / prunable_parameters(model.config) == pytest.approx(kept)
+        assert kept_parameters(model.config, masks).item() / prunable_parameters(
+            model.config
+        ) == pytest.approx(kept)
 
 
 def test_training_never_drops_a_held_coordinate(planted_dir: Path) -> None:
-    """A budget of 0.3 pulls the gates down, the planted coordinate stays in every deployed mask; with every gate
-    held (the ceiling) the deployed model stays dense whatever the budget."""
+    """A budget of 0.3 pulls the gates down, the planted coordinate stays in every deployed mask;
+    with every gate held (the ceiling) the deployed model stays dense whatever the budget."""
     for setting in ("massive", "all"):
-        cfg = sftp_config(planted_dir, sftp_gate_tau=1.0, sftp_generator_lr=3e-2, local_steps=20, batch_size=1,
-                          seq_len=16, sftp_hold_open=setting)
+        cfg = sftp_config(
+            planted_dir,
+            sftp_gate_tau=1.0,
+            sftp_generator_lr=3e-2,
+            local_steps=20,
+            batch_size=1,
+            seq_len=16,
+            sftp_hold_open=setting,
+        )
         client = make_client(cfg)
         model, tokenizer = routed_model(cfg)
         generator = generator_for(cfg, model.config, seed=0)
         state = client.client_state()
-        local_round(cfg, model, tokenizer, generator, state, client.data.train, RoundPlan(1, 0, 0.3))
+        local_round(
+            cfg, model, tokenizer, generator, state, client.data.train, RoundPlan(1, 0, 0.3)
+        )
         embedding = state.embedding
         with torch.no_grad():
-            gates = force_open(deterministic_mask(generator(embedding), 3.0), held_coordinates(cfg, model, tokenizer))
+            gates = force_open(
+                deterministic_mask(generator(embedding), 3.0),
+                held_coordinates(cfg, model, tokenizer),
+            )
             free = deterministic_mask(generator(embedding), 3.0)
         assert torch.all(gates[..., PLANTED] == 1.0)
-        ratio = kept_parameters(model.config, layer_masks(gates)).item() / prunable_parameters(model.config)
+        ratio = kept_parameters(model.config, layer_masks(gates)).item() / prunable_parameters(
+            model.config
+        )
         if setting == "all":
             assert ratio == 1.0
         else:
-            assert ratio < 0.9 and free.mean() < 0.9, ratio  # the other gates did move toward the budget
+            assert ratio < 0.9 and free.mean() < 0.9, (
+                ratio
+            )  # the other gates did move toward the budget

@@ -18,7 +18,8 @@ def _with_arrays(content: RecordDict, arrays: dict[str, np.ndarray]) -> RecordDi
 
 
 def asymmetric_covariance(content: RecordDict) -> RecordDict:
-    """A round-1 reply whose first covariance sum is not symmetric (a later reply is returned unchanged)."""
+    """A round-1 reply whose first covariance sum is not symmetric (a later reply is returned
+    unchanged)."""
     arrays = {k: v.copy() for k, v in numpy_state(content.array_records["arrays"]).items()}
     key = f"{COVARIANCE_PREFIX}0"
     if key in arrays:

@@ -1,13 +1,15 @@
 """LLM-Pruner's compiled model (Ma et al. 2023, §3.1) as a Hugging Face model class.
 
-A LlamaForCausalLM whose q/k/v/o and gate/up/down projections are smaller `nn.Linear`s: per layer the kept kv
-groups (each with its G query heads) and MLP channels of the config's `llmpruner_structure`. HF's LLaMA attention
-reads the number of heads from the projections (`view(..., -1, head_dim)`) and G from `num_key_value_groups`,
-which removing whole kv groups leaves unchanged, so LLaMA's own forward, KV cache and `generate()` run it: the one
-compiled forward. `fedprune_app.methods.llmpruner.structure` builds (`compile_pruned`), saves (`save_pruned`) and
-loads (`load_pruned`) this class; `save_pretrained` copies this file and the configuration next to the weights, so
-a directory loads anywhere with `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`. It imports only
-torch and transformers (never fedprune).
+A LlamaForCausalLM whose q/k/v/o and gate/up/down projections are smaller `nn.Linear`s: per layer
+the kept kv groups (each with its G query heads) and MLP channels of the config's
+`llmpruner_structure`. HF's LLaMA attention reads the number of heads from the projections
+(`view(..., -1, head_dim)`) and G from `num_key_value_groups`, which removing whole kv groups leaves
+unchanged, so LLaMA's own forward, KV cache and `generate()` run it: the one compiled forward.
+`fedprune_app.methods.llmpruner.structure` builds (`compile_pruned`), saves (`save_pruned`) and
+loads (`load_pruned`) this class; `save_pretrained` copies this file and the configuration next to
+the weights, so a directory loads anywhere with
+`AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`. It imports only torch and
+transformers (never fedprune).
 """
 
 from __future__ import annotations
@@ -18,27 +20,44 @@ from transformers.models.llama.modeling_llama import LlamaForCausalLM
 from .configuration_fedprune_pruned_llama import FedprunePrunedLlamaConfig
 
 
-def _resized(linear: nn.Linear, out_features: int | None = None, in_features: int | None = None) -> nn.Linear:
-    """An empty Linear like `linear` (device, dtype, bias) with the given widths (None: unchanged)."""
+def _resized(
+    linear: nn.Linear, out_features: int | None = None, in_features: int | None = None
+) -> nn.Linear:
+    """An empty Linear like `linear` (device, dtype, bias) with the given widths (None:
+    unchanged)."""
     w = linear.weight
-    return nn.Linear(in_features or linear.in_features, out_features or linear.out_features,
-                     bias=linear.bias is not None, device=w.device, dtype=w.dtype)
+    return nn.Linear(
+        in_features or linear.in_features,
+        out_features or linear.out_features,
+        bias=linear.bias is not None,
+        device=w.device,
+        dtype=w.dtype,
+    )
 
 
-def prune_layer_shapes_(layer: nn.Module, kv_groups: int, channels: int, head_dim: int, groups: int) -> None:
-    """Give a LlamaDecoderLayer the projection shapes of `kv_groups` kept kv groups and `channels` MLP channels."""
+def prune_layer_shapes_(
+    layer: nn.Module, kv_groups: int, channels: int, head_dim: int, groups: int
+) -> None:
+    """Give a LlamaDecoderLayer the projection shapes of `kv_groups` kept kv groups and `channels`
+    MLP channels."""
     attn, mlp = layer.self_attn, layer.mlp
     q, kv = kv_groups * groups * head_dim, kv_groups * head_dim
-    attn.q_proj, attn.o_proj = _resized(attn.q_proj, out_features=q), _resized(attn.o_proj, in_features=q)
-    attn.k_proj, attn.v_proj = _resized(attn.k_proj, out_features=kv), _resized(attn.v_proj, out_features=kv)
+    attn.q_proj, attn.o_proj = (
+        _resized(attn.q_proj, out_features=q),
+        _resized(attn.o_proj, in_features=q),
+    )
+    attn.k_proj, attn.v_proj = (
+        _resized(attn.k_proj, out_features=kv),
+        _resized(attn.v_proj, out_features=kv),
+    )
     mlp.gate_proj = _resized(mlp.gate_proj, out_features=channels)
     mlp.up_proj = _resized(mlp.up_proj, out_features=channels)
     mlp.down_proj = _resized(mlp.down_proj, in_features=channels)
 
 
 class FedprunePrunedLlamaForCausalLM(LlamaForCausalLM):
-    """The deployable llmpruner model: LlamaForCausalLM with each layer's projections at its kept sizes. Loads with
-    `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`."""
+    """The deployable llmpruner model: LlamaForCausalLM with each layer's projections at its kept
+    sizes. Loads with `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`."""
 
     config_class = FedprunePrunedLlamaConfig
 

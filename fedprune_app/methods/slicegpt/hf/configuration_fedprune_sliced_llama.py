@@ -1,10 +1,12 @@
 """Configuration of SliceGPT's compiled (sliced) model (Ashkboos et al. 2024, §3.2–3.4).
 
-Self-contained: imports only transformers, so `save_pretrained` can copy this file next to the weights and
-`AutoConfig.from_pretrained(dir, trust_remote_code=True)` can load it on a machine without fedprune.
+Self-contained: imports only transformers, so `save_pretrained` can copy this file next to the
+weights and `AutoConfig.from_pretrained(dir, trust_remote_code=True)` can load it on a machine
+without fedprune.
 
-The base LLaMA config (LM head untied) plus `slicegpt_dims`: the width k_p of the residual stream at each of the
-2L + 1 points (p = 2l: input of layer l, p = 2l + 1: after its attention, p = 2L: input of the final norm).
+The base LLaMA config (LM head untied) plus `slicegpt_dims`: the width k_p of the residual stream at
+each of the 2L + 1 points (p = 2l: input of layer l, p = 2l + 1: after its attention, p = 2L: input
+of the final norm).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ class FedpruneSlicedLlamaConfig(LlamaConfig):
     def point_widths(self) -> list[int]:
         """k_p of the 2L + 1 points, checked against the config."""
         dims, n = self.slicegpt_dims, 2 * int(self.num_hidden_layers) + 1
-        if dims is None or len(dims) != n or not all(0 < int(k) <= int(self.hidden_size) for k in dims):
-            raise ValueError(f"config 'slicegpt_dims' must hold {n} widths (2 per decoder layer + the head's) in "
-                             f"1..{self.hidden_size}, got {dims}")
+        if (
+            dims is None
+            or len(dims) != n
+            or not all(0 < int(k) <= int(self.hidden_size) for k in dims)
+        ):
+            raise ValueError(
+                f"config 'slicegpt_dims' must hold {n} widths (2 per decoder layer + the head's) "
+                f"in 1..{self.hidden_size}, got {dims}"
+            )
         return [int(k) for k in dims]

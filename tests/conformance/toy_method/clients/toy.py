@@ -1,11 +1,11 @@
-"""toy's client: FedIT's local LoRA training, unchanged."""
+"""toy's client: the plain LoRA round (`core.lora`), unchanged."""
 
 from __future__ import annotations
 
-from clients.fedit import FedITClient
+from fedprune_app.core.lora import LoRAClient
 from fedprune_app.core.registry import register_client
 
 
 @register_client("toy")
-class ToyClient(FedITClient):
+class ToyClient(LoRAClient):
     name = "toy"

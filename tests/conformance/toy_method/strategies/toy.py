@@ -1,4 +1,5 @@
-"""toy's server: FedIT's weighted average of the LoRA tensors, applied with a server learning rate."""
+"""toy's server: the LoRA base's weighted average of the adapter tensors, applied with a server
+learning rate."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import numpy as np
 from fedprune_app.methods.toy.config import ToyConfig
 from flwr.app import ArrayRecord, RecordDict
 
+from fedprune_app.core.lora import LoRAStrategy
 from fedprune_app.core.protocol import numpy_state, to_record
 from fedprune_app.core.registry import register_strategy
-from strategies.fedit import FedITStrategy
 
 
 @register_strategy("toy")
-class ToyStrategy(FedITStrategy):
+class ToyStrategy(LoRAStrategy):
     """global <- global + eta * (FedAvg(replies) - global)."""
 
     def initial_arrays(self) -> ArrayRecord:
@@ -25,7 +26,9 @@ class ToyStrategy(FedITStrategy):
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         mean = numpy_state(super().aggregate(server_round, replies))
         eta = self.cfg.section(ToyConfig).toy_server_lr
-        self.current = {k: (v + eta * (mean[k] - v)).astype(v.dtype) for k, v in self.current.items()}
+        self.current = {
+            k: (v + eta * (mean[k] - v)).astype(v.dtype) for k, v in self.current.items()
+        }
         return to_record(self.current)
 
     def state_dict(self) -> dict[str, Any]:

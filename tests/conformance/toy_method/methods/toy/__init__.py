@@ -1,4 +1,5 @@
-"""toy: FedIT's LoRA with a server learning rate (docs/architecture.md's "Adding a method", proved by a test)."""
+"""toy: FedIT's LoRA with a server learning rate (docs/architecture.md's "Adding a method", proved
+by a test)."""
 
 from fedprune_app.methods.toy.config import ToyConfig
 

@@ -14,5 +14,9 @@ class ToyConfig(ConfigSection):
 
     title: ClassVar[str] = "toy"
 
-    toy_server_lr: float = key(0.5, "Server learning rate eta: global += eta * (FedAvg - global).",
-                               minimum=0.0, maximum=1.0)
+    toy_server_lr: float = key(
+        0.5,
+        "Server learning rate eta: global += eta * (FedAvg - global).",
+        minimum=0.0,
+        maximum=1.0,
+    )
