@@ -275,7 +275,10 @@ class SharedConfig(ConfigSection):
     lora_alpha: float = key(32.0, "LoRA alpha (scaling alpha / r).", minimum=0.0)
     lora_dropout: float = key(0.05, "LoRA dropout.", minimum=0.0, maximum=1.0)
     lora_target_modules: str = key(
-        "q_proj,v_proj", "Comma-separated module names that get LoRA adapters."
+        "q_proj,v_proj",
+        "Comma-separated module names that get LoRA adapters (peft's rule: a layer whose name is "
+        "or ends with one), or 'all-linear' (peft's shorthand: every linear layer but the output "
+        "layer).",
     )
     local_steps: int = key(10, "Optimizer steps per client per round (E).", minimum=1)
     batch_size: int = key(4, "Examples per training step.", minimum=1)

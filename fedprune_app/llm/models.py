@@ -25,7 +25,7 @@ from fedprune_app.llm.settings import (
     LoraSettings,
     ModelSettings,
     PeftSettings,
-    split_list,
+    lora_targets,
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -146,7 +146,7 @@ def lora_config(cfg: LoraSettings, rank: int | None = None):  # -> peft.LoraConf
         r=int(rank or cfg.lora_rank),
         lora_alpha=cfg.lora_alpha,
         lora_dropout=cfg.lora_dropout,
-        target_modules=split_list(cfg.lora_target_modules),
+        target_modules=lora_targets(cfg.lora_target_modules),
         bias="none",
         task_type="CAUSAL_LM",
     )

@@ -30,6 +30,16 @@ def split_list(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+ALL_LINEAR = "all-linear"  # peft's shorthand target: every linear layer but the output layer
+
+
+def lora_targets(value: str) -> str | list[str]:
+    """`lora-target-modules` as peft's `LoraConfig` takes it: the names, or peft's shorthand
+    `ALL_LINEAR` as the string itself (in a list peft would look for a module of that name)."""
+    names = split_list(value)
+    return ALL_LINEAR if names == [ALL_LINEAR] else names
+
+
 def per_client(value: str, n: int, cast: Callable[[str], Any], key: str) -> list[Any]:
     """Parse a per-client list string ("0.2,0.2,0.5,0.5"): one value for all clients, or exactly n.
 

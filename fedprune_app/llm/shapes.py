@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fedprune_app.llm.settings import LoraSettings, split_list
+from fedprune_app.llm.settings import ALL_LINEAR, LoraSettings, lora_targets
 
 Spec = dict[str, tuple[tuple[int, ...], str]]  # {name: (shape, dtype)}, as `core.protocol.spec_of`
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")  # transformers' `model_type`s of the same layout
@@ -68,16 +68,20 @@ def lora_spec(
 ) -> Spec | None:
     """The adapter state `llm.models.add_lora` makes (peft's names, float32): A (r, in) and
     B (out, r) of every linear layer whose name is or ends with a `lora-target-modules` entry
-    (peft's rule), r = `rank` or `lora-rank`; None when `linear_shapes` is, or when the output
-    layer is a target. `linear`: the layers' (out_features, in_features) where they are not the
-    config's (a pruned or sliced model of the same names)."""
+    (peft's rule; 'all-linear': every one but `lm_head`), r = `rank` or `lora-rank`; None when
+    `linear_shapes` is, or when the output layer is a target. `linear`: the layers'
+    (out_features, in_features) where they are not the config's (a pruned or sliced model of the
+    same names)."""
     shapes = linear_shapes(config)
     if shapes is not None and linear is not None:
         shapes = dict(linear)
-    targets = split_list(settings.lora_target_modules)
+    targets = lora_targets(settings.lora_target_modules)
     if shapes is None:
         return None
-    chosen = [n for n in shapes if any(n == t or n.endswith("." + t) for t in targets)]
+    if targets == ALL_LINEAR:  # peft: every linear layer but the output layer
+        chosen = [n for n in shapes if n != "lm_head"]
+    else:
+        chosen = [n for n in shapes if any(n == t or n.endswith("." + t) for t in targets)]
     if "lm_head" in chosen:
         return None
     r = int(rank or settings.lora_rank)

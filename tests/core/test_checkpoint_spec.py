@@ -135,6 +135,7 @@ ALL_PROJECTIONS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     [
         ("fedit", {"lora_rank": 3, "lora_target_modules": ALL_PROJECTIONS}),
         ("fedit", {"lora_target_modules": "self_attn.o_proj,mlp.up_proj"}),
+        ("fedit", {"lora_target_modules": "all-linear"}),
         ("sftp", {"sftp_adapters": False, "sftp_embed_dim": 5, "sftp_generator_hidden": 7}),
         (
             "sftp",
