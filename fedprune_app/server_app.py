@@ -185,6 +185,7 @@ def main(grid: Grid, context: Context) -> None:
                 "artefacts": artefacts,
                 "phase-seconds": phases,
                 "initial-state-seconds": round(initial_ready, 3),
+                **({"num-partitions": n} if (n := strategy.num_partitions) else {}),
                 **({"privacy": privacy} if privacy else {}),
             },
             report,

@@ -72,6 +72,25 @@ def evaluated_clients(run_dir: Path) -> list[int]:
     )
 
 
+def num_partitions(run_dir: Path, cfg: RunConfig, clients: list[int]) -> int:
+    """How many partitions the run dealt its data into (what `client_data` needs to deal client
+    k's again): summary.json's `num-partitions`; for a run that did not record it, the clients
+    that evaluated, when every client evaluated (`fraction-evaluate` = 1).
+
+    Raises:
+        ValueError: the run records no count and only a sample of its clients evaluated."""
+    summary = run_dir / "summary.json"
+    recorded = json.loads(summary.read_text()).get("num-partitions") if summary.is_file() else None
+    if isinstance(recorded, int) and recorded > max(clients, default=-1):
+        return recorded
+    if cfg.fraction_evaluate < 1.0:
+        raise ValueError(
+            f"{run_dir}: summary.json records no 'num-partitions' and fraction-evaluate = "
+            f"{cfg.fraction_evaluate:g}, so the clients' data cannot be dealt again"
+        )
+    return len(clients)
+
+
 def held_out(
     cfg: RunConfig, client: int, num_clients: int, n: int
 ) -> tuple[str, list[Example], int]:
@@ -159,13 +178,14 @@ def rescore(run_dir: Path, examples: int, batch_size: int, dense: bool = False) 
     does)."""
     cfg = RunConfig.from_flower(json.loads((run_dir / "config.json").read_text()))
     clients = evaluated_clients(run_dir)
+    partitions = num_partitions(run_dir, cfg, clients)
     tokenizer = load_tokenizer(cfg.model_name)
     start = time.perf_counter()
     record: dict[str, Any] = {"per-source": examples, "clients": {}, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tasks, rows_of = {}, {}
         for k in clients:
-            source, rows, n_test = held_out(cfg, k, len(clients), examples)
+            source, rows, n_test = held_out(cfg, k, partitions, examples)
             rows_of[k] = rows
             record["clients"][str(k)] = {
                 "source": source,

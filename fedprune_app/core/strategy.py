@@ -141,6 +141,8 @@ class FederatedStrategy(PrivateRelease, Strategy):
         self.node_partition: dict[int, int] = {}
         # node id -> node-config `resources` (0 = not set)
         self.node_resources: dict[int, float] = {}
+        # the clients' node-config `num-partitions` (the largest `identify` heard; None: none said)
+        self.num_partitions: int | None = None
         # names the run (kept on resume); clients key their checkpointed private state by it
         self.run_key = ""
         self.timeout = 3600.0
@@ -400,9 +402,11 @@ class FederatedStrategy(PrivateRelease, Strategy):
         )
 
     def identify(self, grid: Grid) -> None:
-        """Ask every connected node for its partition id and node-config `resources` (`query`
-        message `{"query": "identity"}`, answered by `FederatedClient.identity`). A node that does
-        not answer is logged and sampled after the identified ones."""
+        """Ask every connected node for its partition id, node-config `resources` and
+        `num-partitions` (`query` message `{"query": "identity"}`, answered by
+        `FederatedClient.identity`; summary.json keeps `num-partitions`, so that a run's client data
+        can be dealt again afterwards). A node that does not answer is logged and sampled after the
+        identified ones."""
         nodes = self.connected(grid)
         messages = [
             Message(
@@ -424,6 +428,8 @@ class FederatedStrategy(PrivateRelease, Strategy):
                 continue
             self.node_partition[node] = pid
             self.node_resources[node] = float(metrics.get("resources", 0.0))
+            if isinstance(count := metrics.get("num-partitions"), int) and count > pid:
+                self.num_partitions = max(self.num_partitions or 0, count)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

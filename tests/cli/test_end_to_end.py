@@ -74,6 +74,7 @@ def test_flwr_run_completes_despite_a_failing_client(
     assert list((run_dir / "plots").glob("*.png"))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["artefacts"] == {"adapter": "adapter"}
+    assert summary["num-partitions"] == 2  # from client 0's node config: client 1 never answers
     assert json.loads((run_dir / "config.json").read_text())["lora-rank"] == 4
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["phase"] == "train"]

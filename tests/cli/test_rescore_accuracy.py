@@ -87,3 +87,26 @@ def test_a_fedit_and_a_flexlora_run_are_scored_with_the_models_their_clients_use
                 assert torch.allclose(models["final"][k](ids).logits, expected[k], atol=1e-5)
                 assert not torch.allclose(models["final"][k](ids).logits, base_logits, atol=1e-3)
                 assert torch.allclose(models["dense"][k](ids).logits, base_logits, atol=1e-5)
+
+
+def test_a_run_is_dealt_again_into_the_partitions_it_recorded(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Client 3 of a 10-client run where 2 clients evaluated: its data is partition 3 of 10, not of
+    2; a run without the record refuses unless every client evaluated."""
+    import json
+
+    from fedprune_app.llm.data import client_data
+    from fedprune_cli.rescore_accuracy import held_out, num_partitions
+    from tests.conftest import small_config
+
+    cfg = small_config(tiny_model_dir, fraction_evaluate=0.2, partitioner="iid")
+    (tmp_path / "summary.json").write_text(json.dumps({"num-partitions": 10}))
+    assert num_partitions(tmp_path, cfg, [3, 7]) == 10
+    _, rows, n_test = held_out(cfg, 3, 10, 0)
+    assert rows == list(client_data(cfg, 3, 10).test) and n_test == len(rows)
+    assert rows != list(client_data(cfg, 3, 4).test)
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed"}))
+    with pytest.raises(ValueError, match="num-partitions"):
+        num_partitions(tmp_path, cfg, [3, 7])
+    assert num_partitions(tmp_path, small_config(tiny_model_dir), [0, 1, 2]) == 3

@@ -128,3 +128,15 @@ def test_instruction_clients_are_scored_with_rouge_l(tiny_model_dir: Path) -> No
         }
         and 0.0 <= metrics["rouge-l"] <= 1.0
     )
+
+
+def test_identify_hears_how_many_partitions_the_data_was_dealt_into(
+    tiny_model_dir: Path, flower_ids: None
+) -> None:
+    """summary.json's `num-partitions` comes from the clients' node config, also when a round
+    would sample only some of them: what `fedprune rescore` needs to deal a client's data again."""
+    cfg = small_config(tiny_model_dir, fraction_evaluate=0.5)
+    strategy, grid = LoRAStrategy(cfg), LocalGrid(cfg, 3)
+    assert strategy.num_partitions is None
+    strategy.identify(grid)
+    assert strategy.num_partitions == 3 and sorted(strategy.node_partition.values()) == [0, 1, 2]

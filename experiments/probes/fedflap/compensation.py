@@ -52,7 +52,7 @@ from fedprune_app.methods.fedflap.compensation import compensated, pooled_means
 from fedprune_app.methods.fedflap.config import FedFLAPConfig
 from fedprune_app.methods.fedflap.importance import bus_moments
 from fedprune_app.structural.routing import install_routing, per_layer_masks
-from fedprune_cli.rescore_accuracy import evaluated_clients, held_out
+from fedprune_cli.rescore_accuracy import evaluated_clients, held_out, num_partitions
 
 FORMS = {"post-hoc": (), "comp-out": ("out",), "comp-in-out": ("in", "out")}
 
@@ -81,9 +81,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         {k: np.asarray(v, np.float32) for k, v in np.load(args.run / "masks.npz").items()}
     )
     clients = evaluated_clients(args.run)
+    partitions = num_partitions(args.run, cfg, clients)
     moments = []
     for k in clients:
-        data = client_data(cfg, k, len(clients))
+        data = client_data(cfg, k, partitions)
         batches = list(
             training_batches(
                 data.train,
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "clients": {},
     }
     for k in clients:
-        source, rows, _ = held_out(cfg, k, len(clients), args.examples)
+        source, rows, _ = held_out(cfg, k, partitions, args.examples)
         scores = {}
         for form, lanes in FORMS.items():
             with torch.no_grad(), compensated(model, masks, means, lanes) as m:

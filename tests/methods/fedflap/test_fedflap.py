@@ -216,6 +216,7 @@ def test_whole_tiny_run(tiny_model_dir: Path, tmp_path: Path, flower_ids: None) 
     assert err is None, err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed", summary.get("error")
+    assert summary["num-partitions"] == 4  # though half the clients evaluate
     saved = dict(np.load(run / "masks.npz"))
     model, _ = fedflap_model_for(cfg)
     layers, d = int(model.config.num_hidden_layers), int(model.config.hidden_size)
