@@ -1,16 +1,17 @@
 """The privacy-utility curve: FedIT and SFT-P (keep 0.8) at ε = ∞ (the same clipping, no noise), 8
 and 2.
 
-    python -m experiments.dp_utility --clients 100 --fraction 0.1 --rounds 3
-    python -m experiments.dp_utility --clients 100 --fraction 0.1 --rounds 3 --dry-run  # cells only
+    python -m experiments.dp_utility --clients 100 --fraction 0.1 --out docs/runs/dp-utility
+    python -m experiments.dp_utility --clients 100 --fraction 0.1 --dry-run  # the cells only
 
 Each cell is one `fedprune run` of `conf/<method>-dp.toml` on `--clients` simulated SuperNodes (the
 default data dealt by source, so a task is shared by clients/4 of them), `--fraction` of them
-sampled per round (m), δ = 1/N unless `--delta` is given, σ from `noise_multiplier_for(ε, rounds,
-δ)` (ε = ∞: σ = 0, the same C). The record (`<out>/dp-utility.json`, with the command that wrote it)
-holds per cell σ, the reported ε, and per evaluated client its score before and after (n, 95%
-interval); `<out>/dp-utility.md` tables them beside the untouched model. What is not measured is
-said there: only the clients of the evaluation panel, one seed."""
+sampled per round (m), for `--rounds` (per method: FedIT 3, SFT-P its preset's 6, the steps its
+masks need to reach keep 0.8), δ = 1/N unless `--delta` is given, σ from `noise_multiplier_for(ε,
+rounds, δ)` (ε = ∞: σ = 0, the same C). The record (`<out>/dp-utility.json`, with the command
+that wrote it) holds per cell σ, the reported ε, and per evaluated client its score before and
+after (n, 95% interval); `<out>/dp-utility.md` tables them beside the untouched model. What is not
+measured is said there: only the clients of the evaluation panel, one seed."""
 
 from __future__ import annotations
 
@@ -38,6 +39,24 @@ class Cell:
     run_config: tuple[str, ...]
 
 
+ROUNDS = "fedit=3,sftp=6"  # SFT-P's masks need its preset's 6 x 25 local steps to reach keep 0.8
+
+
+def rounds_of(text: str | int | dict[str, int], method: str) -> int:
+    """A method's rounds from `--rounds` ("3": every method; "fedit=3,sftp=6": per method) or from a
+    record's `rounds` (an int, or {method: rounds})."""
+    if isinstance(text, int):
+        return text
+    if isinstance(text, dict):
+        return int(text[method])
+    if "=" not in text:
+        return int(text)
+    per_method = dict(item.split("=", 1) for item in text.split(",") if item.strip())
+    if method not in per_method:
+        raise SystemExit(f"--rounds {text!r} names no rounds for method {method!r}")
+    return int(per_method[method])
+
+
 def cells(args: argparse.Namespace) -> list[Cell]:
     """The grid's cells, each with its preset and overrides."""
     from fedprune_app.core.privacy import noise_multiplier_for
@@ -45,16 +64,17 @@ def cells(args: argparse.Namespace) -> list[Cell]:
     delta = args.delta or 1.0 / args.clients
     out = []
     for method in args.methods.split(","):
+        rounds = rounds_of(args.rounds, method)
         for text in args.epsilons.split(","):
             eps = float(text)
             sigma = (
                 0.0
                 if math.isinf(eps)
-                else math.ceil(noise_multiplier_for(eps, args.rounds, delta) * 1e4) / 1e4
+                else math.ceil(noise_multiplier_for(eps, rounds, delta) * 1e4) / 1e4
             )  # ε ≤ the target
             tag = f"dp-{method}-eps-{text}"
             overrides = (
-                f"num-server-rounds={args.rounds} fraction-train={args.fraction} "
+                f"num-server-rounds={rounds} fraction-train={args.fraction} "
                 f"fraction-evaluate={args.evaluate} dp-clipping-norm={args.clipping_norm} "
                 f"dp-noise-multiplier={sigma} dp-delta={delta} dp-max-epsilon=0.0 "
                 f"output-dir='{args.out}' run-tag='{tag}' {args.run_config}"
@@ -157,16 +177,22 @@ def merged(old: dict[str, Any] | None, new: dict[str, Any], force: bool) -> dict
     `force`): the curve is run cell by cell, across sessions."""
     if not old:
         return new
-    grid = ("clients", "fraction", "rounds", "clipping-norm")
-    if any(old.get(k) != new.get(k) for k in grid):
-        held = ", ".join(f"{k}={old.get(k)}" for k in grid)
-        raise SystemExit(f"--out holds a record of another grid ({held}); choose another --out")
+    grid = ("clients", "fraction", "clipping-norm")
     done = {(c["method"], str(c["epsilon"])): c for c in old.get("cells", []) if "result" in c}
+    methods = {m for m, _ in done} & {c["method"] for c in new["cells"]}
+    if any(old.get(k) != new.get(k) for k in grid) or any(
+        rounds_of(old["rounds"], m) != rounds_of(new["rounds"], m) for m in methods
+    ):
+        held = ", ".join(f"{k}={old.get(k)}" for k in (*grid, "rounds"))
+        raise SystemExit(f"--out holds a record of another grid ({held}); choose another --out")
     cells = []
     for cell in new["cells"]:
         kept = done.pop((cell["method"], str(cell["epsilon"])), None)
         cells.append(cell if force or kept is None else kept)
-    return {**new, "cells": cells + list(done.values())}
+    cells += done.values()
+    rounds = {c["method"]: rounds_of(new["rounds"], c["method"]) for c in new["cells"]}
+    rounds |= {m: rounds_of(old["rounds"], m) for m in {c["method"] for c in done.values()}}
+    return {**new, "rounds": rounds, "cells": cells}
 
 
 def write(out: Path, record: dict[str, Any]) -> None:
@@ -189,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--evaluate", type=float, default=0.1, help="fraction-evaluate (the scored panel)"
     )
-    parser.add_argument("--rounds", type=int, default=3, help="num-server-rounds")
+    parser.add_argument(
+        "--rounds",
+        default=ROUNDS,
+        help="num-server-rounds: one for every method, or per method (default %(default)s)",
+    )
     parser.add_argument("--methods", default="fedit,sftp")
     parser.add_argument("--epsilons", default="inf,8,2")
     parser.add_argument("--delta", type=float, default=0.0, help="δ (default 1/N)")
@@ -214,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m experiments.dp_utility " + shlex.join(argv or sys.argv[1:]),
         "clients": args.clients,
         "fraction": args.fraction,
-        "rounds": args.rounds,
+        "rounds": {m: rounds_of(args.rounds, m) for m in args.methods.split(",")},
         "clipping-norm": args.clipping_norm,
         "cells": [],
     }

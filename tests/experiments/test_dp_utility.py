@@ -117,6 +117,34 @@ def test_a_record_of_another_grid_is_refused_not_mixed() -> None:
     other = {**_plan(("fedit", "inf")), "clients": 1000}
     with pytest.raises(SystemExit, match="clients=1000"):
         dp_utility.merged(other, _plan(("fedit", "inf")), False)
+    old = _plan(("fedit", "inf"))
+    old["cells"][0]["result"] = {"clients": []}
+    with pytest.raises(SystemExit, match="rounds=3"):  # FedIT's finished cell ran 3 rounds, not 6
+        dp_utility.merged(old, {**_plan(("fedit", 8.0)), "rounds": {"fedit": 6}}, False)
+
+
+def test_each_method_runs_its_own_rounds_and_the_record_keeps_both() -> None:
+    """SFT-P's cells run its preset's 6 rounds (its masks need the steps), FedIT's 3; σ is derived
+    for each cell's own rounds, and a record of FedIT's finished cells takes SFT-P's beside them."""
+    args = _args("--clients", "100", "--rounds", "fedit=3,sftp=6", "--out", "/tmp/dp-utility-test")
+    by_method = {(c.method, c.epsilon): c for c in dp_utility.cells(args)}
+    from fedprune_cli import launch
+
+    for (method, eps), cell in by_method.items():
+        cfg = RunConfig.from_flower(launch.merged_config(dp_utility.ROOT, list(cell.run_config)))
+        rounds = {"fedit": 3, "sftp": 6}[method]
+        assert cfg.num_server_rounds == rounds
+        if not math.isinf(eps):
+            assert 0.995 * eps < dp_accounting_epsilon(cell.sigma, rounds, 0.01) <= eps
+    assert by_method[("sftp", 8.0)].sigma > by_method[("fedit", 8.0)].sigma
+    old = _plan(("fedit", "inf"))  # an earlier record: `rounds` one int
+    old["cells"][0]["result"] = {"clients": []}
+    new = dp_utility.merged(old, {**_plan(("sftp", "inf")), "rounds": {"sftp": 6}}, False)
+    assert new["rounds"] == {"sftp": 6, "fedit": 3}
+    assert [(c["method"], "result" in c) for c in new["cells"]] == [
+        ("sftp", False),
+        ("fedit", True),
+    ]
 
 
 def test_the_server_table_shows_round_0_beside_the_last_round() -> None:
