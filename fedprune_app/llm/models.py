@@ -102,6 +102,14 @@ def quantization_config(mode: str, compute_dtype: torch.dtype):  # -> BitsAndByt
     raise ValueError(f"model-quantization must be one of 'none', '4bit', '8bit', got {mode!r}")
 
 
+def base_config_values(base: Any, *own: str) -> dict[str, Any]:
+    """The values of a HF config `base` that a config derived from it (a compiled, pruned or sliced
+    model's) takes over: every one but transformers' bookkeeping (`model_type`, `architectures`,
+    `auto_map`, `transformers_version`), `base_model_type` and the derived config's `own` keys."""
+    skip = {"model_type", "architectures", "auto_map", "transformers_version", "base_model_type"}
+    return {k: v for k, v in base.to_dict().items() if k not in skip | set(own)}
+
+
 def load_tokenizer(model_name: str):  # -> PreTrainedTokenizerBase
     """The model's tokenizer with a pad token (eos when the model has none)."""
     from transformers import AutoTokenizer

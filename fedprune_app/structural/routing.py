@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from fedprune_app.llm.layers import decoder_layers
+from fedprune_app.llm.models import base_config_values
 from fedprune_app.structural.hf.configuration_fedprune_routed_llama import (
     MASK_NAMES,
     FedpruneRoutedLlamaConfig,
@@ -407,20 +408,7 @@ def routed_config(
     """The compiled model's config: every value of the base (LLaMA-family) config, its model_type
     kept as `base_model_type`, the attention implementation it runs with, and one `lanes` entry per
     (routing, bias)."""
-    values = {
-        k: v
-        for k, v in base.to_dict().items()
-        if k
-        not in (
-            "model_type",
-            "architectures",
-            "auto_map",
-            "transformers_version",
-            "lanes",
-            "base_model_type",
-            "num_hidden_layers",
-        )
-    }
+    values = base_config_values(base, "lanes", "num_hidden_layers")
     config = FedpruneRoutedLlamaConfig(
         **values,
         num_hidden_layers=len(lanes),

@@ -38,6 +38,7 @@ from torch import nn
 
 from fedprune_app.core.config import ConfigError
 from fedprune_app.llm.layers import decoder_layers
+from fedprune_app.llm.models import base_config_values
 from fedprune_app.methods.llmpruner.hf import (
     FedprunePrunedLlamaConfig,
     FedprunePrunedLlamaForCausalLM,
@@ -190,19 +191,7 @@ def compile_pruned(
 def pruned_config(base: Any, structure: list[Mapping[str, list[int]]]) -> FedprunePrunedLlamaConfig:
     """The compiled model's config: every value of the base LLaMA config, its model_type kept as
     `base_model_type`, the attention implementation it runs with, and `llmpruner_structure`."""
-    values = {
-        k: v
-        for k, v in base.to_dict().items()
-        if k
-        not in (
-            "model_type",
-            "architectures",
-            "auto_map",
-            "transformers_version",
-            "llmpruner_structure",
-            "base_model_type",
-        )
-    }
+    values = base_config_values(base, "llmpruner_structure")
     config = FedprunePrunedLlamaConfig(
         **values,
         llmpruner_structure=[dict(layer) for layer in structure],

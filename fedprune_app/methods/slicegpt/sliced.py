@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedprune_app.llm.models import base_config_values
 from fedprune_app.methods.slicegpt.hf import (
     FedpruneSlicedLlamaConfig,
     FedpruneSlicedLlamaForCausalLM,
@@ -216,20 +217,7 @@ def sliced_config(base: Any, dims: Sequence[int]) -> FedpruneSlicedLlamaConfig:
     """The sliced model's config: every value of the base LLaMA config (LM head untied), its
     model_type kept as `base_model_type`, the attention implementation it runs with, and the widths
     `slicegpt_dims`."""
-    values = {
-        k: v
-        for k, v in base.to_dict().items()
-        if k
-        not in (
-            "model_type",
-            "architectures",
-            "auto_map",
-            "transformers_version",
-            "slicegpt_dims",
-            "base_model_type",
-            "tie_word_embeddings",
-        )
-    }
+    values = base_config_values(base, "slicegpt_dims", "tie_word_embeddings")
     config = FedpruneSlicedLlamaConfig(
         **values,
         slicegpt_dims=[int(k) for k in dims],
