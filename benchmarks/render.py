@@ -72,10 +72,34 @@ def start_record(
         "note": note,
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
+        "cpu-features": cpu_features(),
         "torch": torch.__version__,
         "load-average": {"start": list(os.getloadavg())},
         "_t0": time.perf_counter(),
     }
+
+
+# the instruction sets that decide how fast a CPU trains and runs a model here, as /proc/cpuinfo
+# spells them, with the names the docs use
+CPU_FEATURES = {
+    "avx2": "AVX2",
+    "avx512f": "AVX-512",
+    "avx512_bf16": "AVX512_BF16",
+    "amx_bf16": "AMX",
+}
+
+
+def cpu_features(cpuinfo: str | None = None) -> list[str]:
+    """The CPU's matmul instruction sets (`CPU_FEATURES`) from /proc/cpuinfo's first `flags` line;
+    [] where there is none (not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    lines = cpuinfo.splitlines()
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return [name for flag, name in CPU_FEATURES.items() if flag in flags]
 
 
 _LOAD_SAMPLES: list[float] = []
@@ -122,14 +146,18 @@ def shown_command(record: Record) -> str:
 
 
 def load_line(record: Record) -> str:
-    """'load average 3.1 → 4.2 on 2 cores, 2026-11-25': the 1-minute load at start and end."""
+    """'load average 3.1 → 4.2 on 2 cores (AVX-512, AMX), 2026-11-25': the 1-minute load at start
+    and end; the CPU's features where the record has them (`cpu_features`)."""
     load = record["load-average"]
+    cores = f"{record['cpus']} cores" + (
+        f" ({', '.join(record['cpu-features'])})" if record.get("cpu-features") else ""
+    )
     if (
         load.get("start") is None
     ):  # a record whose header was written after its run (its note says why)
         return (
             f"load average not sampled at the start, {load['end'][0]:.1f} at the end on "
-            f"{record['cpus']} cores, {record['date'][:10]}"
+            f"{cores}, {record['date'][:10]}"
         )
     during = (
         f" (1-minute load {load['1min-range'][0]:.1f}–{load['1min-range'][1]:.1f} during the run)"
@@ -137,8 +165,8 @@ def load_line(record: Record) -> str:
         else ""
     )
     return (
-        f"load average {load['start'][0]:.1f} → {load['end'][0]:.1f}{during} on {record['cpus']} "
-        f"cores, {record['date'][:10]}"
+        f"load average {load['start'][0]:.1f} → {load['end'][0]:.1f}{during} on {cores}, "
+        f"{record['date'][:10]}"
     )
 
 

@@ -55,12 +55,32 @@ def test_every_record_names_its_command_date_and_load(name: str) -> None:
     else:  # an experiment of experiments/, by its module
         assert words[:2] == ["python", "-m"] and words[2].startswith("experiments.")
         assert (ROOT / (words[2].replace(".", "/") + ".py")).is_file()
+    if "--out" in words:  # the command writes this record again, not a scratch copy
+        assert words[words.index("--out") + 1] == f"docs/bench/{name}"
     start = record["load-average"][
         "start"
     ]  # None only where the header was written after the run, and said so
     assert len(start) == 3 if start is not None else "not sampled" in record["note"]
     assert len(record["load-average"]["end"]) == 3
     assert record["cpus"] >= 1 and record["date"][:2] == "20" and record["seconds"] >= 0
+
+
+def test_the_cpu_features_are_read_from_cpuinfo_and_shown_in_the_load_line() -> None:
+    cpuinfo = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n"
+    assert render_bench.cpu_features(cpuinfo) == ["AVX2", "AVX-512", "AVX512_BF16", "AMX"]
+    assert render_bench.cpu_features("flags\t: fpu sse2 avx2\n") == ["AVX2"]
+    assert render_bench.cpu_features("") == []
+    record = {
+        "cpus": 2,
+        "date": "2026-12-02 11:33:08",
+        "cpu-features": ["AVX2", "AVX-512"],
+        "load-average": {"start": [1.0, 1.0, 1.0], "end": [2.0, 1.5, 1.2]},
+    }
+    assert render_bench.load_line(record) == (
+        "load average 1.0 → 2.0 on 2 cores (AVX2, AVX-512), 2026-12-02"
+    )
+    del record["cpu-features"]  # records from before the field: as they were rendered
+    assert render_bench.load_line(record).endswith("on 2 cores, 2026-12-02")
 
 
 def test_a_changed_figure_is_caught_and_rewritten(tmp_path: Path) -> None:
