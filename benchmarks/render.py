@@ -688,6 +688,31 @@ def cores(records: Sequence[Record]) -> str:
     return "\n".join(lines)
 
 
+def dp_norms(records: Sequence[Record]) -> str:
+    """experiments/dp_norms.py: each client's round-1 update norm over what DP releases, per group,
+    against its preset's clipping norm C and the factor clipping scales the update by."""
+    lines = []
+    for r in records:
+        groups = sorted({g for row in r["rows"] for g in row["groups"]})
+        lines += [
+            "| method | client | entries | ‖Δ‖ | "
+            + "".join(f"‖Δ‖ {g} | " for g in groups)
+            + "preset C | C / ‖Δ‖ |",
+            "|---|---|---|---|" + "---|" * len(groups) + "---|---|",
+        ]
+        for row in r["rows"]:
+            cells = "".join(
+                f"{row['groups'][g]:.3g} | " if g in row["groups"] else "– | " for g in groups
+            )
+            lines.append(
+                f"| {row['method']} | {row['client']} | {row['entries']:,} | {row['norm']:.3g} | "
+                f"{cells}{row['preset-clipping-norm']:g} | {row['scale']:.3g} |"
+            )
+        medians = ", ".join(f"{m} {v:.3g}" for m, v in r["median"].items())
+        lines += ["", f"Median ‖Δ‖: {medians}; `{shown_command(r)}` ({load_line(r)})."]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[Sequence[Record]], str]] = {
     "compiled-speed": compiled_speed,
     "pruning": pruning,
@@ -704,6 +729,7 @@ RENDERERS: dict[str, Callable[[Sequence[Record]], str]] = {
     "profile": profile,
     "precision": precision,
     "cores": cores,
+    "dp-norms": dp_norms,
 }
 
 

@@ -62,6 +62,8 @@ def cells(args: argparse.Namespace) -> list[Cell]:
     from fedprune_app.core.privacy import noise_multiplier_for
 
     delta = args.delta or 1.0 / args.clients
+    # --noise-as-clients M: σ·C/m of this run's m equals that of M clients per round at the target
+    scale = sampled(args) / args.noise_as_clients if args.noise_as_clients else 1.0
     out = []
     for method in args.methods.split(","):
         rounds = rounds_of(args.rounds, method)
@@ -70,9 +72,11 @@ def cells(args: argparse.Namespace) -> list[Cell]:
             sigma = (
                 0.0
                 if math.isinf(eps)
-                else math.ceil(noise_multiplier_for(eps, rounds, delta) * 1e4) / 1e4
-            )  # ε ≤ the target
-            tag = f"dp-{method}-eps-{text}"
+                else math.ceil(noise_multiplier_for(eps, rounds, delta) * scale * 1e4) / 1e4
+            )  # ε ≤ the target (of M clients per round, with --noise-as-clients)
+            tag = f"dp-{method}-eps-{text}" + (
+                f"-as-{args.noise_as_clients}" if args.noise_as_clients else ""
+            )
             overrides = (
                 f"num-server-rounds={rounds} fraction-train={args.fraction} "
                 f"fraction-evaluate={args.evaluate} dp-clipping-norm={args.clipping_norm} "
@@ -83,6 +87,11 @@ def cells(args: argparse.Namespace) -> list[Cell]:
                 Cell(method, eps, sigma, (str(ROOT / "conf" / f"{method}-dp.toml"), overrides))
             )
     return out
+
+
+def sampled(args: argparse.Namespace) -> int:
+    """m, the clients sampled per round (Flower's rounding of fraction-train × N, at least 1)."""
+    return max(int(args.fraction * args.clients), 1)
 
 
 def scores(run_dir: Path) -> dict[str, Any]:
@@ -116,11 +125,13 @@ def render(record: dict[str, Any]) -> str:
     interval. Clients with identical rows (one global model scored on a task's shared test split)
     share a line."""
     lines = [
-        "| method | target ε | σ | reported ε | clients | data | score | untouched "
-        "| trained [95% interval] | n |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | target ε | σ | noise std σ·C/m | reported ε | clients | data | score "
+        "| untouched | trained [95% interval] | n |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    m = record.get("sampled") or max(int(record["fraction"] * record["clients"]), 1)
     for cell in record["cells"]:
+        std = cell["sigma"] * record["clipping-norm"] / m
         res = cell.get("result") or {}
         eps = (res.get("privacy") or {}).get("epsilon")
         rows: dict[str, list[str]] = {}  # the line after the clients column -> its clients
@@ -138,10 +149,17 @@ def render(record: dict[str, Any]) -> str:
                 rows.setdefault(rest, []).append(str(row["client"]))
         for rest, clients in rows.items():
             lines.append(
-                f"| {cell['method']} | {cell['epsilon']} | {cell['sigma']:g} | "
+                f"| {cell['method']} | {cell['epsilon']} | {cell['sigma']:g} | {std:.3g} | "
                 f"{'∞' if eps is None else f'{eps:.2f}'} | {', '.join(clients)} | {rest}"
             )
     lines += ["", *server_rows(record)]
+    if record.get("noise-as-clients"):
+        lines += [
+            "",
+            f"σ is sized as {record['noise-as-clients']} clients per round would have it: the "
+            f"noise std σ·C/m of this run's m = {m} equals that of m = "
+            f"{record['noise-as-clients']} at the target ε; the ε reported is this run's own.",
+        ]
     lines += [
         "",
         "Not measured: clients outside the evaluation panel (fraction-evaluate), other seeds, "
@@ -177,7 +195,7 @@ def merged(old: dict[str, Any] | None, new: dict[str, Any], force: bool) -> dict
     `force`): the curve is run cell by cell, across sessions."""
     if not old:
         return new
-    grid = ("clients", "fraction", "clipping-norm")
+    grid = ("clients", "fraction", "clipping-norm", "noise-as-clients")
     done = {(c["method"], str(c["epsilon"])): c for c in old.get("cells", []) if "result" in c}
     methods = {m for m, _ in done} & {c["method"] for c in new["cells"]}
     if any(old.get(k) != new.get(k) for k in grid) or any(
@@ -226,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--clipping-norm", type=float, default=0.1, help="dp-clipping-norm C of every cell"
     )
+    parser.add_argument(
+        "--noise-as-clients",
+        type=int,
+        default=0,
+        help="size σ so that the noise std σ·C/m equals that of this many clients per round at "
+        "each target ε (utility at a larger deployment's noise; the ε reported is this run's)",
+    )
     parser.add_argument("--run-config", default="", help="'k=v ...' appended to every cell")
     parser.add_argument(
         "--out", default="outputs/dp-utility", help="runs, record and table go here"
@@ -246,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         "fraction": args.fraction,
         "rounds": {m: rounds_of(args.rounds, m) for m in args.methods.split(",")},
         "clipping-norm": args.clipping_norm,
+        "sampled": sampled(args),
+        **({"noise-as-clients": args.noise_as_clients} if args.noise_as_clients else {}),
         "cells": [],
     }
     planned = cells(args)

@@ -65,6 +65,7 @@ def test_the_table_shows_each_client_before_and_after_with_n_and_interval() -> N
         "acc-n/tuned": 60,
     }
     record = {
+        **GRID,
         "cells": [
             {
                 "method": "fedit",
@@ -72,12 +73,12 @@ def test_the_table_shows_each_client_before_and_after_with_n_and_interval() -> N
                 "sigma": 0.78,
                 "result": {"privacy": {"epsilon": 7.99}, "clients": [row]},
             }
-        ]
+        ],
     }
     text = dp_utility.render(record)
-    assert (
-        "| fedit | 8.0 | 0.78 | 7.99 | 3 | bigbench:social_iqa | acc | 0.450 | 0.500 [0.400, "
-        "0.600] | 60 |" in text
+    assert (  # noise std σ·C/m = 0.78 · 0.1 / 10
+        "| fedit | 8.0 | 0.78 | 0.0078 | 7.99 | 3 | bigbench:social_iqa | acc | 0.450 | 0.500 "
+        "[0.400, 0.600] | 60 |" in text
     )
     assert "Not measured" in text
 
@@ -90,9 +91,11 @@ def test_the_dry_run_prints_one_fedprune_command_per_cell(
     assert len(lines) == 2 and all(shlex.split(line)[:2] == ["fedprune", "run"] for line in lines)
 
 
+GRID = {"clients": 100, "fraction": 0.1, "rounds": 3, "clipping-norm": 0.1}
+
+
 def _plan(*cells: tuple[str, object]) -> dict:
-    grid = {"clients": 100, "fraction": 0.1, "rounds": 3, "clipping-norm": 0.1}
-    return {**grid, "cells": [{"method": m, "epsilon": e, "sigma": 0.5} for m, e in cells]}
+    return {**GRID, "cells": [{"method": m, "epsilon": e, "sigma": 0.5} for m, e in cells]}
 
 
 def test_a_finished_cell_is_kept_and_an_unfinished_one_planned_again() -> None:
@@ -150,6 +153,7 @@ def test_each_method_runs_its_own_rounds_and_the_record_keeps_both() -> None:
 def test_the_server_table_shows_round_0_beside_the_last_round() -> None:
     server = {"0": {"ppl `squad`": 15.06}, "3": {"ppl `squad`": 16.5}, "1": {"ppl `squad`": 15.4}}
     record = {
+        **GRID,
         "cells": [
             {
                 "method": "fedit",
@@ -157,7 +161,7 @@ def test_the_server_table_shows_round_0_beside_the_last_round() -> None:
                 "sigma": 2.2,
                 "result": {"privacy": {"epsilon": 1.99}, "server": server},
             }
-        ]
+        ],
     }
     assert "| fedit | 2.0 | 1.99 | ppl `squad` | 15.060 | 16.500 (round 3) |" in dp_utility.render(
         record
@@ -176,6 +180,7 @@ def test_clients_scored_alike_share_a_line_and_others_keep_theirs() -> None:
 
     rows = [row(3, "a", 0.5), row(9, "b", 0.5), row(5, "a", 0.5), row(7, "a", 0.6)]
     record = {
+        **GRID,
         "cells": [
             {
                 "method": "fedit",
@@ -183,8 +188,28 @@ def test_clients_scored_alike_share_a_line_and_others_keep_theirs() -> None:
                 "sigma": 0.0,
                 "result": {"privacy": {}, "clients": rows},
             }
-        ]
+        ],
     }
     text = dp_utility.render(record)
-    assert "| fedit | inf | 0 | ∞ | 3, 5 | a | acc | 0.400 | 0.500 | 60 |" in text
+    assert "| fedit | inf | 0 | 0 | ∞ | 3, 5 | a | acc | 0.400 | 0.500 | 60 |" in text
     assert "| 9 | b |" in text and "| 7 | a | acc | 0.400 | 0.600 |" in text
+
+
+def test_noise_sized_as_more_clients_gives_their_noise_std_at_the_target_epsilon() -> None:
+    from fedprune_app.core.privacy import noise_multiplier_for
+
+    argv = ["--clients", "4", "--fraction", "1", "--methods", "sftp", "--epsilons", "8"]
+    argv += ["--delta", "1e-5", "--clipping-norm", "50", "--out", "/tmp/dp-utility-test"]
+    (plain,) = dp_utility.cells(_args(*argv))
+    (scaled,) = dp_utility.cells(_args(*argv, "--noise-as-clients", "1000"))
+    target = noise_multiplier_for(8.0, 6, 1e-5)  # σ of 1000 clients per round at ε = 8
+    assert plain.sigma == pytest.approx(target, abs=1e-4)
+    # this run's noise std σ·C/m (m = 4) is that of m = 1000 at ε = 8, rounded up by < 1e-4 in σ
+    assert scaled.sigma * 50 / 4 == pytest.approx(target * 50 / 1000, abs=1e-4 * 50 / 4)
+    assert scaled.sigma >= target * 4 / 1000 and "as-1000" in scaled.run_config[1]
+    old = {**_plan(("sftp", 8.0)), "noise-as-clients": 1000}
+    old["cells"][0]["result"] = {"clients": []}
+    with pytest.raises(SystemExit, match="another grid"):
+        dp_utility.merged(old, _plan(("sftp", 8.0)), False)
+    record = {**old, "clients": 4, "fraction": 1.0, "clipping-norm": 50.0, "sampled": 4}
+    assert "equals that of m = 1000" in dp_utility.render(record)
