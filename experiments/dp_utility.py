@@ -72,7 +72,7 @@ def cells(args: argparse.Namespace) -> list[Cell]:
             sigma = (
                 0.0
                 if math.isinf(eps)
-                else math.ceil(noise_multiplier_for(eps, rounds, delta) * scale * 1e4) / 1e4
+                else ceil_digits(noise_multiplier_for(eps, rounds, delta) * scale)
             )  # ε ≤ the target (of M clients per round, with --noise-as-clients)
             tag = f"dp-{method}-eps-{text}" + (
                 f"-as-{args.noise_as_clients}" if args.noise_as_clients else ""
@@ -87,6 +87,12 @@ def cells(args: argparse.Namespace) -> list[Cell]:
                 Cell(method, eps, sigma, (str(ROOT / "conf" / f"{method}-dp.toml"), overrides))
             )
     return out
+
+
+def ceil_digits(x: float, digits: int = 5) -> float:
+    """`x` > 0 rounded up to `digits` significant digits (σ up: ε stays at or below its target)."""
+    unit = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    return round(math.ceil(x / unit - 1e-9) * unit, 12)
 
 
 def sampled(args: argparse.Namespace) -> int:

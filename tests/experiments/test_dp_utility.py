@@ -206,7 +206,12 @@ def test_noise_sized_as_more_clients_gives_their_noise_std_at_the_target_epsilon
     assert plain.sigma == pytest.approx(target, abs=1e-4)
     # this run's noise std σ·C/m (m = 4) is that of m = 1000 at ε = 8, rounded up by < 1e-4 in σ
     assert scaled.sigma * 50 / 4 == pytest.approx(target * 50 / 1000, abs=1e-4 * 50 / 4)
-    assert scaled.sigma >= target * 4 / 1000 and "as-1000" in scaled.run_config[1]
+    assert target * 4 / 1000 <= scaled.sigma <= target * 4 / 1000 * (1 + 1e-4)
+    assert "as-1000" in scaled.run_config[1]
+    assert (
+        dp_utility.ceil_digits(1.563471) == 1.5635
+        and dp_utility.ceil_digits(0.00062539) == 0.00062539
+    )
     old = {**_plan(("sftp", 8.0)), "noise-as-clients": 1000}
     old["cells"][0]["result"] = {"clients": []}
     with pytest.raises(SystemExit, match="another grid"):
