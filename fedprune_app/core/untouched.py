@@ -7,7 +7,7 @@ every time, so a client keeps its round-0 metrics in `<cache>/untouched/<key>.js
 JSON only) and answers a later round 0 from there. The key is a SHA-256 of:
 
 - the whole run config except `NOT_IN_ROUND_0` (keys that only act after round 0: training, rounds,
-  where results go) — any other key, a new one included, changes the key;
+  differential privacy, where results go) — any other key, a new one included, changes the key;
 - the client's partition id, partition count and its own data file (node-config `data-path`: size,
   mtime);
 - the model directory's files (name, size, mtime) or, for a Hub name, the name;
@@ -49,6 +49,10 @@ NOT_IN_ROUND_0 = frozenset(
         "eval-every",
         "cache-untouched",
         "save-merged",
+        "dp-clipping-norm",
+        "dp-noise-multiplier",
+        "dp-delta",
+        "dp-max-epsilon",
     }
 )
 

@@ -76,7 +76,9 @@ def test_training_keys_share_the_score_and_evaluation_keys_do_not(
             tiny_model_dir, **base, local_steps=9, learning_rate=1e-3, num_server_rounds=7
         ).to_dict()
     )
-    assert len(scored) == 1  # keys that act only after round 0: the same score
+    dp = dict(dp_clipping_norm=50.0, dp_noise_multiplier=1.5, dp_delta=1e-5, dp_max_epsilon=8.0)
+    _evaluate(small_config(tiny_model_dir, **base, **dp).to_dict())
+    assert len(scored) == 1  # keys that act only after round 0 (DP's included): the same score
     _evaluate(small_config(tiny_model_dir, **base, test_examples=6).to_dict())
     _evaluate(small_config(tiny_model_dir, **base, seed=3).to_dict())
     _evaluate(small_config(tiny_model_dir, **base).to_dict(), partition=1)
