@@ -40,25 +40,27 @@ def preset(method: str, steps: int, mode: str) -> RunConfig:
     return RunConfig.from_flower(values, methods=registry.names())
 
 
-def train_once(cfg: RunConfig, partition: int) -> tuple[float, float]:
-    """Thread CPU seconds and training loss of partition `partition`'s round-1 train message."""
-    strategy = registry.strategy_class(cfg.method)(cfg)
+def first_message(
+    cfg: RunConfig, partition: int, strategy: Any, initial: Any, partitions: int = 4
+) -> tuple[Any, RecordDict]:
+    """Partition `partition`'s client (of `partitions`) and its round-1 train message from the
+    global state `initial`, as the strategy would send it."""
     context = Context(
         run_id=1,
         node_id=partition + 1,
         state=RecordDict(),
         run_config=cfg.to_dict(),
-        node_config={"partition-id": partition, "num-partitions": 4},
+        node_config={"partition-id": partition, "num-partitions": partitions},
     )
     client = registry.client_class(cfg.method)(cfg, context)
-    content = RecordDict(
-        {
-            "arrays": strategy.initial_arrays(),
-            "config": ConfigRecord(
-                {**strategy.message_config(1), **strategy.node_config(1, partition + 1)}
-            ),
-        }
-    )
+    config = {**strategy.message_config(1), **strategy.node_config(1, partition + 1)}
+    return client, RecordDict({"arrays": initial, "config": ConfigRecord(config)})
+
+
+def train_once(cfg: RunConfig, partition: int) -> tuple[float, float]:
+    """Thread CPU seconds and training loss of partition `partition`'s round-1 train message."""
+    strategy = registry.strategy_class(cfg.method)(cfg)
+    client, content = first_message(cfg, partition, strategy, strategy.initial_arrays())
     start = time.thread_time()
     reply = client.train(content)
     seconds = time.thread_time() - start

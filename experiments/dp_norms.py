@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.render import finish_record, start_record
+from benchmarks.render import dp_norms, finish_record, start_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,27 +47,24 @@ def update_norms(
     return {"all": sum(squares.values()) ** 0.5} | {g: s**0.5 for g, s in sorted(squares.items())}
 
 
-def preset_values(method: str) -> dict[str, Any]:
-    """`conf/<method>-dp.toml` with DP off (C, σ and the budget 0) and its clipping norm kept apart
-    under `_preset-clipping-norm`."""
+def preset_values(method: str) -> tuple[dict[str, Any], float]:
+    """`conf/<method>-dp.toml` with DP off (C, σ and the budget 0), and the preset's C."""
     values = tomllib.loads((ROOT / "conf" / f"{method}-dp.toml").read_text())
-    clipping = float(values["dp-clipping-norm"])
-    values |= {"dp-clipping-norm": 0.0, "dp-noise-multiplier": 0.0, "dp-max-epsilon": 0.0}
-    return values | {"_preset-clipping-norm": clipping}
+    off = {"dp-clipping-norm": 0.0, "dp-noise-multiplier": 0.0, "dp-max-epsilon": 0.0}
+    return values | off, float(values["dp-clipping-norm"])
 
 
 def measure(method: str, clients: int = 4) -> list[dict[str, Any]]:
     """One row per client: its round-1 update norms over the DP release keys, the preset's C and
     clipping's scale factor."""
     import torch
-    from flwr.app import ConfigRecord, Context, RecordDict
 
+    from benchmarks.precision import first_message
     from fedprune_app.core import registry
     from fedprune_app.core.config import RunConfig
     from fedprune_app.core.protocol import numpy_state
 
-    values = preset_values(method)
-    clipping = values.pop("_preset-clipping-norm")
+    values, clipping = preset_values(method)
     cfg = RunConfig.from_flower(values, methods=registry.names())
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -77,16 +74,8 @@ def measure(method: str, clients: int = 4) -> list[dict[str, Any]]:
     keys = strategy.dp_release_keys(1, reference)
     rows = []
     for partition in range(clients):
-        context = Context(
-            run_id=1,
-            node_id=partition + 1,
-            state=RecordDict(),
-            run_config=cfg.to_dict(),
-            node_config={"partition-id": partition, "num-partitions": clients},
-        )
-        client = registry.client_class(cfg.method)(cfg, context)
-        config = {**strategy.message_config(1), **strategy.node_config(1, partition + 1)}
-        reply = client.train(RecordDict({"arrays": initial, "config": ConfigRecord(config)}))
+        client, content = first_message(cfg, partition, strategy, initial, clients)
+        reply = client.train(content)
         norms = update_norms(numpy_state(reply.array_records["arrays"]), reference, keys)
         norm = norms.pop("all")
         rows.append(
@@ -115,8 +104,6 @@ def main(argv: list[str] | None = None) -> None:
         for m in dict.fromkeys(r["method"] for r in record["rows"])
     }
     finish_record(record, args.out)
-    from benchmarks.render import dp_norms
-
     print(dp_norms([record]))
 
 

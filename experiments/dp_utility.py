@@ -63,7 +63,11 @@ def cells(args: argparse.Namespace) -> list[Cell]:
 
     delta = args.delta or 1.0 / args.clients
     # --noise-as-clients M: σ·C/m of this run's m equals that of M clients per round at the target
-    scale = sampled(args) / args.noise_as_clients if args.noise_as_clients else 1.0
+    scale = (
+        sampled(args.fraction, args.clients) / args.noise_as_clients
+        if args.noise_as_clients
+        else 1.0
+    )
     out = []
     for method in args.methods.split(","):
         rounds = rounds_of(args.rounds, method)
@@ -95,9 +99,9 @@ def ceil_digits(x: float, digits: int = 5) -> float:
     return round(math.ceil(x / unit - 1e-9) * unit, 12)
 
 
-def sampled(args: argparse.Namespace) -> int:
+def sampled(fraction: float, clients: int) -> int:
     """m, the clients sampled per round (Flower's rounding of fraction-train × N, at least 1)."""
-    return max(int(args.fraction * args.clients), 1)
+    return max(int(fraction * clients), 1)
 
 
 def scores(run_dir: Path) -> dict[str, Any]:
@@ -135,7 +139,7 @@ def render(record: dict[str, Any]) -> str:
         "| untouched | trained [95% interval] | n |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    m = record.get("sampled") or max(int(record["fraction"] * record["clients"]), 1)
+    m = record.get("sampled") or sampled(record["fraction"], record["clients"])
     for cell in record["cells"]:
         std = cell["sigma"] * record["clipping-norm"] / m
         res = cell.get("result") or {}
@@ -277,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         "fraction": args.fraction,
         "rounds": {m: rounds_of(args.rounds, m) for m in args.methods.split(",")},
         "clipping-norm": args.clipping_norm,
-        "sampled": sampled(args),
+        "sampled": sampled(args.fraction, args.clients),
         **({"noise-as-clients": args.noise_as_clients} if args.noise_as_clients else {}),
         "cells": [],
     }
