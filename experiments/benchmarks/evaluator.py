@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="embedded")
     p.add_argument(
-        "--sources", default=DEFAULT_CLIENT_DATA, help="comma-separated bigbench:<task> sources"
+        "--sources", default=DEFAULT_CLIENT_DATA, help="comma-separated multiple-choice sources"
     )
     p.add_argument("--examples", type=int, default=100, help="test examples per task")
     p.add_argument(

@@ -22,7 +22,8 @@ answered by the ClientApp, as tests/local_grid.py does), once per payload dtype 
 equal: `--clients` clients each prune every layer (r_i = 1) with SparseGPT on
 `--calib-segments` × `--calib-seq-len` tokens of its own domain; the server aggregates. Each global
 model is scored on the same held-out windows (back-to-back windows of `--window` tokens,
-`--eval-tokens` per domain over 4 squad_shifts domains); the 16-bit minus fp32 perplexity difference
+`--eval-tokens` per domain over the 4 embedded text domains; the archived record ran on BIG-bench's
+4 squad_shifts domains); the 16-bit minus fp32 perplexity difference
 gets a paired bootstrap 95% interval over windows.
 
     .venv/bin/python -m experiments.benchmarks.payloads [--ppl] [--out docs/bench/payloads.json]
@@ -46,12 +47,7 @@ from fedprune_app.core.encoding import MASK_SUFFIX, PAYLOAD_DTYPES, encode_spars
 from fedprune_app.core.protocol import record_bytes, to_record
 from fedprune_app.methods.fedspallm.masks import target_count
 
-SOURCES = (
-    "squad_shifts:squaddev",
-    "squad_shifts:nyt",
-    "squad_shifts:reddit",
-    "squad_shifts:amazon_reviews",
-)
+SOURCES = ("text:wikipedia", "text:fiction", "text:papers", "text:howto")
 LLAMA_7B = {
     "hidden_size": 4096,
     "intermediate_size": 11008,

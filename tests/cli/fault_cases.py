@@ -167,11 +167,10 @@ BAD_INPUTS: list[BadInput] = [
         "test-examples + val-examples + 1 = 100005; lower test-examples / val-examples",
     ),
     BadInput(
-        "test-examples above an embedded source",
-        "client-data='bigbench:logical_deduction/three_objects,bigbench:social_iqa' "
-        "test-examples=400",
-        "run-config key 'client-data': data source 'bigbench:logical_deduction/three_objects' "
-        "has 300 examples, fewer than test-examples + val-examples + 1 = 405",
+        "test-examples above an embedded source (the tests' miniature of it)",
+        "client-data='olmo:piqa,olmo:social_iqa' test-examples=400",
+        "run-config key 'client-data': data source 'olmo:piqa' "
+        "has 120 examples, fewer than test-examples + val-examples + 1 = 405",
     ),
     BadInput(
         "a checkpoint of the wrong type",

@@ -181,7 +181,7 @@ def test_a_jsonl_file_too_small_for_the_splits_is_refused(tmp_path: Path) -> Non
 def test_server_eval_data_files_and_source_names_are_checked_too(tmp_path: Path) -> None:
     good = write_jsonl(tmp_path / "good.jsonl", questions(100))
     preflight.check_sources(
-        cfg_of(client_data=f"bigbench:social_iqa,{good}", server_eval_data=f"ppl:c4,{good}"),
+        cfg_of(client_data=f"olmo:social_iqa,{good}", server_eval_data=f"ppl:c4,{good}"),
         "server-eval-data",
     )
     assert "'server-eval-data': source" in refused(
@@ -193,7 +193,7 @@ def test_server_eval_data_files_and_source_names_are_checked_too(tmp_path: Path)
         preflight.check_sources, cfg_of(client_data="bigbench-social_iqa"), "client-data"
     )
     assert message.startswith(
-        "run-config key 'client-data': cannot read source 'bigbench-social_iqa'; use bigbench:"
+        "run-config key 'client-data': cannot read source 'bigbench-social_iqa'; use olmo:<task>"
     )
     assert "cannot read source 'ppl:c4'" in refused(
         preflight.check_sources, cfg_of(client_data="ppl:c4"), "client-data"

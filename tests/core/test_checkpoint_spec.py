@@ -158,6 +158,8 @@ def test_lora_on_the_output_layer_is_left_to_the_built_arrays(tiny_model_dir: Pa
     assert registered(cfg) is None
 
 
+@pytest.mark.slow
+@pytest.mark.embedded
 @pytest.mark.parametrize("method", ["fedit", "sftp"])
 def test_the_registered_spec_of_the_embedded_model_is_what_its_strategy_builds(method: str) -> None:
     """The default 135M model (the presets' and the refusal table's): the same equality."""

@@ -50,7 +50,7 @@ def test_train_call_returns_updated_adapters_and_keeps_private_state(setup) -> N
         and metrics["partition-id"] == 1
         and np.isfinite(metrics["train-loss"])
     )
-    assert content.config_records["info"]["data"] == "bigbench:goal_step_wikihow/step_inference"
+    assert content.config_records["info"]["data"] == "olmo:hellaswag/wikihow"
     # client-private state stays in context.state and never travels
     assert context.state.config_records["fedit"]["rounds-trained"] == 1
     app(_message(arrays, MessageType.TRAIN, 2), context)
@@ -105,7 +105,7 @@ def test_instruction_clients_are_scored_with_rouge_l(tiny_model_dir: Path) -> No
 
     cfg = small_config(
         tiny_model_dir,
-        client_data="natural_instructions:subtask033",
+        client_data="instructions:drop",
         test_examples=3,
         gen_max_new_tokens=4,
     )

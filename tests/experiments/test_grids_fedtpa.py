@@ -393,9 +393,7 @@ def test_presets_evaluate_the_shared_global_test_split_once(flower_ids: None) ->
 
     cfg = RunConfig.from_flower(merged_config(ROOT, [PRESETS["fedtpa"]]))
     clients = [client_data(cfg, p, 5) for p in range(5)]
-    assert all(
-        c.test == clients[0].test and c.eval_source == "natural_instructions" for c in clients
-    )
+    assert all(c.test == clients[0].test and c.eval_source == "instructions" for c in clients)
     assert (
         len(clients[0].test) == 100 and len({len(c.train) for c in clients}) > 1
     )  # non-IID shares, one test set

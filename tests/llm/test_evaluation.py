@@ -130,7 +130,7 @@ def test_client_eval_rows_carry_the_perplexity_interval_and_token_count(
 
     model, tok = load_base_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
     cfg = small_config(
-        tiny_model_dir, client_data="bigbench:social_iqa", ppl_bootstrap_iters=200, test_examples=5
+        tiny_model_dir, client_data="olmo:social_iqa", ppl_bootstrap_iters=200, test_examples=5
     )
     data = client_data(cfg, 0, 1)
     metrics = evaluate_client(model, tok, data, cfg, 1)

@@ -72,8 +72,7 @@ def decode(cfg: Any, name: str, arrays: dict[str, np.ndarray]) -> dict[str, np.n
 
 CONFORMANCE = Conformance(
     settings={
-        "client-data": "squad_shifts:nyt,squad_shifts:reddit,"
-        "squad_shifts:amazon_reviews,squad_shifts:squaddev",
+        "client-data": "text:wikipedia,text:fiction,text:papers,text:howto",
         "calib-segments": 2,
         "calib-seq-len": 32,
         "fedspallm-resources": "0.5",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from fedprune_app.core.config import RunConfig, split_list
 from fedprune_app.llm.data import client_data, load_source
 from fedprune_app.llm.evaluation import held_out_text
@@ -16,12 +18,22 @@ ROOT = Path(__file__).resolve().parents[3]
 CLIENTS = 4
 
 
-def paper_config() -> RunConfig:
-    return RunConfig.from_flower(merged_config(ROOT, ["conf/fedspallm-paper.toml"]))
+def paper_config(**overrides: object) -> RunConfig:
+    preset = merged_config(ROOT, ["conf/fedspallm-paper.toml"])
+    return RunConfig.from_flower({**preset, **overrides})
 
 
-def test_no_calibration_text_is_in_an_evaluation_corpus() -> None:
-    cfg = paper_config()
+# the fixture's corpora are small: the same protocol on fewer held-out paragraphs; the preset itself
+# on the real data in the slow run
+SIZES = [
+    pytest.param({"test-examples": 20, "max-train-examples": 30}, id="fixture"),
+    pytest.param({}, id="embedded", marks=[pytest.mark.slow, pytest.mark.embedded]),
+]
+
+
+@pytest.mark.parametrize("overrides", SIZES)
+def test_no_calibration_text_is_in_an_evaluation_corpus(overrides: dict) -> None:
+    cfg = paper_config(**overrides)
     calibration, evaluation = (
         set(split_list(cfg.client_data)),
         set(split_list(cfg.server_eval_data)),
@@ -42,6 +54,8 @@ def test_no_calibration_text_is_in_an_evaluation_corpus() -> None:
     assert max(sizes) - min(sizes) <= 1 and len(pooled) == sum(sizes)  # IID shares, disjoint
 
 
+@pytest.mark.slow
+@pytest.mark.embedded
 def test_each_evaluation_corpus_is_scored_on_32768_tokens() -> None:
     cfg = paper_config()
     tokenizer = load_tokenizer(cfg.model_name)
