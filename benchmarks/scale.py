@@ -39,7 +39,7 @@ from fedprune_app.llm.assets import build_once, cache_root
 from fedprune_cli import launch
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = "olmo:social_iqa,olmo:hellaswag/wikihow,olmo:arc_easy,olmo:piqa"
+SOURCES = "olmo:social_iqa,olmo:commonsense_qa,olmo:arc_easy,olmo:mmlu/miscellaneous"
 GIB = 1024**3
 
 

