@@ -284,11 +284,10 @@ def jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
 def _olmo(source: str, task: str) -> list[Example]:
     from fedprune_app.llm import olmo
 
-    items = olmo.olmo_task(task)
-    if task in olmo.OLMO_GEN:
-        definition = olmo.OLMO_GEN[task][1]
-        return [instruction_example(source, f"{definition}\n\n{p}", r) for p, r in items]
-    return [mc_example(source, q, choices, label) for q, choices, label in items]
+    if task in olmo.OLMO_GEN:  # a generation task: every item, its definition leading each prompt
+        items = olmo.instruction_items(task, capped=False)
+        return [instruction_example(source, prompt, response) for _, prompt, response in items]
+    return [mc_example(source, q, choices, label) for q, choices, label in olmo.olmo_task(task)]
 
 
 def _instructions(source: str, category: str) -> list[Example]:

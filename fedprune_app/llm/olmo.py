@@ -312,8 +312,9 @@ def olmo_task(task: str) -> list[MC] | list[GEN]:
     )
 
 
-def instruction_items(category: str) -> list[tuple[str, str, str]]:
-    """(category, prompt with its definition, response) of one or every OLMO_GEN category."""
+def instruction_items(category: str, capped: bool = True) -> list[tuple[str, str, str]]:
+    """(category, prompt with its definition, response) of one or every OLMO_GEN category: the
+    first INSTRUCTIONS_PER_CATEGORY items of each, or all with `capped=False`."""
     if category and category not in OLMO_GEN:
         raise ConfigError(
             f"run-config key 'client-data': unknown instructions category {category!r}; use one "
@@ -324,7 +325,7 @@ def instruction_items(category: str) -> list[tuple[str, str, str]]:
         if category in ("", name):
             out += [
                 (name, f"{definition}\n\n{prompt}", response)
-                for prompt, response in read()[:INSTRUCTIONS_PER_CATEGORY]
+                for prompt, response in read()[: INSTRUCTIONS_PER_CATEGORY if capped else None]
             ]
     return out
 
