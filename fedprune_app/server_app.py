@@ -141,8 +141,11 @@ def main(grid: Grid, context: Context) -> None:
             check_fits(checkpoint, cfg, spec)
             run.extend(checkpoint.rows())
             strategy.load_state_dict(checkpoint.strategy)
+            # DP: the interrupted run's ledger file, with releases after its checkpoint
+            strategy.continue_ledger(checkpoint.run_dir, checkpoint.round)
             initial, first_round = to_record(checkpoint.arrays), checkpoint.round + 1
             log.info("[fedprune] resuming %s after round %d", checkpoint.run_dir, checkpoint.round)
+        strategy.keep_ledger(run.path)  # DP: every release charged in privacy-ledger.json first
         initial_ready = time.time() - run.started
 
         def on_round_end(server_round: int, arrays: ArrayRecord) -> None:

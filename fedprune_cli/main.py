@@ -33,6 +33,10 @@ COMMANDS = {
         "a real deployment on this machine: SuperLink + SuperNodes over TLS",
     ),
     "keys": ("fedprune_cli.keys", "the run-config keys: check, list or regenerate their reference"),
+    "dp-sigma": (
+        "fedprune_cli.dp_sigma",
+        "the dp-noise-multiplier that reaches a target ε at δ over the planned rounds",
+    ),
     "bench": ("benchmarks", "a standing benchmark; each writes a record under docs/bench/"),
 }
 # benchmark -> one line; `fedprune bench <name> --help` shows its options

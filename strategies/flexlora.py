@@ -46,7 +46,7 @@ class FlexLoRAStrategy(LoRAStrategy):
 
     dp_release = (
         "ΔW of every adapted layer: each client's change of (α/r_i)·B_i A_i from the "
-        "global ΔW truncated to its rank, all layers jointly, clipped on the server"
+        "global ΔW, all layers jointly, clipped on the server"
     )
 
     def __init__(self, cfg: RunConfig, recorder: Any = None) -> None:
@@ -134,47 +134,44 @@ class FlexLoRAStrategy(LoRAStrategy):
     def dp_aggregate(
         self, server_round: int, replies: list[RecordDict], arrays: ArrayRecord, sampled: int
     ) -> ArrayRecord:
-        """DP-FedAvg on ΔW (McMahan et al. 2018, on the products, not the factors): client i's
-        change D_i = (α/r_i)·B_i A_i − ΔW_g^(r_i) (ΔW_g^(r): the global ΔW truncated to rank r,
-        what it was sent) over all layers jointly, clipped to C here, on the server: factors at a
-        client's own rank are no update of the sent ones, and clipping B and A does not bound
-        their product, so the server sees unclipped factors. ΔW = (1/n)·Σ_i ΔW_g^(r_i) +
-        (1/m)·Σ_i D̂_i + N(0, (σ·C/m)²) on the dense matrices, then the truncated SVD
-        (post-processing). With σ = 0 and no update clipped: FlexLoRA's uniform-weight mean."""
-        from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, compute_stdv
-
-        from fedprune_app.core.privacy import clip_update
+        """DP-FedAvg on ΔW (McMahan et al. 2018, on the products, not the factors), with the public
+        reference ΔW_g = (α/r_max)·B A of the global factors (the last release, post-processed):
+        ΔW = ΔW_g + (1/m)·Σ_i clip_C(ΔW_i − ΔW_g) + N(0, (σ·C/m)²) on the dense matrices
+        (`private_mean`), ΔW_i = (α/r_i)·B_i A_i over all layers jointly, then the truncated SVD
+        (post-processing). Adding or removing one client moves the sum by at most C whatever the
+        ranks: nothing but the clipped terms depends on who replied. A rank-r client's change
+        includes ΔW_g's part beyond rank r, which it was never sent (it spends clipping budget).
+        Clipped here, on the server: factors at a client's own rank are no update of the sent
+        ones, and clipping B and A does not bound their product. With σ = 0, every client
+        replying and none clipped: FlexLoRA's uniform-weight mean."""
+        from fedprune_app.core.privacy import private_mean
 
         dp, state = self.dp, numpy_state(arrays)
-        base = {layer: 0.0 for layer in self.layers}
-        change = {layer: 0.0 for layer in self.layers}
-        norms = []
+        reference = {
+            layer: lora_delta(state[layer + LORA_B], state[layer + LORA_A], self.alpha, self.r_max)
+            for layer in self.layers
+        }
+        products = []
         for reply in replies:
-            rank = int(flat_metrics(reply)["rank"])
+            scale = {"alpha": self.alpha, "rank": int(flat_metrics(reply)["rank"])}
             local = numpy_state(reply.array_records["arrays"])
-            sent = self.at_rank(state, rank)
-            ref = {
-                layer: lora_delta(sent[layer + LORA_B], sent[layer + LORA_A], self.alpha, rank)
-                for layer in self.layers
-            }
-            own = {
-                layer: lora_delta(local[layer + LORA_B], local[layer + LORA_A], self.alpha, rank)
-                for layer in self.layers
-            }
-            clipped, norm = clip_update(own, ref, self.layers, dp.dp_clipping_norm)
-            norms.append(norm)
-            for layer in self.layers:
-                base[layer] = base[layer] + ref[layer] / len(replies)
-                change[layer] = change[layer] + (clipped[layer] - ref[layer]) / sampled
-        noise = [np.asarray(change[layer], np.float64) for layer in self.layers]
-        if dp.dp_noise_multiplier > 0:
-            std = compute_stdv(dp.dp_noise_multiplier, dp.dp_clipping_norm, sampled)
-            add_gaussian_noise_inplace(noise, std)
-        self.dp_account(server_round, sampled, replies, norms)
-        return self.factors(
-            server_round,
-            {layer: base[layer] + n for layer, n in zip(self.layers, noise, strict=True)},
+            products.append(
+                {
+                    layer: lora_delta(b=local[layer + LORA_B], a=local[layer + LORA_A], **scale)
+                    for layer in self.layers
+                }
+            )
+        released, norms = private_mean(
+            reference,
+            products,
+            self.layers,
+            dp.dp_clipping_norm,
+            dp.dp_noise_multiplier,
+            sampled,
+            self.dp_noise(server_round) if dp.dp_noise_multiplier > 0 else None,
         )
+        self.dp_account(server_round, sampled, replies, norms)
+        return self.factors(server_round, released)
 
     def factors(self, server_round: int, deltas: dict[str, np.ndarray]) -> ArrayRecord:
         """The global factors at r_max: the truncated SVD of each layer's averaged ΔW (and the

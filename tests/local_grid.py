@@ -3,7 +3,9 @@ without Ray.
 
 Nodes get random ids (as Flower's simulation draws them) unless `ids` is given; a node in `failing`
 answers every message with an error reply (a crashed ClientApp); `interrupt_round` raises
-KeyboardInterrupt when a train message of that round is sent (the server process killed mid-round);
+KeyboardInterrupt when a train message of that round is sent (the server process killed mid-round),
+`interrupt_evaluate_round` when an evaluate message of that round is (killed after the round's
+release, before its checkpoint; the message is kept as `interrupted`);
 a node in `silent` never answers (disconnected: no reply before the timeout); every message and
 reply is kept for inspection.
 """
@@ -34,6 +36,7 @@ class LocalGrid:
         node_configs: dict[int, dict[str, Any]] | None = None,
         seed: int | None = None,
         interrupt_round: int | None = None,
+        interrupt_evaluate_round: int | None = None,
     ) -> None:
         ids = ids or random.Random(seed).sample(range(1, 1 << 40), partitions)
         self.contexts = {
@@ -53,6 +56,8 @@ class LocalGrid:
         self.failing = set(failing)
         self.silent: set[int] = set()
         self.interrupt_round = interrupt_round
+        self.interrupt_evaluate_round = interrupt_evaluate_round
+        self.interrupted: Message | None = None
         # (message, reply) in the order they happened
         self.exchanges: list[tuple[Message, Message]] = []
         self.replies: dict[str, Message] = {}  # message id -> its reply, until pulled
@@ -88,6 +93,13 @@ class LocalGrid:
             and config.get("server-round") == self.interrupt_round
         ):
             raise KeyboardInterrupt(f"interrupted in round {self.interrupt_round}")
+        if (
+            msg.metadata.message_type == MessageType.EVALUATE
+            and config is not None
+            and config.get("server-round") == self.interrupt_evaluate_round
+        ):
+            self.interrupted = msg
+            raise KeyboardInterrupt(f"interrupted evaluating round {self.interrupt_evaluate_round}")
         node = msg.metadata.dst_node_id
         if node in self.silent:
             return None

@@ -4,9 +4,11 @@
 Server side, `<run dir>/checkpoint/state.safetensors`, rewritten atomically after every k-th round:
 `{"round": r, "run-key": ..., "arrays": {name: ndarray}, "strategy": strategy.state_dict()}` — the
 loop's global arrays and the strategy's server-side state (sampling RNG, pruned weights and so their
-masks, per-client keep ratios, last losses and ranks, kept-ratio histories;
-with differential privacy the accountant's ledger, Flower's JSON `state_dict`, so a resumed run
-continues the same ε).
+masks, per-client keep ratios, last losses and ranks, kept-ratio histories; with differential
+privacy the accountant's ledger, Flower's JSON `state_dict`; a resume continues the interrupted
+run's `privacy-ledger.json` where it holds more releases, `core/privacy.py`). The
+checkpoint holds no DP noise generator: the noise is drawn afresh at every release, so an
+interrupted run is continued, not replayed, where DP noise is involved.
 
 Client side, on the client's own device: `<state-dir>/<run-key>/partition-<id>/round-<r>.pb` = its
 `context.state` after its round-r train message (e.g. importance EMAs, a client embedding and its

@@ -19,26 +19,41 @@ A round of a method that declares a private release (`FederatedStrategy.dp_relea
 No amplification by sampling is claimed (`SamplingMethod.NO_AMPLIFICATION`, as Flower's own
 accounted mode requires): fedprune samples with a seeded RNG whose seed is in the run config, so the
 sample is not secret. Central DP: the aggregator is trusted with the clipped updates; Flower's
-Message API has no secure aggregation. The noise comes from NumPy's global RNG (Flower's
-`add_gaussian_noise_inplace`), seeded by `seed` and kept in the checkpoint: reproducible, not a
-cryptographic RNG.
+Message API has no secure aggregation.
 
-What is Flower's and what is not: the clipping and noise are Flower's helpers
+The guarantee is judged by what someone holding the run directory can do:
+
+- **Secret noise.** Every release draws its noise from a generator seeded afresh from the OS's
+  entropy (`secrets`), never from `seed`, and the generator is kept nowhere (not in the checkpoint,
+  not in a log). Flower's `add_gaussian_noise_inplace` is not used for this: it draws from NumPy's
+  global RNG, which the run seeds with `seed` (in config.json) and checkpoints. Reproducible noise
+  exists only behind `dp-reproducible-noise = true`, and such a run reports ε as void ("not
+  private") everywhere ε appears.
+- **Every release charged once, before it leaves.** A round is composed in the accountant and the
+  ledger written to `<run>/privacy-ledger.json` (atomically) before its model goes to any client;
+  a resumed run continues that ledger, not only the checkpoint's, so a round released after the
+  last checkpoint stays charged, and re-running it is a new release with fresh noise, charged
+  again.
+
+What is Flower's and what is not: the clipping is Flower's helpers
 (`flwr.supercore.differential_privacy` in Flower 1.42: `get_norm`, `clip_inputs_inplace`,
-`compute_stdv`, `add_gaussian_noise_inplace`) and ε is Flower's `RdpAccountant`. Flower's strategy
-wrappers (`DifferentialPrivacy{Client,Server}SideFixedClipping`) are not used: they wrap Flower's
-own `start` loop, which `FederatedStrategy.start` replaces (per-node payloads, retries, resume), and
-their accounted mode needs `FedAvg.aggregate_train`. Flower's `fixedclipping_mod` is not used
-either: a mod wraps every method's ClientApp alike, while the clipping is per method (LoRA
-factors at a client's own rank, a recovery method's round-1 statistics are no update of the sent
-arrays), and it takes C from the message's config rather than the validated run config."""
+`compute_stdv`) and ε is Flower's `RdpAccountant`; the noise is `add_noise` (above). Flower's
+strategy wrappers (`DifferentialPrivacy{Client,Server}SideFixedClipping`) are not used: they wrap
+Flower's own `start` loop, which `FederatedStrategy.start` replaces (per-node payloads, retries,
+resume), and their accounted mode needs `FedAvg.aggregate_train` (which refuses to run under DP
+here). Flower's `fixedclipping_mod` is not used either: a mod wraps every method's ClientApp alike,
+while the clipping is per method (LoRA factors at a client's own rank, a recovery method's round-1
+statistics are no update of the sent arrays), and it takes C from the message's config rather than
+the validated run config."""
 
 from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -46,6 +61,8 @@ import numpy as np
 from fedprune_app.core.config import ConfigError, ConfigSection, RunConfig, key
 
 ACCOUNTANT_SAMPLING = "no-amplification"
+LEDGER_FILE = "privacy-ledger.json"  # in the run directory, rewritten at every release
+VOID = "not private: dp-reproducible-noise = true (the noise can be recomputed from config.json)"
 log = logging.getLogger("flwr")
 
 
@@ -84,6 +101,12 @@ class DPConfig(ConfigSection):
         "Needs dp-noise-multiplier > 0.",
         minimum=0.0,
     )
+    dp_reproducible_noise: bool = key(
+        False,
+        "Draw the DP noise from `seed` and the round instead of fresh OS entropy, so two runs "
+        "release the same models (for debugging). Anyone with config.json can then subtract the "
+        "noise: the run reports ε as void ('not private') everywhere.",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -115,6 +138,11 @@ class DPConfig(ConfigSection):
                 "run-config key 'dp-max-epsilon' needs dp-noise-multiplier > 0 (without noise ε is "
                 f"infinite), got dp-noise-multiplier = {self.dp_noise_multiplier:g}"
             )
+        if self.dp_reproducible_noise and self.dp_noise_multiplier == 0.0:
+            raise ConfigError(
+                "run-config key 'dp-reproducible-noise' = true needs dp-noise-multiplier > 0 "
+                "(there is no noise to reproduce)"
+            )
 
 
 # --- clipping and noise: Flower's helpers ---------------------------------------------------------
@@ -144,6 +172,21 @@ def clip_update(
     return out, norm
 
 
+def noise_generator(dp: DPConfig, seed: int, server_round: int) -> np.random.Generator:
+    """The generator of one release's noise: seeded from 128 bits of OS entropy (`secrets`), made
+    for this release and kept nowhere; with `dp-reproducible-noise`, from (`seed`, round), which
+    anyone with config.json can rebuild (the run reports ε as void)."""
+    if dp.dp_reproducible_noise:
+        return np.random.default_rng([seed, server_round, 0x6470])  # "dp"
+    return np.random.default_rng(secrets.randbits(128))
+
+
+def add_noise(arrays: Sequence[np.ndarray], std: float, rng: np.random.Generator) -> None:
+    """Add N(0, std²) to every entry of the float64 `arrays`, in place, from `rng`."""
+    for array in arrays:
+        array += rng.normal(0.0, std, size=array.shape)
+
+
 def private_mean(
     reference: Mapping[str, np.ndarray],
     states: Sequence[Mapping[str, np.ndarray]],
@@ -151,13 +194,16 @@ def private_mean(
     clipping_norm: float,
     noise_multiplier: float,
     sampled: int,
+    rng: np.random.Generator | None = None,
 ) -> tuple[dict[str, np.ndarray], list[float]]:
     """DP-FedAvg's release over `keys`: θ + (1/m)·Σ_k clip_C(θ_k − θ) + N(0, (σ·C/m)²) with m =
     `sampled` (the clients sampled, ≥ the states given); the pre-clipping norm of every update.
-    Noise: Flower's `compute_stdv` and `add_gaussian_noise_inplace` (NumPy's global RNG), in
-    float64, then each tensor's dtype."""
-    from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, compute_stdv
+    Noise: std from Flower's `compute_stdv`, drawn from `rng` (`noise_generator`; needed when
+    σ > 0) in float64, then each tensor's dtype."""
+    from flwr.supercore.differential_privacy import compute_stdv
 
+    if noise_multiplier > 0.0 and rng is None:
+        raise ValueError("private_mean: σ > 0 needs the release's noise generator")
     if sampled < len(states) or sampled < 1:
         raise ValueError(f"private_mean: {len(states)} updates from {sampled} sampled clients")
     total = [np.zeros(np.shape(reference[k]), np.float64) for k in keys]
@@ -169,7 +215,7 @@ def private_mean(
             acc += np.asarray(clipped[k], np.float64) - np.asarray(reference[k], np.float64)
     mean = [acc / sampled for acc in total]
     if noise_multiplier > 0.0:
-        add_gaussian_noise_inplace(mean, compute_stdv(noise_multiplier, clipping_norm, sampled))
+        add_noise(mean, compute_stdv(noise_multiplier, clipping_norm, sampled), rng)  # type: ignore[arg-type]
     out = {
         k: (np.asarray(reference[k], np.float64) + d).astype(np.asarray(reference[k]).dtype)
         for k, d in zip(keys, mean, strict=True)
@@ -188,15 +234,22 @@ def float_keys(state: Mapping[str, np.ndarray]) -> list[str]:
 
 class PrivacyLedger:
     """ε at δ of the releases so far, through Flower's `RdpAccountant` (dp-accounting): one
-    `GaussianPrivacyEvent(σ, m, N)` per released round, no amplification by sampling,
-    add-or-remove-one neighbouring clients. Its state (Flower's JSON `state_dict`: the config and
-    the event ledger) goes in the checkpoint, so a resumed run continues the same budget. σ = 0
-    releases nothing private: ε = ∞ (None)."""
+    `GaussianPrivacyEvent(σ, m, N)` per release, no amplification by sampling, add-or-remove-one
+    neighbouring clients. With a `path` every release rewrites the ledger file (atomically) as it is
+    charged; the checkpoint holds the same state. σ = 0 releases nothing private: ε = ∞ (None); so
+    does `dp-reproducible-noise` (void)."""
 
-    def __init__(self, dp: DPConfig) -> None:
+    def __init__(self, dp: DPConfig, path: Path | None = None) -> None:
         self.dp = dp
+        self.path = path  # the run's privacy-ledger.json (None: not written)
         self.accountant: Any = None  # flwr's RdpAccountant, built at the first round (population)
-        self.releases = 0  # released rounds, σ = 0 included
+        self.releases = 0  # releases, σ = 0 included
+        self.released_rounds: list[int] = []  # the round of each release; a re-release repeats it
+
+    @property
+    def void(self) -> bool:
+        """The noise can be recomputed from the run config (`dp-reproducible-noise`)."""
+        return self.dp.dp_reproducible_noise
 
     def start(self, population: int) -> None:
         """Build the accountant for a population of `population` clients (kept as is once built or
@@ -222,20 +275,31 @@ class PrivacyLedger:
             return True
         return not self.accountant.would_exceed(self.event(sampled))
 
-    def compose(self, sampled: int) -> None:
-        """Account one released round."""
+    def compose(self, sampled: int, server_round: int = 0) -> None:
+        """Charge one release (of round `server_round`) and write the ledger file, before anything
+        computed from the release leaves the server."""
         self.releases += 1
+        self.released_rounds.append(server_round)
         if self.accountant is not None:
             self.accountant.compose(self.event(sampled))
+        if self.path is not None:
+            from fedprune_app.core.statefile import write_json_atomically
 
-    def epsilon(self) -> float | None:
-        """ε at dp-delta so far: 0 before any release, None (infinite) once a round released without
-        noise."""
+            write_json_atomically(self.path, self.state_dict())
+
+    def nominal_epsilon(self) -> float | None:
+        """ε at dp-delta the accountant computes (what a budget is checked against), void or not:
+        0 before any release, None (infinite) once a round released without noise."""
         if self.releases == 0:
             return 0.0
         if self.accountant is None:
             return None
         return float(self.accountant.get_privacy_spent().epsilon)
+
+    def epsilon(self) -> float | None:
+        """ε at dp-delta so far as reported: `nominal_epsilon`, or None (no guarantee) when the
+        noise is reproducible."""
+        return None if self.void and self.releases else self.nominal_epsilon()
 
     def planned(self, rounds: int) -> list[float]:
         """ε after each of `rounds` more releases (a scratch copy; without amplification each costs
@@ -253,9 +317,13 @@ class PrivacyLedger:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """The ledger as JSON-able data: the releases so far and Flower's accountant state."""
+        """The ledger as JSON-able data: the releases so far (and their rounds), σ and δ, and
+        Flower's accountant state."""
         return {
             "releases": self.releases,
+            "released-rounds": list(self.released_rounds),
+            "noise-multiplier": self.dp.dp_noise_multiplier,
+            "delta": self.dp.dp_delta,
             "accountant": None if self.accountant is None else self.accountant.state_dict(),
         }
 
@@ -263,6 +331,7 @@ class PrivacyLedger:
         """Restore the ledger; the accountant's config (δ, population, sampling) is the
         checkpoint's."""
         self.releases = int(state["releases"])
+        self.released_rounds = [int(r) for r in state.get("released-rounds", [])]
         saved = state.get("accountant")
         if saved is None:
             self.accountant = None
@@ -272,6 +341,26 @@ class PrivacyLedger:
             float(config["target_delta"]), int(config["population_size"]), config["max_epsilon"]
         )
         self.accountant.load_state_dict(_plain(saved))  # refuses another relation or sampling
+
+
+def read_ledger(path: Path) -> dict[str, Any] | None:
+    """The ledger file a run wrote (`PrivacyLedger.state_dict` as JSON), None when there is none.
+    ConfigError (naming `resume-from`) for one that is not a ledger: a resume must not spend a
+    budget it cannot read."""
+    import json
+
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text())
+        if not isinstance(state, dict) or not isinstance(state.get("releases"), int):
+            raise ValueError("no 'releases' count")
+    except ValueError as err:
+        raise ConfigError(
+            f"run-config key 'resume-from': {path} is not a privacy ledger ({err}); the budget "
+            "already spent cannot be read"
+        ) from err
+    return state
 
 
 def rdp_accountant(delta: float, population: int, max_epsilon: float | None = None) -> Any:
@@ -331,6 +420,7 @@ def render_privacy(rows: Sequence[Mapping[str, Any]]) -> str:
     budget stop when there was one. Empty when the run had no differential privacy."""
     released = [r for r in rows if r.get("status") == "released"]
     stopped = [r for r in rows if r.get("status") == "budget-exhausted"]
+    carried = [r for r in rows if r.get("status") == "carried"]
     if not released and not stopped:
         return ""
     lines = [
@@ -342,11 +432,22 @@ def render_privacy(rows: Sequence[Mapping[str, Any]]) -> str:
     ]
     for r in released:
         eps = r.get("dp-epsilon")
+        shown = "void" if r.get("dp-void") else "∞" if eps is None else f"{eps:.3f}"
         lines.append(
-            f"| {r['round']} | {'∞' if eps is None else f'{eps:.3f}'} | {r['dp-delta']:g} | "
+            f"| {r['round']} | {shown} | {r['dp-delta']:g} | "
             f"{r['dp-noise-multiplier']:g} | {r['dp-clipping-norm']:g} | {r['dp-sampled']} | "
             f"{r['dp-replies']} | {r['dp-noise-std']:.3g} | {r['dp-clipped']}/{r['dp-replies']} |"
         )
+    for r in carried:
+        lines += [
+            "",
+            f"Resumed after round {r['round']}: the interrupted run had released "
+            f"{r['dp-releases']} time(s) ({r['dp-beyond-checkpoint']} after its checkpoint); "
+            "every one stays charged, and a round released again drew fresh noise and was charged "
+            "again.",
+        ]
+    if any(r.get("dp-void") for r in released):
+        lines += ["", f"**ε is void**, {VOID}."]
     for r in stopped:
         lines += [
             "",
@@ -358,9 +459,10 @@ def render_privacy(rows: Sequence[Mapping[str, Any]]) -> str:
         "",
         "Client-level DP-FedAvg (McMahan et al. 2018): each update clipped to L2 norm C, uniform "
         "mean over the m sampled clients, Gaussian noise σ·C/m; ε from Flower's RDP accountant "
-        "(dp-accounting), no amplification by sampling, add-or-remove-one client. Central DP: the "
-        "server is trusted with the clipped updates. Metrics, evaluation replies and per-client "
-        "artefacts are not covered (docs/reliability.md). ∞: σ = 0, clipping alone.",
+        "(dp-accounting), no amplification by sampling, add-or-remove-one client; the noise "
+        "from fresh OS entropy, kept nowhere. Central DP: the server is trusted with the clipped "
+        "updates. Metrics, evaluation replies and per-client artefacts are not covered "
+        "(docs/reliability.md#differential-privacy). ∞: σ = 0, clipping alone.",
         "",
     ]
     return "\n".join(lines)
@@ -423,6 +525,41 @@ class PrivateRelease:
             self.__dict__["_privacy"] = PrivacyLedger(self.dp)
         return self.__dict__["_privacy"]
 
+    def keep_ledger(self, run_dir: Path) -> None:
+        """Write the ledger to `<run_dir>/privacy-ledger.json` at every release (where DP is on)."""
+        if self.dp.enabled:
+            self.privacy.path = run_dir / LEDGER_FILE
+            if self.privacy.releases:  # a resumed ledger: in the new run directory at once
+                from fedprune_app.core.statefile import write_json_atomically
+
+                write_json_atomically(self.privacy.path, self.privacy.state_dict())
+
+    def continue_ledger(self, interrupted: Path, checkpoint_round: int) -> None:
+        """On resume, after the checkpoint's state: continue the interrupted run's ledger file
+        where it holds more releases than the checkpoint (rounds released after the checkpoint
+        was written stay charged); a `privacy` row `carried` says so."""
+        if not self.dp.enabled:
+            return
+        saved = read_ledger(interrupted / LEDGER_FILE)
+        at_checkpoint = self.privacy.releases
+        if saved is not None and saved["releases"] > at_checkpoint:
+            self.privacy.load_state_dict(saved)
+        if self.privacy.releases:
+            self.record(
+                {
+                    "round": checkpoint_round,
+                    "phase": "privacy",
+                    "status": "carried",
+                    "dp-releases": self.privacy.releases,
+                    "dp-beyond-checkpoint": self.privacy.releases - at_checkpoint,
+                    "dp-epsilon": self.privacy.epsilon(),
+                }
+            )
+
+    def dp_noise(self, server_round: int) -> np.random.Generator:
+        """The noise generator of this round's release (`noise_generator`: fresh OS entropy)."""
+        return noise_generator(self.dp, self.cfg.seed, server_round)
+
     def dp_state(self) -> dict[str, Any]:
         """What a checkpoint keeps of DP: the ledger, where DP is on."""
         return {"privacy": self.privacy.state_dict()} if self.dp.enabled else {}
@@ -455,18 +592,20 @@ class PrivateRelease:
                     "dp-allowed-rounds": allowed,
                     "dp-delta": self.dp.dp_delta,
                     "dp-max-epsilon": budget,
+                    **({"dp-void": VOID} if ledger.void else {}),
                 }
             )
             log.info(
-                "[fedprune] DP: ε after %d planned rounds = %.3f at δ = %g%s",
+                "[fedprune] DP: ε after %d planned rounds = %.3f at δ = %g%s%s",
                 len(plan),
                 plan[-1] if plan else 0.0,
                 self.dp.dp_delta,
                 f"; dp-max-epsilon = {budget:g} allows {allowed}" if budget else "",
+                f"; ε is void, {VOID}" if ledger.void else "",
             )
         if ledger.allows(self.num_connected):
             return True
-        spent, nxt = ledger.epsilon() or 0.0, ledger.planned(1)[0]
+        spent, nxt = ledger.nominal_epsilon() or 0.0, ledger.planned(1)[0]
         self.record(
             {
                 "round": server_round,
@@ -491,11 +630,12 @@ class PrivateRelease:
         return False
 
     def dp_aggregate(self, server_round: int, replies: list[Any], arrays: Any, sampled: int) -> Any:
-        """DP-FedAvg's release of one round: every reply's update clipped to C (again: a no-op where
-        the client did), the method's `aggregate` of the clipped replies for what is not released,
-        and `private_mean` over `dp_release_keys` with the fixed denominator m = `sampled`; the
-        round composed in the accountant and its `privacy` row logged (ε at δ, σ, C, m, replies,
-        noise std, how many updates clipping shrank)."""
+        """DP-FedAvg's release of one round: `private_mean` over `dp_release_keys` with the fixed
+        denominator m = `sampled` and fresh noise; every other tensor the global state's as it was
+        (nothing from a client enters the release unclipped and un-noised). The method's
+        `aggregate` still sees the clipped replies for its bookkeeping (its arrays are dropped).
+        The round is charged and its `privacy` row logged (ε at δ, σ, C, m, replies, noise std,
+        how many updates clipping shrank) before the release is returned."""
         from flwr.app import RecordDict
 
         from fedprune_app.core.protocol import numpy_state, to_record
@@ -509,12 +649,19 @@ class PrivateRelease:
             copy = RecordDict(dict(reply.items()))
             copy["arrays"] = to_record(clip_update(state, reference, keys, dp.dp_clipping_norm)[0])
             clipped.append(copy)
-        own = numpy_state(self.aggregate(server_round, clipped))  # type: ignore[attr-defined]
+        if clipped:  # the method's bookkeeping (e.g. histories from metrics); arrays not released
+            self.aggregate(server_round, clipped)  # type: ignore[attr-defined]
         released, norms = private_mean(
-            reference, states, keys, dp.dp_clipping_norm, dp.dp_noise_multiplier, sampled
+            reference,
+            states,
+            keys,
+            dp.dp_clipping_norm,
+            dp.dp_noise_multiplier,
+            sampled,
+            self.dp_noise(server_round) if dp.dp_noise_multiplier > 0 else None,
         )
         self.dp_account(server_round, sampled, replies, norms)
-        return to_record(own | released)
+        return to_record(reference | released)
 
     def dp_account(
         self, server_round: int, sampled: int, replies: list[Any], norms: list[float]
@@ -531,7 +678,7 @@ class PrivateRelease:
             for r, n in zip(replies, norms, strict=True)
             if n > dp.dp_clipping_norm * (1 + 1e-6) or flat_metrics(r).get("dp-clipped") == 1
         )
-        self.privacy.compose(sampled)
+        self.privacy.compose(sampled, server_round)  # charged (and written) before it leaves
         eps = self.privacy.epsilon()
         std = compute_stdv(dp.dp_noise_multiplier, dp.dp_clipping_norm, sampled)
         self.record(
@@ -547,6 +694,7 @@ class PrivateRelease:
                 "dp-replies": len(replies),
                 "dp-noise-std": std,
                 "dp-clipped": shrunk,
+                **({"dp-void": VOID} if self.privacy.void else {}),
             }
         )
         log.info(
@@ -558,7 +706,11 @@ class PrivateRelease:
             dp.dp_clipping_norm,
             shrunk,
             std,
-            "∞" if eps is None else f"{eps:.3f}",
+            "void (dp-reproducible-noise)"
+            if self.privacy.void
+            else "∞"
+            if eps is None
+            else f"{eps:.3f}",
             dp.dp_delta,
         )
 
@@ -569,9 +721,11 @@ class PrivateRelease:
             return {}
         return {
             "epsilon": self.privacy.epsilon(),
+            **({"void": VOID} if self.privacy.void else {}),
             "delta": self.dp.dp_delta,
             "noise-multiplier": self.dp.dp_noise_multiplier,
             "clipping-norm": self.dp.dp_clipping_norm,
             "rounds-released": self.privacy.releases,
+            "released-rounds": list(self.privacy.released_rounds),
             "stopped-after-round": self.__dict__.get("dp_last_round"),
         }

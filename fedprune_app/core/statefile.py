@@ -39,10 +39,19 @@ def pickle_refusal(path: Path) -> StateFileError:
 
 
 def _write_bytes_atomically(path: Path, write: Any) -> None:
+    """`write(tmp)`, then the temp file synced to disk and renamed over `path`: a reader sees the
+    old file or the new one, never half of one, even after a crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_json_atomically(path: Path, value: Any) -> None:
+    """`value` as JSON in `path`, atomically (`_write_bytes_atomically`)."""
+    _write_bytes_atomically(path, lambda tmp: tmp.write_text(json.dumps(value, indent=1) + "\n"))
 
 
 # --- server state: arrays in safetensors, the rest as JSON ----------------------------------------

@@ -466,7 +466,14 @@ class FederatedStrategy(PrivateRelease, Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's hook: the accepted replies aggregated, or (None, None) when none is usable."""
+        """Flower's hook: the accepted replies aggregated, or (None, None) when none is usable.
+        Refused with differential privacy on: it knows neither the sampled m nor the release
+        (`train_round` calls `dp_aggregate`)."""
+        if self.dp.enabled:
+            raise RuntimeError(
+                "aggregate_train bypasses differential privacy (dp-clipping-norm > 0): the "
+                "round's release is dp_aggregate's"
+            )
         accepted = self.accept_train(server_round, replies)
         if not accepted:
             log.warning("round %d: no usable reply, the global state is kept", server_round)

@@ -1,16 +1,18 @@
 """Whole DP runs (server_app.main on a LocalGrid, tiny model): FedIT and SFT-P clip on the client
 (FlexLoRA's server clips ΔW), report ε per round as dp_accounting computes it, stop at the budget
-with the last allowed round's models, and resume with the same ε."""
+with the last allowed round's models, and charge every release again on resume; two runs with the
+same seed release different adapters (fresh noise)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.conformance.test_reliability import comparable, rows, summary
+from tests.conformance.test_reliability import rows, summary
 from tests.dp_reference import dp_accounting_epsilon
 from tests.local_grid import LocalGrid, method_config, run_server
 
@@ -81,19 +83,56 @@ def test_the_budget_ends_the_run_with_the_last_allowed_rounds_models(
     assert (run / "adapter").is_dir()
 
 
-def test_an_interrupted_dp_run_resumes_with_the_same_epsilon_and_models(
+def _evaluated(grid: LocalGrid, server_round: int) -> dict[str, np.ndarray]:
+    """The arrays of the first evaluate message of `server_round` (the round's release)."""
+    msgs = [m for m, _ in grid.exchanges] + ([grid.interrupted] if grid.interrupted else [])
+    msg = next(
+        m
+        for m in msgs
+        if m.metadata.message_type == "evaluate"
+        and m.content.config_records["config"]["server-round"] == server_round
+    )
+    record = msg.content.array_records["arrays"]
+    return {k: record[k].numpy() for k in record.keys()}
+
+
+def test_a_resume_after_a_release_charges_it_and_its_repeat_with_fresh_noise(
     tiny_model_dir: Path, tmp_path: Path, flower_ids: None
 ) -> None:
+    """The server dies while round 3's model is being evaluated (released, not checkpointed). The
+    resumed run re-runs round 3: its ledger holds 4 releases, ε is above the uninterrupted run's,
+    and the repeated round's model differs from the first (fresh noise)."""
     cfg = method_config(tiny_model_dir, tmp_path, "fedit", **DP)
     whole, err = run_server(cfg, LocalGrid(cfg, 4, seed=1))
     assert err is None, err
-    cut, err = run_server(cfg, LocalGrid(cfg, 4, seed=2, interrupt_round=3))
+    cut_grid = LocalGrid(cfg, 4, seed=2, interrupt_evaluate_round=3)
+    cut, err = run_server(cfg, cut_grid)
     assert isinstance(err, KeyboardInterrupt)
-    resumed, err = run_server(cfg.replace(resume_from=str(cut)), LocalGrid(cfg, 4, seed=3))
+    assert json.loads((cut / "privacy-ledger.json").read_text())["releases"] == 3
+    grid = LocalGrid(cfg, 4, seed=3)
+    resumed, err = run_server(cfg.replace(resume_from=str(cut)), grid)
     assert err is None, err
-    assert comparable(summary(resumed)) == comparable(summary(whole))  # ε, scores: the same run
+    done, once = summary(resumed)["privacy"], summary(whole)["privacy"]
+    assert once["epsilon"] == pytest.approx(dp_accounting_epsilon(SIGMA, 3, DELTA), rel=1e-9)
+    assert done["epsilon"] == pytest.approx(dp_accounting_epsilon(SIGMA, 4, DELTA), rel=1e-9)
+    assert done["rounds-released"] == 4 and done["released-rounds"] == [1, 2, 3, 3]
+    assert json.loads((resumed / "privacy-ledger.json").read_text())["releases"] == 4
+    assert "stays charged" in (resumed / "results.md").read_text()
+    first, again = _evaluated(cut_grid, 3), _evaluated(grid, 3)
+    assert set(first) == set(again) and any(not np.array_equal(first[k], again[k]) for k in first)
 
-    def privacy(run: Path) -> list[dict[str, Any]]:
-        return [comparable(r) for r in rows(run) if r["phase"] == "privacy"]
 
-    assert privacy(resumed) == privacy(whole)
+@pytest.mark.parametrize("sigma", [SIGMA, 0.0])
+def test_two_runs_with_the_same_seed_release_the_same_adapter_only_without_noise(
+    sigma: float, tiny_model_dir: Path, tmp_path: Path, flower_ids: None
+) -> None:
+    from safetensors.numpy import load_file
+
+    cfg = method_config(tiny_model_dir, tmp_path, "fedit", **(DP | {"dp_noise_multiplier": sigma}))
+    adapters = []
+    for seed in (1, 2):
+        run, err = run_server(cfg, LocalGrid(cfg, 4, seed=seed))
+        assert err is None, err
+        adapters.append(load_file(str(run / "adapter" / "adapter_model.safetensors")))
+    same = all(np.array_equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
+    assert same == (sigma == 0.0)

@@ -130,9 +130,14 @@ def test_the_noise_std_is_sigma_c_over_the_sampled_m_not_the_replies() -> None:
     """Δ = 0 for every reply: what is left is the noise. 3 replies of m = 8 sampled: std σ·C/8
     (±1%)."""
     ref = {"w": np.zeros(400_000, np.float32)}
-    np.random.seed(1234)
     out, _ = private_mean(
-        ref, [ref, ref, ref], ["w"], clipping_norm=0.7, noise_multiplier=1.3, sampled=8
+        ref,
+        [ref, ref, ref],
+        ["w"],
+        clipping_norm=0.7,
+        noise_multiplier=1.3,
+        sampled=8,
+        rng=np.random.default_rng(1234),
     )
     noise = out["w"].astype(np.float64)
     assert noise.std() == pytest.approx(1.3 * 0.7 / 8, rel=0.01)  # SE of the std: 1/sqrt(2n) ≈ 0.1%
