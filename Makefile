@@ -7,6 +7,8 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 RAY_USAGE_STATS_ENABLED=0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+# a local simulation's Ray listens on 127.0.0.1 only (docs/reliability.md#network-exposure-of-a-local-simulation)
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 
 RUN_CONFIG ?= conf/sftp.toml
 FEDERATION ?= num-supernodes=4 client-resources-num-cpus=1

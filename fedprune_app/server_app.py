@@ -24,7 +24,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedprune_app.core import registry
-from fedprune_app.core.checkpoint import check_fits, load_checkpoint, save_checkpoint
+from fedprune_app.core.checkpoint import (
+    check_fits,
+    load_checkpoint,
+    new_run_key,
+    save_checkpoint,
+)
 from fedprune_app.core.config import RunConfig, split_list
 from fedprune_app.core.privacy import check_private
 from fedprune_app.core.protocol import numpy_state
@@ -132,7 +137,8 @@ def main(grid: Grid, context: Context) -> None:
     report: FederatedStrategy | None = None  # adds the method's part of results.md once it exists
     try:
         strategy = report = registry.strategy_class(cfg.method)(cfg, recorder=run.log)
-        strategy.run_key = checkpoint.run_key if checkpoint else run.path.name
+        # names the clients' state directories: unique, even for two runs started in one second
+        strategy.run_key = checkpoint.run_key if checkpoint else new_run_key(run.path.name)
         initial = strategy.initial_arrays()
         first_round = 1
         # continue after the checkpointed round, with its rows, arrays and state

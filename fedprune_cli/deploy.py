@@ -42,9 +42,10 @@ from typing import Any
 
 from fedprune_app.core.config import ConfigError
 from fedprune_cli import launch
-from fedprune_cli.processes import free_port, stop_processes, wait_for_port
+from fedprune_cli.processes import free_port, signals_held, stop_processes, wait_for_port
 
 CONNECTION = "local-deployment"
+TIMEOUT_CODE = 124  # as `timeout(1)` and `fedprune run --timeout`
 CERTIFICATE_CONF = """[req]
 default_bits = 2048
 prompt = no
@@ -89,6 +90,8 @@ def generate_certificates(
     conf.write_text(CERTIFICATE_CONF.format(cn=(dns or ips)[0], alt_names="\n".join(alt)))
     ca_key, ca_crt = out_dir / "ca.key", out_dir / "ca.crt"
     key, csr, pem = out_dir / "server.key", out_dir / "server.csr", out_dir / "server.pem"
+    for path in (ca_key, ca_crt, key, csr, pem):  # openssl must write new files, never via a link
+        _remove(path)
     for cmd in (
         ["genrsa", "-out", ca_key, "2048"],
         [
@@ -128,8 +131,24 @@ def generate_certificates(
             "req_ext",
         ],
     ):
-        subprocess.run(["openssl", *map(str, cmd)], check=True, capture_output=True)
+        # umask 077: the private keys are 0600 from the moment openssl creates them
+        subprocess.run(["openssl", *map(str, cmd)], check=True, capture_output=True, umask=0o077)
     return Certificates(ca_crt, pem, key)
+
+
+def _remove(path: Path) -> None:
+    """Delete a file or a symbolic link at `path` (a link itself, never what it points to)."""
+    if path.is_symlink() or path.exists():
+        path.unlink()
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a private key as a new file created with mode 0600 (no moment with wider rights) and
+    without following a symbolic link at `path`."""
+    _remove(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def _is_ip(name: str) -> bool:
@@ -152,14 +171,15 @@ def generate_node_keys(out_dir: Path, name: str) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     private = ec.generate_private_key(ec.SECP384R1())
     priv, pub = out_dir / name, out_dir / f"{name}.pub"
-    priv.write_bytes(
+    write_private(
+        priv,
         private.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.OpenSSH,
             serialization.NoEncryption(),
-        )
+        ),
     )
-    priv.chmod(0o600)
+    _remove(pub)
     pub.write_bytes(
         private.public_key().public_bytes(
             serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
@@ -247,7 +267,7 @@ class LocalFederation:
             raise FileNotFoundError(
                 f"Flower's commands are not installed in this environment: {self.exe}"
             )
-        self.work = Path(tempfile.mkdtemp(prefix="fedprune-deploy-"))
+        self.work = Path(tempfile.mkdtemp(prefix="fedprune-deploy-"))  # 0700: keys live here
         self.logs = self.work / "logs"
         self.logs.mkdir()
         self.marker = (
@@ -267,16 +287,21 @@ class LocalFederation:
         }  # the operator's / user's CLI
         self.procs: list[subprocess.Popen] = []
         self.stopped: set[int] = set()
-        self.certs = generate_certificates(self.work / "certificates")
+        try:
+            self.certs = generate_certificates(self.work / "certificates")
+        except BaseException:
+            shutil.rmtree(self.work, ignore_errors=True)  # the CA key written so far
+            raise
         self.address = ""
 
     def __enter__(self) -> LocalFederation:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stopped = stop_processes(self.procs, self.marker)
-        if not self.keep:
-            shutil.rmtree(self.work, ignore_errors=True)
+        with signals_held():  # a second Ctrl-C must not leave processes or keys behind
+            self.stopped = stop_processes(self.procs, self.marker)
+            if not self.keep:
+                shutil.rmtree(self.work, ignore_errors=True)
 
     def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
         """One long-running component, in its own session, with its own FLWR_HOME and log file."""
@@ -394,7 +419,7 @@ class LocalFederation:
                 )
             except subprocess.TimeoutExpired:
                 return (
-                    1,
+                    TIMEOUT_CODE,
                     (
                         f"timeout after {timeout:.0f} s "
                         f"({launch.run_status(self.cli_env, self.exe['flwr'])})"
@@ -462,37 +487,35 @@ def deploy(
     out_root = Path(values["output-dir"])
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
     code, status = 1, "not started"
-    with LocalFederation(keep=True) as fed:  # the logs are read below
-        try:
-            fed.start_superlink()
-            for spec in nodes:
-                fed.add_supernode(spec)
-            fed.wait_until_online(len(nodes))
-            resolved = launch.write_run_config(
-                fed.work / "run-config.toml", values
-            )  # checked, paths absolute
-            code, status = fed.run(app_dir, resolved, timeout, quiet)
-        except (RuntimeError, TimeoutError) as err:
-            status = f"deployment failed: {err}"
-    new_dirs = sorted(set(out_root.iterdir()) - before) if out_root.is_dir() else []
-    run_dir = new_dirs[-1] if new_dirs else None
-    summary = run_dir / "summary.json" if run_dir is not None else None
-    summary_ok = (
-        summary is not None
-        and summary.is_file()
-        and json.loads(summary.read_text()).get("status") == "completed"
-    )
-    ok = code == 0 and status.endswith("completed") and summary_ok
-    print(f"\n[fedprune] deployment run status: {status}; run directory: {run_dir}", flush=True)
-    if not ok:
-        fed.print_logs()
-    if keep_work_dir:
-        print(f"[fedprune] certificates, keys and logs kept in {fed.work}", flush=True)
-    else:
-        shutil.rmtree(fed.work, ignore_errors=True)
-    return Deployment(
-        0 if ok else 1, run_dir, status, fed.stopped, fed.logs if keep_work_dir else None
-    )
+    fed = LocalFederation(keep=True)  # the logs are read below; the work directory goes at the end
+    try:
+        with fed:
+            try:
+                fed.start_superlink()
+                for spec in nodes:
+                    fed.add_supernode(spec)
+                fed.wait_until_online(len(nodes))
+                resolved = launch.write_run_config(
+                    fed.work / "run-config.toml", values
+                )  # checked, paths absolute
+                code, status = fed.run(app_dir, resolved, timeout, quiet)
+            except (RuntimeError, TimeoutError) as err:
+                status = f"deployment failed: {err}"
+        new_dirs = sorted(set(out_root.iterdir()) - before) if out_root.is_dir() else []
+        run_dir = new_dirs[-1] if new_dirs else None
+        summary_ok = (launch.read_summary(run_dir) or {}).get("status") == "completed"
+        ok = code == 0 and status.endswith("completed") and summary_ok
+        print(f"\n[fedprune] deployment run status: {status}; run directory: {run_dir}", flush=True)
+        if not ok:
+            fed.print_logs()
+        if keep_work_dir:
+            print(f"[fedprune] certificates, keys and logs kept in {fed.work}", flush=True)
+    finally:  # every exit, Ctrl-C and SIGTERM included: no CA or node key stays behind
+        if not keep_work_dir:
+            with signals_held():
+                shutil.rmtree(fed.work, ignore_errors=True)
+    result = 0 if ok else TIMEOUT_CODE if code == TIMEOUT_CODE else 1
+    return Deployment(result, run_dir, status, fed.stopped, fed.logs if keep_work_dir else None)
 
 
 def _floats(text: str) -> list[float | None]:
@@ -577,3 +600,6 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("[fedprune] deployment stopped by Ctrl-C (SIGINT)", file=sys.stderr)
+        return 130

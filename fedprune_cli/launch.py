@@ -46,8 +46,9 @@ from typing import Any
 
 from fedprune_app.core.config import ConfigError
 from fedprune_app.core.rundir import resolve_output_dir
+from fedprune_app.core.statefile import write_text_atomically
 from fedprune_cli import preflight
-from fedprune_cli.processes import free_port, stop_superlink
+from fedprune_cli.processes import free_port, signals_held, stop_superlink
 
 APP_DIR = Path(__file__).resolve().parent.parent
 
@@ -128,17 +129,48 @@ def run_identity(env: dict[str, str], flwr: str, timeout: float = 120) -> tuple[
     return (int(run_id) if str(run_id).isdigit() else None), status
 
 
+def run_env(
+    flwr_home: Path, http_port: int, control_port: int, cluster_env: dict[str, str]
+) -> dict[str, str]:
+    """The environment of `flwr run`: offline, a private FLWR_HOME and ports, every `layer i/N`
+    line (RAY_DEDUP_LOGS), and Ray on 127.0.0.1 only unless the run joins a cluster."""
+    from fedprune_app.core.runtime import LOOPBACK_RAY_ENV, OFFLINE_ENV  # imports torch: late
+
+    return {
+        **os.environ,
+        **OFFLINE_ENV,
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        "RAY_DEDUP_LOGS": os.environ.get("RAY_DEDUP_LOGS", "0"),
+        **(cluster_env or LOOPBACK_RAY_ENV),
+    }
+
+
+def read_summary(run_dir: Path | None) -> dict[str, Any] | None:
+    """The run's summary.json as a table, or None where there is none or it is not a JSON table (a
+    torn or hand-edited file): what the launcher reports on, never a traceback."""
+    path = None if run_dir is None else run_dir / "summary.json"
+    try:
+        record = json.loads(path.read_text()) if path is not None and path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def run_error(run_dir: Path | None) -> str:
     """One line saying why a run failed: summary.json's `error-message` (the exception the ServerApp
     raised), else the last line of its `error` traceback; what is missing when there is no
     summary."""
-    summary = run_dir / "summary.json" if run_dir is not None else None
-    if summary is None or not summary.is_file():
+    record = read_summary(run_dir)
+    if record is None:
+        if run_dir is not None and (run_dir / "summary.json").is_file():
+            return f"{run_dir}/summary.json cannot be read (not a JSON table); see the log above"
         return (
             "the run left no summary.json (it failed before its run directory was written; see the "
             "log above)"
         )
-    record = json.loads(summary.read_text())
     message = record.get("error-message") or next(
         (line for line in reversed(str(record.get("error", "")).splitlines()) if line.strip()), ""
     )
@@ -293,17 +325,14 @@ def record_interruption(run_dir: Path | None, reason: str, resume: str) -> str:
     if run_dir is None:
         return f"stopped by {reason} before the run wrote its directory; nothing to resume"
     path = run_dir / "summary.json"
-    try:
-        record = json.loads(path.read_text()) if path.is_file() else {}
-    except ValueError:
-        record = {}
+    record = read_summary(run_dir) or {}
     if record.get("status") == "completed":
         return f"stopped by {reason} after the run completed; run directory: {run_dir}"
     checkpoint = (run_dir / "checkpoint" / "state.safetensors").is_file()
     record.update(
         {"status": "interrupted", "interrupted-by": reason, "resume": resume if checkpoint else ""}
     )
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    write_text_atomically(path, json.dumps(record, indent=2) + "\n")
     if not checkpoint:
         return (
             f"stopped by {reason} before the first checkpoint: {run_dir} holds no checkpoint; "
@@ -317,10 +346,8 @@ def failure_line(run_dir: Path | None) -> str:
     rows results.md marks."""
     from fedprune_app.core.rundir import left_out_line
 
-    try:
-        return left_out_line(json.loads((run_dir / "summary.json").read_text())) if run_dir else ""
-    except (OSError, ValueError):
-        return ""
+    record = read_summary(run_dir)
+    return left_out_line(record) if record is not None else ""
 
 
 def launch(
@@ -349,7 +376,6 @@ def launch(
     values = checked_config(
         app_dir, run_configs, federation_config, check_data, advise, cluster=bool(ray_address)
     )
-    from fedprune_app.core.runtime import OFFLINE_ENV  # imports torch: after the checks
 
     out_root = Path(values["output-dir"])
     before = set(out_root.iterdir()) if out_root.is_dir() else set()
@@ -362,16 +388,7 @@ def launch(
         )
     http_port, control_port = free_port(), free_port()
     flwr_home = Path(tempfile.mkdtemp(prefix="fedprune-flwr-"))
-    env = {
-        **os.environ,
-        **OFFLINE_ENV,
-        "FLWR_HOME": str(flwr_home),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-        "RAY_DEDUP_LOGS": os.environ.get("RAY_DEDUP_LOGS", "0"),
-        **cluster_env,
-    }  # every `layer i/N` line
+    env = run_env(flwr_home, http_port, control_port, cluster_env)
     resolved = write_run_config(
         flwr_home / "run-config.toml", values
     )  # merged, checked, paths absolute
@@ -401,8 +418,9 @@ def launch(
             run_id, _ = run_identity(env, flwr, timeout=5)
         status = "interrupted"
     finally:
-        stop_superlink(http_port)
-        shutil.rmtree(flwr_home, ignore_errors=True)
+        with signals_held():  # a signal now must not cut the clean-up short
+            stop_superlink(http_port)
+            shutil.rmtree(flwr_home, ignore_errors=True)
         for sig, handler in handlers.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(sig, handler)
@@ -412,11 +430,7 @@ def launch(
         line = record_interruption(run_dir, stopped_by[0], resume)
         print(f"\n[fedprune] {line}", file=sys.stderr, flush=True)
         return Launched(stopped_by[1], run_dir, http_port, status)
-    summary_ok = (
-        run_dir is not None
-        and (run_dir / "summary.json").is_file()
-        and json.loads((run_dir / "summary.json").read_text()).get("status") == "completed"
-    )
+    summary_ok = (read_summary(run_dir) or {}).get("status") == "completed"
     ok = returncode == 0 and status.endswith("completed") and summary_ok
     if quiet and run_dir is not None and (run_dir / "results.md").is_file():
         print(
@@ -438,16 +452,8 @@ def broken_model_lines(run_dir: Path | None) -> list[str]:
     """The run's broken-model warnings (summary.json `warnings`: models whose perplexity is above
     twice the untouched model's, or whose accuracy is below chance by its 95% interval) under a line
     saying what they mean."""
-    summary = None if run_dir is None else run_dir / "summary.json"
-    try:
-        flags = (
-            json.loads(summary.read_text()).get("warnings", [])
-            if summary and summary.is_file()
-            else []
-        )
-    except ValueError:
-        return []
-    if not flags:
+    flags = (read_summary(run_dir) or {}).get("warnings", [])
+    if not isinstance(flags, list) or not flags:
         return []
     return [
         (

@@ -663,9 +663,20 @@ def advice(cfg: RunConfig) -> list[str]:
     """The warnings of the run's method's config sections (`ConfigSection.advice`): settings known
     to end in a broken model."""
     from fedprune_app.core import registry
+    from fedprune_app.core.checkpoint import read_rows
+    from fedprune_app.core.rundir import resolve_output_dir
 
-    return [
+    lines = [
         line
         for section in registry.get(cfg.method).configs
         for line in cfg.section(section).advice(cfg)
     ]
+    if cfg.resume_from:
+        given = resolve_output_dir(cfg.resume_from)
+        metrics = (given.parent if given.name == "checkpoint" else given) / "metrics.jsonl"
+        if read_rows(metrics)[1]:
+            lines.append(
+                f"resume-from: the last line of {metrics} was cut short by the interruption; the "
+                "resumed run carries the rows before it"
+            )
+    return lines

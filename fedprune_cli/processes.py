@@ -9,13 +9,31 @@ whose environment holds a marker), TERM first, then KILL. Everything here reads 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ignore Ctrl-C and SIGTERM while the block runs, then restore the handlers: a clean-up (stop
+    the SuperLink's family TERM then KILL, delete FLWR_HOME or key material) runs to its end even
+    when a second signal arrives. Off the main thread, where handlers cannot change, a no-op."""
+    saved = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):
+            saved[sig] = signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, handler)
 
 
 def free_port() -> int:

@@ -17,15 +17,15 @@ hoc / fedflap).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.protocol import flat_metrics, parse_partition_id, spec_of
+from fedprune_app.core.protocol import flat_metrics, spec_of
 from fedprune_app.core.recovery import Spec, StatisticsThenRecovery
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.strategy import Recorder
@@ -170,24 +170,14 @@ class FedFLAPStrategy(StatisticsThenRecovery):
     def structure_arrays(self) -> dict[str, np.ndarray] | None:
         return None if self.masks is None else {MASK_PREFIX + n: m for n, m in self.masks.items()}
 
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        replies = list(replies)
-        for msg in replies:
-            if not msg.has_error():
-                m = flat_metrics(msg.content)
-                try:
-                    client = str(parse_partition_id(m.get("partition-id")))
-                except ValueError:
-                    # the base class logs the reply (client None); fedflap.json holds clients only
-                    continue
-                self.scores.setdefault(str(server_round), {})[client] = {
-                    k: float(v)
-                    for k, v in m.items()
-                    if k in ("acc", "acc_norm", "ppl", "kept-ratio-prunable")
-                }
-        return super().aggregate_evaluate(server_round, replies)
+    def evaluate_reply(self, server_round: int, node_id: int, reply: RecordDict) -> str | None:
+        """Keep the client's scores of the round for fedflap.json, keyed by its partition."""
+        client = self.node_partition.get(node_id)
+        if client is not None:
+            kept = ("acc", "acc_norm", "ppl", "kept-ratio-prunable")
+            scores = {k: float(v) for k, v in flat_metrics(reply).items() if k in kept}
+            self.scores.setdefault(str(server_round), {})[str(client)] = scores
+        return None
 
     def load(self, arrays: ArrayRecord) -> tuple[Any, Any]:
         """The routed model (dense outside a `masked` block) with the global LoRA loaded."""

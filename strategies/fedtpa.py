@@ -33,6 +33,7 @@ from fedprune_app.core.lora import LoRAStrategy
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import (
+    MAX_ABS_VALUE,
     examples_problem,
     to_record,
     values_of_problem,
@@ -114,7 +115,8 @@ class FedTPAStrategy(LoRAStrategy):
             problem = (
                 f"client error: {msg.error.reason}"
                 if msg.has_error()
-                else self.feature_problem(msg.content)
+                else self.common_problem(node, msg.content)[1]
+                or self.safe_check(self.feature_problem, msg.content)
             )
             if problem:
                 row.update(status="rejected", problem=problem[-600:])
@@ -206,8 +208,13 @@ class FedTPAStrategy(LoRAStrategy):
                 f"pruning-log must be bool of shape ({n_layers}, {self.rank}), got {keep.dtype} "
                 f"{keep.shape}"
             )
-        if scores.shape != (n_layers,) or not np.isfinite(scores).all() or (scores < 0).any():
-            return f"layer-scores must be {n_layers} finite non-negative numbers"
+        if (
+            scores.shape != (n_layers,)
+            or not np.isfinite(scores).all()
+            or (scores < 0).any()
+            or (scores > MAX_ABS_VALUE).any()  # two at 1e308 would sum to inf and zero a layer
+        ):
+            return f"layer-scores must be {n_layers} finite numbers in [0, {MAX_ABS_VALUE:g}]"
         expected = keep_count(self.sent_beta.get(node_id, 1.0), n_layers, self.rank)
         if int(keep.sum()) != expected:
             return (

@@ -27,20 +27,25 @@ results.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
-from fedprune_app.core.replies import to_record, weighted_average
+from fedprune_app.core.replies import check_arrays, to_record, weighted_average
 from fedprune_app.core.strategy import FederatedStrategy, Recorder, log
-from fedprune_app.llm.models import initial_adapter_state, save_adapter, set_adapter_state
+from fedprune_app.llm.models import (
+    initial_adapter_state,
+    model_config,
+    save_adapter,
+    set_adapter_state,
+)
 from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.generator import (
     GENERATOR_PREFIX,
@@ -148,20 +153,28 @@ class SFTPStrategy(FederatedStrategy):
                 }
         return to_record(weighted_average(states, weights))
 
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Keep the final masks each client sends with its last evaluation, then log as usual."""
-        replies = list(replies)
-        for msg in replies:
-            if not msg.has_error() and "masks" in msg.content.array_records:
-                try:
-                    client = parse_partition_id(flat_metrics(msg.content).get("partition-id"))
-                except ValueError as err:
-                    log.warning("final masks of node %d dropped: %s", msg.metadata.src_node_id, err)
-                    continue
-                self.final_masks[client] = numpy_state(msg.content.array_records["masks"])
-        return super().aggregate_evaluate(server_round, replies)
+    def evaluate_reply(self, server_round: int, node_id: int, reply: RecordDict) -> str | None:
+        """Keep the final masks a client sends with its last evaluation, keyed by the partition its
+        node declared; masks of other names, shapes or dtypes than h_Θ's (`mask_spec`) reject the
+        reply."""
+        if "masks" not in reply.array_records:
+            return None
+        masks = reply.array_records["masks"]
+        if (problem := check_arrays(masks, self.mask_spec())) is not None:
+            return f"final masks: {problem}"
+        client = self.node_partition.get(node_id)
+        if client is None:
+            return "final masks from a node that never said which partition it is"
+        self.final_masks[client] = numpy_state(masks)
+        return None
+
+    def mask_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{mask name: ((layers, hidden size), 'bool')}: what a client's final masks hold."""
+        if "_mask_spec" not in self.__dict__:
+            config = model_config(self.cfg.model_name)
+            shape = (int(config["num_hidden_layers"]), int(config["hidden_size"]))
+            self.__dict__["_mask_spec"] = {name: (shape, "bool") for name in MASK_NAMES}
+        return self.__dict__["_mask_spec"]
 
     def load(self, arrays: ArrayRecord) -> tuple[Any, Any, Any]:
         """The routed model (dense outside a `masked` block) with the global Φ, and h_Θ with the

@@ -36,6 +36,7 @@ from fedprune_app.core.config import RunConfig, split_list
 from fedprune_app.core.protocol import flat_metrics
 from fedprune_app.core.recovery import Spec, StatisticsThenRecovery
 from fedprune_app.core.registry import register_strategy
+from fedprune_app.core.replies import MAX_NUM_EXAMPLES, number_problem
 from fedprune_app.core.runtime import client_seed
 from fedprune_app.core.strategy import Recorder, log
 from fedprune_app.llm.data import client_data, training_batches
@@ -119,8 +120,8 @@ class SliceGPTStrategy(StatisticsThenRecovery):
         if problem is not None or self.sent[node_id]:
             return problem
         tokens = flat_metrics(reply).get("calibration-tokens")
-        if not isinstance(tokens, int | float) or tokens <= 0:
-            return "round-1 reply lacks a positive 'calibration-tokens' metric"
+        if number_problem("calibration-tokens", tokens, 1, MAX_NUM_EXAMPLES) is not None:
+            return f"round-1 reply lacks a positive 'calibration-tokens' metric (got {tokens!r})"
         for key, array in reply.array_records["arrays"].items():
             c = array.numpy()
             if c.dtype != np.float64:

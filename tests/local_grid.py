@@ -6,14 +6,15 @@ answers every message with an error reply (a crashed ClientApp); `interrupt_roun
 KeyboardInterrupt when a train message of that round is sent (the server process killed mid-round),
 `interrupt_evaluate_round` when an evaluate message of that round is (killed after the round's
 release, before its checkpoint; the message is kept as `interrupted`);
-a node in `silent` never answers (disconnected: no reply before the timeout); every message and
-reply is kept for inspection.
+a node in `silent` never answers (disconnected: no reply before the timeout); a partition in
+`tamper` sends what its function makes of each reply (a misbehaving client); every message and reply
+is kept for inspection.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -37,6 +38,7 @@ class LocalGrid:
         seed: int | None = None,
         interrupt_round: int | None = None,
         interrupt_evaluate_round: int | None = None,
+        tamper: dict[int, Callable[[Message, RecordDict], RecordDict]] | None = None,
     ) -> None:
         ids = ids or random.Random(seed).sample(range(1, 1 << 40), partitions)
         self.contexts = {
@@ -58,6 +60,8 @@ class LocalGrid:
         self.interrupt_round = interrupt_round
         self.interrupt_evaluate_round = interrupt_evaluate_round
         self.interrupted: Message | None = None
+        # partition id -> (message, reply content) -> what that misbehaving client sends instead
+        self.tamper = tamper or {}
         # (message, reply) in the order they happened
         self.exchanges: list[tuple[Message, Message]] = []
         self.replies: dict[str, Message] = {}  # message id -> its reply, until pulled
@@ -110,6 +114,9 @@ class LocalGrid:
                 reply = app(msg, self.contexts[node])
             except Exception as err:  # Flower turns a raising ClientApp into an error reply
                 reply = Message(Error(code=0, reason=repr(err)), reply_to=msg)
+            partition = self.contexts[node].node_config["partition-id"]
+            if partition in self.tamper and not reply.has_error():
+                reply = Message(self.tamper[partition](msg, reply.content), reply_to=msg)
         self.exchanges.append((msg, reply))
         return reply
 

@@ -22,6 +22,7 @@ state. Neither file is a pickle: reading them parses data and never runs code (`
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fedprune_app.core.config import ConfigError, RunConfig, defaults
+from fedprune_app.core.config import ConfigError, RunConfig, defaults, safe_name
 from fedprune_app.core.protocol import spec_of
 from fedprune_app.core.replies import spec_problem
 from fedprune_app.core.rundir import resolve_output_dir
@@ -66,14 +67,34 @@ class Checkpoint:
 
     def rows(self) -> list[dict[str, Any]]:
         """The interrupted run's metrics rows of rounds 0..round (what a resumed run's metrics.jsonl
-        starts with)."""
-        path = self.run_dir / "metrics.jsonl"
-        rows = (
-            [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            if path.exists()
-            else []
-        )
+        starts with); a torn last line is dropped (`read_rows`)."""
+        rows, _torn = read_rows(self.run_dir / "metrics.jsonl")
         return [r for r in rows if isinstance(r.get("round"), int) and r["round"] <= self.round]
+
+
+def read_rows(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of a metrics.jsonl and whether its last line was torn (not a JSON table: a write
+    the interruption cut short), which is dropped. ConfigError naming `resume-from`, the file and
+    the line for a bad line before the last: that file was not written by a run."""
+    if not path.is_file():
+        return [], False
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif number == len(lines):
+            return rows, True
+        else:
+            raise ConfigError(
+                f"run-config key 'resume-from': {path} line {number} is not a JSON row; the "
+                "interrupted run's rows cannot be carried over"
+            )
+    return rows, False
 
 
 def save_checkpoint(
@@ -143,6 +164,7 @@ def load_checkpoint(cfg: RunConfig) -> Checkpoint:
             f"{state['round']} of num-server-rounds = {cfg.num_server_rounds}; raise "
             "num-server-rounds to continue it"
         )
+    read_rows(run_dir / "metrics.jsonl")  # a bad line before the last stops the resume here
     return Checkpoint(
         run_dir, int(state["round"]), str(state["run-key"]), state["arrays"], state["strategy"]
     )
@@ -154,8 +176,11 @@ def checkpoint_problem(state: dict[str, Any]) -> str:
     rnd, arrays = state["round"], state["arrays"]
     if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
         return f"'round' must be an int >= 0, got {rnd!r}"
-    if not isinstance(state["run-key"], str) or not isinstance(state["strategy"], dict):
-        return "'run-key' must be a string and 'strategy' a table"
+    if not safe_name(state["run-key"]) or not isinstance(state["strategy"], dict):
+        return (
+            "'run-key' must be a name of letters, digits, '.', '_' and '-' (it names the clients' "
+            "state directories) and 'strategy' a table"
+        )
     if not isinstance(arrays, dict):
         return "'arrays' must be a table of named arrays"
     for name, array in arrays.items():
@@ -192,13 +217,28 @@ def check_fits(
 # --- client side ----------------------------------------------------------------------------------
 
 
+def new_run_key(run_name: str) -> str:
+    """The key a new run's clients file their private state under: its directory name and 8 random
+    hex digits (two runs started in the same second never share one)."""
+    return f"{run_name}-{secrets.token_hex(4)}"
+
+
 def client_state_dir(state_dir: str | None, run_key: str, partition_id: int) -> Path:
     """`<state-dir>/<run-key>/partition-<id>` (state-dir defaults to
-    `<fedprune cache>/client-state`)."""
+    `<fedprune cache>/client-state`). ValueError for a run key that is not a plain name or a path
+    that would leave state-dir: the key comes from a message, and a tampered one must not make a
+    client write or delete files elsewhere."""
     from fedprune_app.llm.assets import cache_root
 
-    root = Path(state_dir).expanduser() if state_dir else cache_root() / "client-state"
-    return root / run_key / f"partition-{partition_id}"
+    if not safe_name(run_key):
+        raise ValueError(
+            f"message config 'run-key' must be letters, digits, '.', '_' and '-', got {run_key!r}"
+        )
+    root = (Path(state_dir).expanduser() if state_dir else cache_root() / "client-state").resolve()
+    directory = (root / run_key / f"partition-{int(partition_id)}").resolve()
+    if not directory.is_relative_to(root):
+        raise ValueError(f"client state directory {directory} is outside {root}")
+    return directory
 
 
 def save_client_state(directory: Path, server_round: int, state: Any) -> None:

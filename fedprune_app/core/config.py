@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ class Key:
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
     maximum: float | None = None
+    above: bool = False  # the minimum itself is refused: (minimum, maximum]
     # shown instead of the generic "a string" (checked in from_flower)
     allowed_text: str | None = None
     # A dynamic set of choices (e.g. the method registry) is checked by the caller via
@@ -74,7 +76,8 @@ class Key:
             return "true or false"
         if self.type is str:
             return "a string"
-        return f"a{'n int' if self.type is int else ' float'} in [{lo}, {hi}]"
+        opening = "(" if self.above else "["
+        return f"a{'n int' if self.type is int else ' float'} in {opening}{lo}, {hi}]"
 
 
 # make run's 4 multiple-choice clients (docs/models-and-data.md#which-data-for-which-role)
@@ -84,6 +87,20 @@ DEFAULT_CLIENT_DATA = "olmo:social_iqa,olmo:commonsense_qa,olmo:arc_easy,olmo:mm
 PERPLEXITY_SET_NAMES = ("wikitext2", "ptb", "c4")
 
 
+NAME = re.compile(r"[A-Za-z0-9._-]+")  # a name that may become a path component
+
+
+def safe_name(value: Any, longest: int = 128) -> bool:
+    """Whether `value` may name a directory: letters, digits, '.', '_' and '-', 1 to `longest`
+    characters, not '.' or '..' (a run tag, a run key)."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= longest
+        and NAME.fullmatch(value) is not None
+        and value not in (".", "..")
+    )
+
+
 def key(
     default: Scalar,
     help: str,
@@ -91,6 +108,7 @@ def key(
     choices: tuple[str, ...] | None = None,
     minimum: float | None = None,
     maximum: float | None = None,
+    above: bool = False,
     allowed_text: str | None = None,
 ) -> Any:
     """A dataclass field that is a run-config key (its flat name is the field name with '-' for
@@ -100,6 +118,7 @@ def key(
         "choices": choices,
         "minimum": minimum,
         "maximum": maximum,
+        "above": above,
         "allowed_text": allowed_text,
     }
     return field(default=default, metadata={"key": info})
@@ -179,7 +198,11 @@ class SharedConfig(ConfigSection):
         "Where run directories go (a relative path resolves against FEDPRUNE_OUTPUT_DIR "
         "or the ServerApp's working directory).",
     )
-    run_tag: str = key("", "Suffix of the run directory name `<date>-<method>-<tag>`.")
+    run_tag: str = key(
+        "",
+        "Suffix of the run directory name `<date>-<method>-<tag>`.",
+        allowed_text="letters, digits, '.', '_' and '-' (at most 64, not '.' or '..')",
+    )
     save_merged: bool = key(
         False,
         "Beside each final PEFT adapter directory also write the full model with that adapter "
@@ -271,7 +294,12 @@ class SharedConfig(ConfigSection):
     seq_len: int = key(256, "Maximum tokens per training sequence.", minimum=8)
     # --- LoRA and local training ------------------------------------------------------------------
     lora_rank: int = key(16, "LoRA rank r.", minimum=1)
-    lora_alpha: float = key(32.0, "LoRA alpha (scaling alpha / r).", minimum=0.0)
+    lora_alpha: float = key(
+        32.0,
+        "LoRA alpha (scaling alpha / r; 0 would switch the adapters off).",
+        minimum=0.0,
+        above=True,
+    )
     lora_dropout: float = key(0.05, "LoRA dropout.", minimum=0.0, maximum=1.0)
     lora_target_modules: str = key(
         "q_proj,v_proj",
@@ -298,7 +326,9 @@ class SharedConfig(ConfigSection):
         "'no' elsewhere. `fedprune bench precision` measures it.",
         choices=("no", "auto", "bf16", "fp16"),
     )
-    learning_rate: float = key(5e-4, "AdamW learning rate.", minimum=0.0)
+    learning_rate: float = key(
+        5e-4, "AdamW learning rate (0 would train nothing).", minimum=0.0, above=True
+    )
     weight_decay: float = key(0.0, "AdamW weight decay.", minimum=0.0)
     max_grad_norm: float = key(1.0, "Gradient clipping norm (0 = off).", minimum=0.0)
     # --- evaluation -------------------------------------------------------------------------------
@@ -378,6 +408,11 @@ class SharedConfig(ConfigSection):
             )
         if not split_list(self.client_data):
             raise ConfigError("run-config key 'client-data' must name at least one data source")
+        if self.run_tag and not safe_name(self.run_tag, 64):
+            raise ConfigError(
+                f"run-config key 'run-tag' must be {key_named('run-tag').allowed()}, got "
+                f"{self.run_tag!r}"
+            )
         bad_sets = [
             s
             for s in split_list(self.server_eval_data)
@@ -416,7 +451,7 @@ def _coerce(key: Key, value: Any) -> Scalar:
         raise ConfigError(f"run-config key '{key.name}' must be {key.allowed()}, got {value!r}")
     if (
         key.minimum is not None
-        and value < key.minimum
+        and (value <= key.minimum if key.above else value < key.minimum)
         or key.maximum is not None
         and value > key.maximum
     ):

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.privacy import render_privacy
+from fedprune_app.core.statefile import write_text_atomically
 from fedprune_app.llm.intervals import proportion_interval
 
 
@@ -187,7 +188,7 @@ class RunDirectory:
             "warnings": flags,
             **(extra or {}),
         }
-        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_text_atomically(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")
         try:
             self.close_board()
         except Exception as err:  # noqa: BLE001 - as the plots: never costs a finished run its status
@@ -202,7 +203,7 @@ class RunDirectory:
                 f"\n{len(dropped)} client replies failed or were rejected and left out "
                 "(details in summary.json and metrics.jsonl).\n"
             )
-        (self.path / "results.md").write_text(text)
+        write_text_atomically(self.path / "results.md", text)
         try:
             plot_rounds(self.records, self.path / "plots")
         except Exception as err:  # a figure must never cost a finished run its status

@@ -22,6 +22,9 @@ OFFLINE_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+# a local simulation's Ray on the loopback address only: Ray treats the machine as a one-node
+# cluster (what it does on macOS and Windows), so no Ray port listens on a routable address
+LOOPBACK_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 # Warnings third-party code raises on every run that say nothing about the run: (category, the

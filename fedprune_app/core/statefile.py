@@ -49,6 +49,11 @@ def _write_bytes_atomically(path: Path, write: Any) -> None:
     os.replace(tmp, path)
 
 
+def write_text_atomically(path: Path, text: str) -> None:
+    """`text` in `path`, atomically (`_write_bytes_atomically`)."""
+    _write_bytes_atomically(path, lambda tmp: tmp.write_text(text))
+
+
 def write_json_atomically(path: Path, value: Any) -> None:
     """`value` as JSON in `path`, atomically (`_write_bytes_atomically`)."""
     _write_bytes_atomically(path, lambda tmp: tmp.write_text(json.dumps(value, indent=1) + "\n"))

@@ -15,6 +15,8 @@ hooks:
 - `reply_problem(node, reply)`  why a reply cannot be aggregated (default: unlike `expected_reply`);
 - `absorb(node, reply)`         each accepted reply as it arrives (default: kept whole for
                                 `aggregate`);
+- `evaluate_reply(round, node, reply)`  what the method keeps of an evaluate reply (e.g. a
+                                client's final masks), or why it is unusable (default: nothing);
 - `aggregate(round, replies)`   the new global ArrayRecord from the accepted replies (default:
                                 FedAvg);
 - `global_model(arrays)`        a model with the global state loaded (server evaluation, artefacts);
@@ -48,9 +50,12 @@ round 0 (every client scores the untouched model), and per round train -> federa
 evaluate -> server evaluate -> `on_round_end` (the checkpoint). A resumed run enters the loop at
 `first_round` with the checkpoint's arrays and state.
 
-Failed replies (a ClientApp that raised, a timeout) and malformed ones are dropped, logged with the
-node id and counted. A round is aggregated only when at least `min-replies` replies are usable;
-otherwise it is sent again (`round-retries`) and then the run stops with `RoundFailed`: never a
+Every reply passes `common_problem` before anything reads it (its arrays' real bytes against their
+declared shapes, metric names, its partition id against the node's); a check that raises rejects
+that reply, never the run. Failed replies (a ClientApp that raised, a timeout) and malformed ones
+are dropped, logged with the node id and counted. A round is aggregated only when at least
+`min-replies` replies are usable; otherwise it is sent again (`round-retries`) and then the run
+stops with `RoundFailed`: never a
 silent partial aggregate, and a client never corrupts the global state. When every reply of the
 failed round (all its attempts) failed with the same error, e.g. each ClientApp raising the same
 ConfigError, `RoundFailed`'s message is that error (`error_line`): it is what the run prints, not a
@@ -84,7 +89,16 @@ from fedprune_app.core.protocol import (
     record_bytes,
     spec_of,
 )
-from fedprune_app.core.replies import check_arrays, examples_problem, to_record, weighted_average
+from fedprune_app.core.replies import (
+    ROW_FIELDS,
+    check_arrays,
+    examples_problem,
+    identity_problem,
+    metrics_problem,
+    record_problem,
+    to_record,
+    weighted_average,
+)
 from fedprune_app.llm.evaluation import WINDOW_KEYS
 
 log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
@@ -135,8 +149,8 @@ class FederatedStrategy(PrivateRelease, Strategy):
         # node -> {key: (shape, dtype)} sent
         self.sent: dict[int, dict[str, tuple[tuple[int, ...], str]]] = {}
         self.bytes_down: dict[int, int] = {}  # node -> tensor bytes of its train payload this round
-        # nodes connected at the last sampling (= partitions in a simulation)
-        self.num_connected = 0
+        # nodes connected at the last sampling (= partitions in a simulation), and their ids
+        self.num_connected, self.connected_nodes = 0, set()
         # node id -> partition id (from `identify` and train replies)
         self.node_partition: dict[int, int] = {}
         # node id -> node-config `resources` (0 = not set)
@@ -234,6 +248,21 @@ class FederatedStrategy(PrivateRelease, Strategy):
             What `aggregate` receives for this reply.
         """
         return reply
+
+    def evaluate_reply(self, server_round: int, node_id: int, reply: RecordDict) -> str | None:
+        """An evaluate reply that passed the common checks: keep what the method needs from it (e.g.
+        a client's final masks), or say why it is unusable (it is then logged as rejected). The
+        default keeps nothing. The reply's partition is `self.node_partition[node_id]`.
+
+        Args:
+            server_round: the round whose model the reply scored.
+            node_id: the node that replied.
+            reply: its content.
+
+        Returns:
+            The problem in one phrase, or None.
+        """
+        return None
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         """The new global arrays from the round's accepted replies; by default FedAvg weighted by
@@ -380,7 +409,7 @@ class FederatedStrategy(PrivateRelease, Strategy):
                 "waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes
             )
             time.sleep(1)
-        self.num_connected = len(nodes)
+        self.num_connected, self.connected_nodes = len(nodes), set(nodes)
         return sorted(nodes, key=self.partition_order)
 
     def sample(self, grid: Grid, fraction: float) -> list[int]:
@@ -418,17 +447,22 @@ class FederatedStrategy(PrivateRelease, Strategy):
         ]
         for msg in grid.send_and_receive(messages, timeout=self.timeout):
             node = msg.metadata.src_node_id
-            metrics = {} if msg.has_error() else flat_metrics(msg.content)
             try:
-                if msg.has_error():
-                    raise ValueError(msg.error.reason)
-                pid = parse_partition_id(metrics.get("partition-id"))
-            except ValueError as err:
-                log.warning("node %d did not say who it is: %s", node, _tail(str(err), 300))
+                metrics = {} if msg.has_error() else flat_metrics(msg.content)
+                problem = msg.error.reason if msg.has_error() else identity_problem(metrics)
+            except Exception as err:  # noqa: BLE001 - any malformed reply is this node's problem
+                problem, metrics = f"unreadable identity reply ({type(err).__name__})", {}
+            if problem is None:
+                pid = parse_partition_id(metrics["partition-id"])
+                owner = next((n for n, p in self.node_partition.items() if p == pid), None)
+                if owner is not None and owner != node:
+                    problem = f"partition-id {pid} was already declared by node {owner}"
+            if problem is not None:
+                log.warning("node %d did not say who it is: %s", node, _tail(problem, 300))
                 continue
             self.node_partition[node] = pid
             self.node_resources[node] = float(metrics.get("resources", 0.0))
-            if isinstance(count := metrics.get("num-partitions"), int) and count > pid:
+            if isinstance(count := metrics.get("num-partitions"), int):
                 self.num_partitions = max(self.num_partitions or 0, count)
 
     def configure_train(
@@ -493,16 +527,22 @@ class FederatedStrategy(PrivateRelease, Strategy):
                 "node": node_id,
                 "bytes-down": self.bytes_down.get(node_id, 0),
             }
+            metrics: dict[str, Any] = {}
             if msg.has_error():
                 problem = f"client error: {msg.error.reason}"
+            elif node_id not in self.sent:
+                problem = "unexpected reply"
             else:
-                problem = (
-                    self.reply_problem(node_id, msg.content)
-                    if node_id in self.sent
-                    else "unexpected reply"
-                )
-                row.update(flat_metrics(msg.content), **{"bytes-up": record_bytes(msg.content)})
-            row["client"] = row.pop("partition-id", self.node_partition.get(node_id))
+                metrics, problem = self.common_problem(node_id, msg.content)
+                if problem is None:
+                    row["bytes-up"] = record_bytes(msg.content)
+                    problem = self.safe_check(self.reply_problem, node_id, msg.content)
+            if problem is None:
+                try:  # what aggregate gets; a reply the method cannot fold in is dropped
+                    absorbed = self.absorb(node_id, msg.content)
+                except Exception as err:  # noqa: BLE001 - the reply's problem, not the run's
+                    problem = f"reply could not be folded in ({type(err).__name__}: {err})"
+            self.fill_row(row, node_id, metrics, trusted=problem is None)
             row["status"] = "rejected" if problem else "accepted"
             if problem:
                 row["problem"] = _tail(problem)
@@ -516,10 +556,8 @@ class FederatedStrategy(PrivateRelease, Strategy):
                     _tail(problem, 300),
                 )
             else:
-                accepted.append(self.absorb(node_id, msg.content))
-                # a reply without a (valid) id leaves the map alone
-                with contextlib.suppress(ValueError):
-                    self.node_partition.setdefault(node_id, parse_partition_id(row["client"]))
+                accepted.append(absorbed)
+                self.claim_partition(node_id, metrics)
             self.record(row)
         accepted.sort(key=lambda r: (flat_metrics(r).get("partition-id", 1 << 30),))
         return accepted
@@ -531,25 +569,103 @@ class FederatedStrategy(PrivateRelease, Strategy):
         ones."""
         good: list[RecordDict] = []
         for msg in replies:
-            row: dict[str, Any] = {
-                "round": server_round,
-                "phase": "evaluate",
-                "node": msg.metadata.src_node_id,
-            }
+            node = msg.metadata.src_node_id
+            row: dict[str, Any] = {"round": server_round, "phase": "evaluate", "node": node}
+            metrics: dict[str, Any] = {}
             if msg.has_error():
-                row.update(status="failed", problem=_tail(msg.error.reason))
+                status, problem = "failed", msg.error.reason
+            else:
+                metrics, problem = self.common_problem(node, msg.content)
+                if problem is None and "num-examples" in metrics:
+                    problem = examples_problem(metrics)
+                if problem is None:
+                    self.claim_partition(node, metrics)
+                    problem = self.safe_check(self.evaluate_reply, server_round, node, msg.content)
+                status = "rejected" if problem else "ok"
+            self.fill_row(row, node, metrics, trusted=problem is None)
+            row["status"] = status
+            if problem:
+                row["problem"] = _tail(problem)
                 log.warning(
-                    "round %d: evaluation on node %d failed: %s",
+                    "round %d: evaluation on node %d %s: %s",
                     server_round,
-                    row["node"],
-                    _tail(msg.error.reason, 300),
+                    node,
+                    status,
+                    _tail(problem, 300),
                 )
             else:
-                row.update(flat_metrics(msg.content), status="ok")
                 good.append(msg.content)
-            row["client"] = row.pop("partition-id", self.node_partition.get(row["node"]))
             self.record(row)
         return self.mean_metrics(good) if good else None
+
+    # --- every reply, before anything reads it ----------------------------------------------------
+    def common_problem(self, node_id: int, reply: RecordDict) -> tuple[dict[str, Any], str | None]:
+        """The checks every train, evaluate and reference reply passes first (`core/replies.py`):
+        each Array's real bytes against its declared shape and dtype, metric names that cannot
+        overwrite the row, and a `partition-id` equal to the one the node declared (`identify`).
+        Returns the reply's flat metrics ({} when unreadable) and the problem (None: passed)."""
+        try:
+            metrics = flat_metrics(reply)
+        except Exception as err:  # noqa: BLE001 - e.g. bytes that are not UTF-8
+            return {}, f"reply metrics cannot be read ({type(err).__name__})"
+        problem = (
+            self.safe_check(record_problem, reply)
+            or metrics_problem(metrics)
+            or self.partition_problem(node_id, metrics)
+        )
+        return metrics, problem
+
+    def partition_problem(self, node_id: int, metrics: Mapping[str, Any]) -> str | None:
+        """Why a reply's `partition-id` is not its node's: not a valid id, another id than the node
+        declared in `identify`, or (for a node that did not answer it) the id of another node that
+        is still connected. A partition that comes back on a new node id (a restarted SuperNode)
+        is accepted once its old node is gone (`claim_partition`)."""
+        if "partition-id" not in metrics:
+            return None
+        try:
+            pid = parse_partition_id(metrics["partition-id"])
+        except ValueError as err:
+            return f"reply metric {err}"
+        declared = self.node_partition.get(node_id)
+        if declared is not None and pid != declared:
+            return f"reply says partition-id {pid}, but node {node_id} declared {declared}"
+        owner = next((n for n, p in self.node_partition.items() if p == pid), node_id)
+        if owner != node_id and owner in self.connected_nodes:
+            return f"reply says partition-id {pid}, which connected node {owner} declared"
+        return None
+
+    def claim_partition(self, node_id: int, metrics: Mapping[str, Any]) -> None:
+        """After a reply passed `partition_problem`: a node not identified yet takes the partition
+        its reply names (from any node that held it before)."""
+        if node_id in self.node_partition or "partition-id" not in metrics:
+            return
+        pid = parse_partition_id(metrics["partition-id"])
+        for old in [n for n, p in self.node_partition.items() if p == pid]:
+            del self.node_partition[old]
+        self.node_partition[node_id] = pid
+
+    def fill_row(
+        self, row: dict[str, Any], node_id: int, metrics: Mapping[str, Any], trusted: bool
+    ) -> None:
+        """A reply's row: its metrics beside the row's own fields (never over them), `client` the
+        partition its node declared, else (for a `trusted` reply, one that passed every check) the
+        partition it names; a rejected reply of an unidentified node stays its node's."""
+        skipped = ROW_FIELDS | {"partition-id"}
+        row.update({k: v for k, v in metrics.items() if k not in skipped})
+        client = self.node_partition.get(node_id)
+        if client is None and trusted:
+            with contextlib.suppress(ValueError):
+                client = parse_partition_id(metrics.get("partition-id"))
+        row["client"] = client
+
+    @staticmethod
+    def safe_check(check: Callable[..., str | None], *args: Any) -> str | None:
+        """`check(*args)`, with any exception it raises turned into the problem it names: a reply
+        that breaks a check is rejected, never the run."""
+        try:
+            return check(*args)
+        except Exception as err:  # noqa: BLE001 - the reply's problem, not the run's
+            return f"reply could not be checked ({type(err).__name__}: {_tail(str(err), 200)})"
 
     @staticmethod
     def mean_metrics(replies: list[RecordDict]) -> MetricRecord:
@@ -785,31 +901,52 @@ class FederatedStrategy(PrivateRelease, Strategy):
                         _tail(msg.error.reason, 300),
                     )
                     continue
-                metrics = flat_metrics(msg.content)
-                for key, value in metrics.items():
-                    if key.startswith("ppl/"):
-                        nll, tokens = (metrics.get(f"{w}/{key[4:]}") for w in WINDOW_KEYS)
-                        # per-window scores, where sent
-                        windows = (
-                            {}
-                            if nll is None or tokens is None
-                            else {
-                                "window-nll": list(nll),
-                                "window-tokens": [int(t) for t in tokens],
-                            }
-                        )
-                        self.record(
-                            {
-                                "phase": "reference",
-                                "model": name,
-                                "node": node_id,
-                                "client": metrics.get("partition-id"),
-                                "data": key[4:],
-                                "ppl": value,
-                                **windows,
-                                "seconds": metrics.get("seconds"),
-                            }
-                        )
+                metrics, problem = self.common_problem(node_id, msg.content)
+                if problem is None:
+                    problem = self.safe_check(self.record_reference, name, node_id, metrics)
+                if problem is not None:
+                    self.record(
+                        {
+                            "phase": "reference",
+                            "model": name,
+                            "node": node_id,
+                            "status": "rejected",
+                            "problem": _tail(problem),
+                        }
+                    )
+                    log.warning("reference %s of node %d rejected: %s", name, node_id, problem)
+
+    def record_reference(self, name: str, node_id: int, metrics: Mapping[str, Any]) -> None:
+        """A reference reply's `reference` rows: one per `ppl/<data>` metric, with its per-window
+        scores where sent; all built before any is logged, so a malformed reply logs none."""
+        rows = []
+        for key, value in metrics.items():
+            if not key.startswith("ppl/"):
+                continue
+            nll, tokens = (metrics.get(f"{w}/{key[4:]}") for w in WINDOW_KEYS)
+            windows = {}
+            if nll is not None and tokens is not None:
+                counts = [float(t) for t in tokens]
+                if len(counts) != len(nll) or not all(c >= 0 and c.is_integer() for c in counts):
+                    raise ValueError(f"windows of {key[4:]}: token counts must be whole numbers")
+                windows = {
+                    "window-nll": [float(v) for v in nll],
+                    "window-tokens": [int(c) for c in counts],
+                }
+            rows.append(
+                {
+                    "phase": "reference",
+                    "model": name,
+                    "node": node_id,
+                    "client": self.node_partition.get(node_id, metrics.get("partition-id")),
+                    "data": key[4:],
+                    "ppl": float(value),
+                    **windows,
+                    "seconds": metrics.get("seconds"),
+                }
+            )
+        for row in rows:
+            self.record(row)
 
     def evaluates(self, server_round: int) -> bool:
         """Round 0 (unless `eval-untouched` is false) and the last round; every `eval-every` rounds

@@ -11,6 +11,7 @@ JSON only) and answers a later round 0 from there. The key is a SHA-256 of:
 - the client's partition id, partition count and its own data file (node-config `data-path`: size,
   mtime);
 - the model directory's files (name, size, mtime) or, for a Hub name, the name;
+- the contents (SHA-256) of every `jsonl:` data file and of the eval-include-path YAMLs;
 - the source of `fedprune_app/` and the method's client module, and the torch and transformers
   versions.
 
@@ -91,6 +92,23 @@ def _model(model_name: str) -> Any:
     return _files(path) if path.exists() else model_name
 
 
+def _contents(run_config: dict[str, Any]) -> str:
+    """`content_digest` of the files the round-0 scores read besides the model: every `jsonl:`
+    source of client-data and server-eval-data, and the eval-include-path YAMLs."""
+    from fedprune_app.core.config import split_list
+    from fedprune_app.llm.data import content_digest, source_file
+
+    sources = [
+        *split_list(str(run_config.get("client-data", ""))),
+        *split_list(str(run_config.get("server-eval-data", ""))),
+    ]
+    paths = [p for p in map(source_file, sources) if p is not None and p.exists()]
+    include = str(run_config.get("eval-include-path", ""))
+    if include and Path(include).expanduser().exists():
+        paths.append(Path(include).expanduser())
+    return content_digest(paths)
+
+
 def cache_key(run_config: dict[str, Any], node_config: dict[str, Any], method_module: str) -> str:
     """The SHA-256 that names one client's round-0 scores (see the module docstring)."""
     import torch
@@ -104,6 +122,7 @@ def cache_key(run_config: dict[str, Any], node_config: dict[str, Any], method_mo
         if data_path and Path(str(data_path)).exists()
         else None,
         "model": _model(str(run_config.get("model-name", "embedded"))),
+        "contents": _contents(run_config),
         "code": _code(method_module),
         "versions": [torch.__version__, transformers.__version__],
     }
@@ -116,12 +135,16 @@ def cache_file(key: str) -> Path:
 
 
 def lookup(key: str) -> dict[str, Any] | None:
-    """The cached round-0 metrics of `key`, or None (missing or unreadable: score again)."""
+    """The cached round-0 metrics of `key`, or None (missing, unreadable, or not all finite
+    numbers: score again)."""
     try:
         metrics = json.loads(cache_file(key).read_text())
     except (OSError, ValueError):
         return None
-    ok = isinstance(metrics, dict) and all(isinstance(v, int | float) for v in metrics.values())
+    ok = isinstance(metrics, dict) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        for v in metrics.values()
+    )
     return metrics if ok else None
 
 

@@ -423,14 +423,45 @@ def write_jsonl(path: Path, rows: Sequence[Example]) -> Path:
     return path
 
 
-@lru_cache(maxsize=32)
+def source_file(source: str) -> Path | None:
+    """The local file a source reads (`jsonl:<path>`, `*.jsonl`), None for the others (the embedded
+    packages are pinned by version and hash, a BIG-bench copy is copied into the cache once)."""
+    kind, _, arg = source.partition(":")
+    if kind == "jsonl" or source.endswith(".jsonl"):
+        return Path(arg if kind == "jsonl" else source).expanduser()
+    return None
+
+
+def content_digest(paths: Sequence[Path]) -> str:
+    """SHA-256 (16 hex digits) of the names and contents of the files at `paths` (a directory: every
+    file under it), '' for none: what a cache keys on, so an edited file is a new entry."""
+    digest = hashlib.sha256()
+    for path in paths:
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for f in files:
+            if f.is_file():
+                digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16] if paths else ""
+
+
 def source_splits(source: str, seed: int, n_test: int, n_val: int, max_train: int) -> Splits:
-    """The splits of one source; the test split is also written as JSONL under the cache."""
+    """The splits of one source; the test split is also written as JSONL under the cache, in a
+    folder named by the source's file contents where it reads a file (`content_digest`): after an
+    edit the new questions are scored, never the cached old ones."""
+    path = source_file(source)
+    digest = content_digest([path]) if path is not None and path.is_file() else ""
+    return _source_splits(source, digest, seed, n_test, n_val, max_train)
+
+
+@lru_cache(maxsize=32)
+def _source_splits(
+    source: str, digest: str, seed: int, n_test: int, n_val: int, max_train: int
+) -> Splits:
     from fedprune_app.llm.assets import cache_root
 
     splits = split_source(load_source(source), seed, n_test, n_val, max_train, source)
-    out = cache_root() / "splits" / _slug(source) / f"seed{seed}-test{n_test}-val{n_val}"
-    splits.test_path = out / "test.jsonl"
+    folder = f"seed{seed}-test{n_test}-val{n_val}" + (f"-{digest}" if digest else "")
+    splits.test_path = cache_root() / "splits" / _slug(source) / folder / "test.jsonl"
     if not splits.test_path.exists():
         write_jsonl(splits.test_path, splits.test)
     return splits

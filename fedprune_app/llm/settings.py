@@ -59,15 +59,20 @@ def per_client(value: str, n: int, cast: Callable[[str], Any], key: str) -> list
     return parsed * n if len(parsed) == 1 else parsed
 
 
+MAX_PARTITIONS = 1_000_000  # a partition id's bound where num-partitions is not known
+
+
 def parse_partition_id(value: Any, num_partitions: int | None = None, *, text: bool = False) -> int:
     """A partition id, validated: an int, not a bool (with `text`, also an int written as a string,
-    as Flower's Ray proxy passes node-config values), in [0, num_partitions), or >= 0 where the
-    number of partitions is not known (a reply's `partition-id` metric, checked by the server).
+    as Flower's Ray proxy passes node-config values), in [0, num_partitions), or in [0,
+    MAX_PARTITIONS) where the number of partitions is not known (a reply's `partition-id` metric,
+    checked by the server).
 
     Raises:
         ValueError: saying what it accepts and what it got.
     """
-    allowed = "a non-negative int" if num_partitions is None else f"an int in [0, {num_partitions})"
+    limit = MAX_PARTITIONS if num_partitions is None else num_partitions
+    allowed = f"an int in [0, {limit})"
     problem = ValueError(f"'partition-id' must be {allowed}, got {value!r}")
     if isinstance(value, Integral) and not isinstance(value, bool):
         pid = int(value)
@@ -78,7 +83,7 @@ def parse_partition_id(value: Any, num_partitions: int | None = None, *, text: b
             raise problem from None
     else:
         raise problem
-    if pid < 0 or (num_partitions is not None and pid >= num_partitions):
+    if not 0 <= pid < limit:
         raise problem
     return pid
 

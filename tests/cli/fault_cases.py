@@ -120,7 +120,7 @@ BAD_INPUTS: list[BadInput] = [
     BadInput(
         "NaN in a float key",
         "learning-rate=nan",
-        "run-config key 'learning-rate' must be a finite float (a float in [0, inf]), got nan",
+        "run-config key 'learning-rate' must be a finite float (a float in (0, inf]), got nan",
     ),
     BadInput(
         "inf in a float key",
@@ -252,6 +252,22 @@ BAD_INPUTS: list[BadInput] = [
         "machine's GPUs)",
         federation="num-supernodes=2 client-resources-num-gpus=1",
     ),
+    BadInput(
+        "a run tag that is a path",
+        "run-tag='../elsewhere'",
+        "run-config key 'run-tag' must be letters, digits, '.', '_' and '-' (at most 64, not '.' "
+        "or '..'), got '../elsewhere'",
+    ),
+    BadInput(
+        "a learning rate of 0",
+        "learning-rate=0.0",
+        "run-config key 'learning-rate' must be a float in (0, inf], got 0.0",
+    ),
+    BadInput(
+        "a LoRA alpha of 0",
+        "lora-alpha=0.0",
+        "run-config key 'lora-alpha' must be a float in (0, inf], got 0.0",
+    ),
 ]
 
 
@@ -303,6 +319,123 @@ FAULTS: list[Fault] = [
         "rejected with its reason in metrics.jsonl; the round aggregates the others",
         "in the round",
         "tests/conformance/test_bad_replies.py",
+    ),
+    Fault(
+        "a reply whose arrays are not what they declare: one value declared as a whole tensor, a "
+        "truncated or padded buffer, object values, a buffer that is not .npy",
+        "rejected: `array <name> declares (4, 64) float32 but holds (1,) float32` / `carries 1017 "
+        "bytes, its header's (4, 64) float32 needs 1024` / `holds object values` / `is not a .npy "
+        "buffer`; the round aggregates the others",
+        "in the round",
+        "tests/conformance/test_bad_replies.py, tests/core/test_reply_validation.py",
+    ),
+    Fault(
+        "a reply naming another client's partition id, or a huge or list-valued one",
+        "rejected: `reply says partition-id 2, but node <n> declared 1` / `'partition-id' must be "
+        "an int in [0, 1000000)`; per-client state (ranks, β, masks, adapters) keyed by the "
+        "identified partition",
+        "in the round",
+        "tests/conformance/test_bad_replies.py",
+    ),
+    Fault(
+        "a metric named like a row's own field (`phase`, `round`, `node`)",
+        "rejected: `reply metric 'phase' would overwrite the row's own field`; the row keeps its "
+        "own",
+        "in the round",
+        "tests/conformance/test_bad_replies.py",
+    ),
+    Fault(
+        "an evaluate reply with NaN, inf, 0 or −5 examples, text for a number, or bytes that are "
+        "not UTF-8",
+        "its row `rejected` with the reason; the mean is over the others",
+        "in the round",
+        "tests/conformance/test_bad_replies.py",
+    ),
+    Fault(
+        "an identity reply with `resources` [0.5], inf or NaN, a list-valued or another node's "
+        "partition id",
+        "that node is not identified (one log line); it is sampled after the identified ones",
+        "at the start",
+        "tests/core/test_reply_validation.py",
+    ),
+    Fault(
+        "a reply that makes a method's own check raise",
+        "rejected: `reply could not be checked (KeyError: ...)`; the run goes on",
+        "in the round",
+        "tests/core/test_reply_validation.py",
+    ),
+    Fault(
+        "one misbehaving client through a whole run (all of the above at once)",
+        "the run completes and marks that node; the global adapter and the others' scores equal a "
+        "run where it simply failed",
+        "–",
+        "tests/conformance/test_misbehaving_client.py",
+    ),
+    Fault(
+        "FedTPA layer scores at 1e308; SliceGPT calibration tokens NaN",
+        "rejected: `layer-scores must be ... in [0, 1e+30]` / `lacks a positive "
+        "'calibration-tokens'`",
+        "in the round",
+        "tests/conformance/test_bad_replies.py",
+    ),
+    Fault(
+        "a checkpoint or message whose run key is a path (`../../victim`)",
+        "resume refused: `'run-key' must be a name of letters, digits, '.', '_' and '-'`; a client "
+        "refuses such a message key; nothing is written outside state-dir",
+        "at the start",
+        "tests/core/test_names.py",
+    ),
+    Fault(
+        "two runs started in the same second",
+        "distinct run keys (8 random hex digits): a client never restores the other run's state",
+        "–",
+        "tests/core/test_names.py",
+    ),
+    Fault(
+        "a JSONL data file or eval-include YAML edited between runs",
+        "a new cached test split and round-0 score (keyed by the files' SHA-256, not their names "
+        "or times); a cached NaN is never used",
+        "–",
+        "tests/llm/test_data.py, tests/core/test_untouched.py",
+    ),
+    Fault(
+        "a torn last line of metrics.jsonl when resuming",
+        "dropped, with a warning before the run starts; a bad line before the last: "
+        "`'resume-from': .../metrics.jsonl line 2 is not a JSON row`",
+        "at the start",
+        "tests/core/test_run_files.py",
+    ),
+    Fault(
+        "a corrupt summary.json",
+        "`the run failed: .../summary.json cannot be read (not a JSON table)`; summary.json and "
+        "results.md are written atomically",
+        "at the end",
+        "tests/core/test_run_files.py",
+    ),
+    Fault(
+        "a second signal while `fedprune run` cleans up",
+        "ignored until the SuperLink's family is stopped (TERM, then KILL) and FLWR_HOME deleted",
+        "≤ 60",
+        LAUNCH,
+    ),
+    Fault(
+        "Ctrl-C, SIGTERM or `--timeout` in `fedprune deploy`",
+        "its CA key, server key and node keys deleted on every exit; exit 130 / 143 / 124",
+        "≤ 60",
+        "tests/cli/test_deploy.py",
+    ),
+    Fault(
+        "a symbolic link where `--certs-only` writes a key",
+        "the link is replaced, its target untouched; every private key 0600 from its creation",
+        "–",
+        "tests/cli/test_deploy.py",
+    ),
+    Fault(
+        "Ray's ports in a local simulation",
+        "on 127.0.0.1 only (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, set by `fedprune run` and "
+        "the Makefile)",
+        "–",
+        "tests/cli/test_ray_loopback.py",
     ),
     Fault(
         "SIGTERM to `fedprune run` after a checkpoint",

@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flwr.app import Context, RecordDict
@@ -298,3 +299,81 @@ def test_superlink_refuses_unregistered_and_untrusting_supernodes() -> None:
         )
         assert "CERTIFICATE_VERIFY_FAILED" in (fed.logs / "supernode-1.log").read_text()
     assert fed.stopped and not [p for p in fed.stopped if alive(p)] and not fed.work.exists()
+
+
+def test_private_keys_are_0600_from_creation_and_never_written_through_a_link(
+    tmp_path: Path,
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "supernode-0").symlink_to(victim)
+    (tmp_path / "certificates").mkdir()
+    (tmp_path / "certificates" / "ca.key").symlink_to(victim)
+    priv, pub = deploy.generate_node_keys(keys, "supernode-0")
+    certs = deploy.generate_certificates(tmp_path / "certificates")
+    assert victim.read_text() == "keep me"
+    for key in (priv, certs.server_key, tmp_path / "certificates" / "ca.key"):
+        assert not key.is_symlink() and (key.stat().st_mode & 0o777) == 0o600, key
+    assert pub.read_text().startswith("ecdsa-sha2-nistp384 ")
+
+
+def _fake_federation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, run: Any) -> list[Path]:
+    """`deploy` with its checks and components replaced: `run(fed)` plays the `flwr run`; returns
+    the work directories the federations made."""
+    works: list[Path] = []
+    monkeypatch.setattr(
+        deploy.launch, "checked_config", lambda *a, **k: {"output-dir": str(tmp_path / "out")}
+    )
+    for step in ("start_superlink", "add_supernode", "wait_until_online", "print_logs"):
+        monkeypatch.setattr(deploy.LocalFederation, step, lambda self, *a, **k: None)
+    monkeypatch.setattr(deploy.launch, "write_run_config", lambda path, values: path)
+
+    def fake_run(self: Any, *a: Any, **k: Any) -> tuple[int, str]:
+        works.append(self.work)
+        assert (self.work / "certificates" / "ca.key").is_file()  # key material exists meanwhile
+        return run(self)
+
+    monkeypatch.setattr(deploy.LocalFederation, "run", fake_run)
+    return works
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), SystemExit(143), RuntimeError("boom")])
+def test_the_key_material_is_removed_on_every_exit(
+    stop: BaseException, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Ctrl-C, SIGTERM (the handler exits 143) and a failed deployment alike."""
+
+    def interrupted(fed: Any) -> tuple[int, str]:
+        raise stop
+
+    works = _fake_federation(monkeypatch, tmp_path, interrupted)
+    if isinstance(stop, RuntimeError):  # a failed deployment is reported, not raised
+        assert deploy.deploy([], deploy.node_specs(2, [], [])).code == 1
+    else:
+        with pytest.raises(type(stop)):
+            deploy.deploy([], deploy.node_specs(2, [], []))
+    assert works and not works[0].exists()
+
+
+def test_a_deployment_past_its_timeout_exits_124(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    works = _fake_federation(monkeypatch, tmp_path, lambda fed: (124, "timeout after 5 s"))
+    done = deploy.deploy([], deploy.node_specs(2, [], []), timeout=5)
+    assert done.code == 124 and not works[0].exists()
+
+
+def test_the_run_step_reports_a_timeout_as_124(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def too_slow(*a: Any, **k: Any) -> Any:
+        raise subprocess.TimeoutExpired("flwr", 5)
+
+    monkeypatch.setattr(deploy.subprocess, "run", too_slow)
+    monkeypatch.setattr(deploy.launch, "run_status", lambda env, flwr: "running")
+    fed = deploy.LocalFederation.__new__(deploy.LocalFederation)
+    fed.logs, fed.exe, fed.cli_env = tmp_path, {"flwr": "flwr"}, {}
+    code, status = fed.run(Path("."), Path("x.toml"), 5, quiet=True)
+    assert code == 124 and status.startswith("timeout after 5 s")

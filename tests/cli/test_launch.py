@@ -572,3 +572,34 @@ def test_a_launcher_whose_parent_exits_stops_as_on_sigterm(tmp_path: Path) -> No
     while not flag.exists() and time.time() < deadline:
         time.sleep(0.1)
     assert flag.exists()
+
+
+def test_a_signal_during_the_clean_up_does_not_cut_it_short(
+    fake_flwr: tuple[list[str], dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM arrives while the SuperLink is being stopped (the launcher's SIGTERM handler raises):
+    the stop still reaches its end and FLWR_HOME is still deleted."""
+    import os
+    import signal
+
+    run_config, behaviour = fake_flwr
+    homes: list[str] = []
+    real_run = launch_module.subprocess.run
+
+    def record_home(cmd: list[str], env: dict[str, str], **kw: Any) -> Any:
+        homes.append(env["FLWR_HOME"])
+        return real_run(cmd, env=env, **kw)
+
+    def stop(port: int) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # would raise Terminated here, mid-clean-up
+        behaviour["stopped"].append(port)  # the KILL stage: reached
+
+    monkeypatch.setattr(launch_module.subprocess, "run", record_home)
+    monkeypatch.setattr(launch_module, "stop_superlink", stop)
+    previous = signal.signal(signal.SIGTERM, launch_module.raise_terminated)
+    try:
+        done = launch_module.launch(run_config, FEDERATION, quiet=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert done.code == 0 and len(behaviour["stopped"]) == 1
+    assert homes and not Path(homes[0]).exists()

@@ -16,10 +16,8 @@ that runs DP (FedIT, SFT-P, FlexLoRA), through each strategy's own `dp_aggregate
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
 import numpy as np
 import pytest
@@ -33,6 +31,7 @@ from fedprune_app.core.statefile import read_state, write_state
 from fedprune_app.llm.lora import LORA_A, LORA_B, truncate_factors
 from fedprune_app.methods.flexlora.svd import lora_delta
 from tests.dp_reference import dp_accounting_epsilon
+from tests.fake_grid import AnsweringGrid
 
 METHODS = ("fedit", "sftp", "flexlora")
 LAYERS = ("model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.v_proj")
@@ -282,39 +281,26 @@ def test_a_ledger_that_cannot_be_read_stops_the_resume(tmp_path: Path) -> None:
 # --- (d) the noise on every released tensor, along the real round ---------------------------------
 
 
-class EchoGrid:
+class EchoGrid(AnsweringGrid):
     """Nodes that answer identity queries and send back exactly what they were sent (a zero update,
     FlexLoRA: at the rank asked): what the server releases is then the noise alone."""
 
     def __init__(self, nodes: int) -> None:
-        self.nodes = list(range(101, 101 + nodes))
-        self.replies: dict[str, Message] = {}
+        super().__init__(list(range(101, 101 + nodes)))
 
-    def get_node_ids(self) -> list[int]:
-        return list(self.nodes)
-
-    def push_messages(self, messages: Iterable[Message]) -> list[str]:
-        ids = []
-        for msg in messages:
-            msg.metadata.__dict__["_message_id"] = str(uuid4())
-            ids.append(msg.metadata.message_id)
-            pid = msg.metadata.dst_node_id - 101
-            metrics: dict[str, Any] = {"partition-id": pid, "num-examples": 10}
-            content = RecordDict()
-            if msg.metadata.message_type == MessageType.TRAIN:
-                config = msg.content.config_records["config"]
-                if "rank" in config:
-                    metrics["rank"] = int(config["rank"])
-                content["arrays"] = msg.content.array_records["arrays"]
-            content["metrics"] = MetricRecord(metrics)
-            self.replies[msg.metadata.message_id] = Message(content, reply_to=msg)
-        return ids
-
-    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
-        return [self.replies.pop(i) for i in message_ids if i in self.replies]
-
-    def send_and_receive(self, messages: Iterable[Message], timeout: float = 0) -> list[Message]:
-        return self.pull_messages(self.push_messages(messages))
+    def answer(self, msg: Message) -> Message:
+        metrics: dict[str, Any] = {
+            "partition-id": msg.metadata.dst_node_id - 101,
+            "num-examples": 10,
+        }
+        content = RecordDict()
+        if msg.metadata.message_type == MessageType.TRAIN:
+            config = msg.content.config_records["config"]
+            if "rank" in config:
+                metrics["rank"] = int(config["rank"])
+            content["arrays"] = msg.content.array_records["arrays"]
+        content["metrics"] = MetricRecord(metrics)
+        return Message(content, reply_to=msg)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -32,11 +32,12 @@ def test_a_partition_id_is_a_non_negative_int_below_the_count(
 @pytest.mark.parametrize(
     ("value", "num", "text", "allowed"),
     [
-        (-1, None, False, "a non-negative int"),
-        (None, None, False, "a non-negative int"),
-        (True, None, False, "a non-negative int"),
-        (1.0, None, False, "a non-negative int"),
-        ("1", None, False, "a non-negative int"),  # a reply's id is a number, never text
+        (-1, None, False, r"an int in \[0, 1000000\)"),
+        (None, None, False, r"an int in \[0, 1000000\)"),
+        (True, None, False, r"an int in \[0, 1000000\)"),
+        (1.0, None, False, r"an int in \[0, 1000000\)"),
+        (10**12, None, False, r"an int in \[0, 1000000\)"),  # unbounded ids keyed server state
+        ("1", None, False, r"an int in \[0, 1000000\)"),  # a reply's id is a number, never text
         (4, 4, False, r"an int in \[0, 4\)"),
         (-1, 2, True, r"an int in \[0, 2\)"),
         (True, 2, True, r"an int in \[0, 2\)"),
@@ -60,6 +61,5 @@ def test_a_strategy_refuses_a_reply_by_that_rule() -> None:
         problem = FedTPAStrategy.metrics_problem(
             {"partition-id": bad, "num-examples": 5}, losses=False
         )
-        assert problem == f"reply metric 'partition-id' must be a non-negative int, got {bad!r}", (
-            bad
-        )
+        allowed = "an int in [0, 1000000)"
+        assert problem == f"reply metric 'partition-id' must be {allowed}, got {bad!r}", bad

@@ -261,7 +261,12 @@ class ErrorGrid(FakeGrid):
             self.ready[msg.metadata.message_id] = (
                 Message(Error(code=0, reason=reason), reply_to=msg)
                 if isinstance(reason, str)
-                else _reply(msg, _state(np.random.default_rng(0)), 10, 0)
+                else _reply(
+                    msg,
+                    _state(np.random.default_rng(0)),
+                    10,
+                    self.nodes.index(msg.metadata.dst_node_id),
+                )
             )
         return ids
 

@@ -104,3 +104,32 @@ def test_a_non_finite_score_or_a_foreign_file_is_never_used(untouched_cache: Pat
     assert untouched.lookup("j") is None
     untouched.store("i", {"acc": 0.5, "n": 3})
     assert untouched.lookup("i") == {"acc": 0.5, "n": 3}
+
+
+def test_a_cached_nan_or_bool_is_not_used(untouched_cache: Path) -> None:
+    (untouched_cache / "n.json").write_text('{"acc": NaN}')
+    (untouched_cache / "b.json").write_text('{"acc": true}')
+    assert untouched.lookup("n") is None and untouched.lookup("b") is None
+
+
+def test_the_key_follows_the_contents_of_jsonl_data_and_eval_yamls(tmp_path: Path) -> None:
+    """Same size, same mtime, other contents: another key (an edited file is scored again)."""
+    import os
+
+    data = tmp_path / "a.jsonl"
+    data.write_text('{"text": "one"}\n')
+    include = tmp_path / "tasks"
+    include.mkdir()
+    (include / "t.yaml").write_text("task: a\n")
+    config = {"client-data": f"jsonl:{data}", "eval-include-path": str(include)}
+
+    def key() -> str:
+        return untouched.cache_key(config, {"partition-id": 0}, "clients.fedit")
+
+    first = key()
+    stat = data.stat()
+    data.write_text('{"text": "two"}\n')
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    second = key()
+    (include / "t.yaml").write_text("task: b\n")
+    assert len({first, second, key()}) == 3

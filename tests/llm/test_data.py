@@ -319,7 +319,7 @@ def test_dolly_by_name_maps_to_the_instruction_schema(monkeypatch, tmp_path: Pat
     )
     assert examples[1]["prompt"] == "Question 1?\nOutput:" and examples[1]["choices"] == []
     assert [e["category"] for e in examples[:4]] == cats
-    data.source_splits.cache_clear()
+    data._source_splits.cache_clear()
     try:
         cfg = RunConfig.from_flower(
             {
@@ -333,10 +333,28 @@ def test_dolly_by_name_maps_to_the_instruction_schema(monkeypatch, tmp_path: Pat
         )
         clients = [client_data(cfg, p, 2) for p in range(2)]
     finally:
-        data.source_splits.cache_clear()
+        data._source_splits.cache_clear()
     assert clients[0].test == clients[1].test and len(clients[0].test) == 8  # the global test split
     held = [Counter(e["category"] for e in c.train) for c in clients]
     majority = [max(h[cat] for h in held) / sum(h[cat] for h in held) for cat in cats]
     assert (
         min(majority) > 0.8
     )  # Dirichlet(0.05) over the categories: each category sits (mostly) on one client
+
+
+def test_an_edited_jsonl_file_is_split_and_scored_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cached test split is keyed by the file's contents, not its name."""
+    from fedprune_app.llm import data
+
+    monkeypatch.setenv("FEDPRUNE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "qa.jsonl"
+    rows = [{"prompt": f"Q{i}?", "choices": ["a", "b"], "label": 0} for i in range(12)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = data.source_splits(f"jsonl:{path}", 0, 4, 2, 0)
+    path.write_text("".join(json.dumps({**r, "prompt": "new " + r["prompt"]}) + "\n" for r in rows))
+    after = data.source_splits(f"jsonl:{path}", 0, 4, 2, 0)
+    assert before.test_path != after.test_path
+    assert all("new Q" in e["prompt"] for e in after.test)
+    assert "new " in after.test_path.read_text() and "new " not in before.test_path.read_text()

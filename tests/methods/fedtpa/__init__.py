@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flwr.app import MessageType
+import numpy as np
+from flwr.app import MessageType, RecordDict
 
+from fedprune_app.core.protocol import numpy_state, to_record
 from tests.conformance import Conformance
 
 
@@ -27,8 +29,23 @@ def one_feature_vector_per_client(grid: Any) -> None:
             assert set(reply.content.array_records["fedtpa"]) == {"pruning-log", "layer-scores"}
 
 
+def huge_layer_scores(content: RecordDict) -> RecordDict:
+    """Every layer score at 1e308: finite, but two of them sum to inf, and LCWA's weights h/Σh of
+    that layer become 0 (the layer silently zeroed)."""
+    out = RecordDict()
+    for name, record in content.items():
+        if name == "fedtpa":
+            extra = numpy_state(record)
+            extra["layer-scores"] = np.full_like(extra["layer-scores"], 1e308)
+            out[name] = to_record(extra)
+        else:
+            out[name] = record
+    return out
+
+
 CONFORMANCE = Conformance(
     settings={"local-steps": 3, "fedtpa-warmup-steps": 1, "fedtpa-feature-examples": 4},
     replies={MessageType.QUERY: {"features"}, MessageType.TRAIN: {"fedtpa"}},
     privacy_checks=(one_feature_vector_per_client,),
+    tampers={"huge layer scores": (huge_layer_scores, r"layer-scores must be .* in \[0, 1e\+30\]")},
 )

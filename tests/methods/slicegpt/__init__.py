@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import MetricRecord, RecordDict
 
 from fedprune_app.core.protocol import numpy_state, to_record
 from fedprune_app.methods.slicegpt.pca import COVARIANCE_PREFIX
@@ -27,7 +27,21 @@ def asymmetric_covariance(content: RecordDict) -> RecordDict:
     return _with_arrays(content, arrays)
 
 
+def nan_calibration_tokens(content: RecordDict) -> RecordDict:
+    """A round-1 reply whose token count is NaN (NaN <= 0 is false: it passed before)."""
+    out = RecordDict()
+    for name, record in content.items():
+        if name == "metrics" and "calibration-tokens" in record:
+            out[name] = MetricRecord({**dict(record), "calibration-tokens": float("nan")})
+        else:
+            out[name] = record
+    return out
+
+
 CONFORMANCE = Conformance(
     settings={"slicegpt-keep-ratio": 0.5, "slicegpt-batches": 2, "slicegpt-speed-prefill": 0},
-    tampers={"asymmetric covariance": (asymmetric_covariance, r"not symmetric")},
+    tampers={
+        "asymmetric covariance": (asymmetric_covariance, r"not symmetric"),
+        "NaN calibration tokens": (nan_calibration_tokens, r"positive 'calibration-tokens'"),
+    },
 )
