@@ -4,7 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FEDPRUNE := $(VENV)/bin/fedprune
 export PATH := $(abspath $(VENV))/bin:$(PATH)
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# offline unless you set these yourself (HF_HUB_OFFLINE=0 make run ... lets a Hub model download)
+HF_HUB_OFFLINE ?= 1
+HF_DATASETS_OFFLINE ?= 1
+TRANSFORMERS_OFFLINE ?= 1
+export HF_HUB_OFFLINE HF_DATASETS_OFFLINE TRANSFORMERS_OFFLINE TOKENIZERS_PARALLELISM=false
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 RAY_USAGE_STATS_ENABLED=0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 # a local simulation's Ray listens on 127.0.0.1 only (docs/reliability.md#network-exposure-of-a-local-simulation)

@@ -276,8 +276,8 @@ class LocalFederation:
         from fedprune_app.core.runtime import OFFLINE_ENV  # imports torch: not for `--help`
 
         self.env = {
-            **os.environ,
             **OFFLINE_ENV,
+            **os.environ,  # the user's HF_HUB_OFFLINE=0 wins
             "PATH": search,
             "FEDPRUNE_DEPLOYMENT": str(self.work),
         }

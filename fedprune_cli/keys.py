@@ -115,7 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rewrite pyproject.toml's [tool.flwr.app.config] and docs/config.md",
     )
     parser.add_argument(
-        "--list", action="store_true", help="print every key with its default and meaning"
+        "--list",
+        action="store_true",
+        help="print every key with its default, meaning and what it accepts",
     )
 
 
@@ -125,7 +127,12 @@ def run(args: argparse.Namespace) -> int:
         for section in all_sections():
             print(f"# {section.title}")
             for k in section.keys():
-                print(f"{k.name} = {toml_value(k.default)}    # {k.help}")
+                allowed = (
+                    "one of " + ", ".join(repr(n) for n in names())
+                    if k.name == "method"
+                    else k.allowed()
+                )
+                print(f"{k.name} = {toml_value(k.default)}    # {k.help} Accepts: {allowed}.")
         return 0
     if args.write:
         PYPROJECT.write_text(with_block(PYPROJECT.read_text()))

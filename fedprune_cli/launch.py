@@ -51,6 +51,8 @@ from fedprune_cli import preflight
 from fedprune_cli.processes import free_port, signals_held, stop_superlink
 
 APP_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
+FEDERATION_LINE = "# federation:"  # a preset's line naming the simulation it is built for
 
 
 def parse_overrides(text: str, flag: str = "--run-config") -> dict[str, Any]:
@@ -132,13 +134,15 @@ def run_identity(env: dict[str, str], flwr: str, timeout: float = 120) -> tuple[
 def run_env(
     flwr_home: Path, http_port: int, control_port: int, cluster_env: dict[str, str]
 ) -> dict[str, str]:
-    """The environment of `flwr run`: offline, a private FLWR_HOME and ports, every `layer i/N`
-    line (RAY_DEDUP_LOGS), and Ray on 127.0.0.1 only unless the run joins a cluster."""
+    """The environment of `flwr run`: offline and without telemetry where the user has not set
+    those variables (their HF_HUB_OFFLINE=0 lets a Hub model download), a private FLWR_HOME and
+    ports, every `layer i/N` line (RAY_DEDUP_LOGS), and Ray on 127.0.0.1 only unless the run joins a
+    cluster."""
     from fedprune_app.core.runtime import LOOPBACK_RAY_ENV, OFFLINE_ENV  # imports torch: late
 
     return {
-        **os.environ,
         **OFFLINE_ENV,
+        **os.environ,
         "FLWR_HOME": str(flwr_home),
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
         "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
@@ -243,7 +247,12 @@ def checked_config(
     values = merged_config(app_dir, run_configs)
     federation = parse_overrides(federation_config, "--federation-config")
     preflight.check_federation_config(federation, cluster)
-    cfg = preflight.preflight(values, preflight.federation_size(federation), client_data=check_data)
+    cfg = preflight.preflight(
+        values,
+        preflight.federation_size(federation),
+        client_data=check_data,
+        offline=preflight.hub_offline(),
+    )
     for line in preflight.advice(cfg) if advise else []:
         print(f"[fedprune] warning: {line}", file=sys.stderr, flush=True)
     values["output-dir"] = str(resolve_output_dir(cfg.output_dir))
@@ -476,8 +485,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--federation-config",
-        default="num-supernodes=4 client-resources-num-cpus=1",
-        help="Flower's simulation sizing (default: %(default)s)",
+        default=None,
+        help="Flower's simulation sizing (default: the preset's `# federation:` line, else "
+        f"{DEFAULT_FEDERATION!r})",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check the configuration as a run would (preflight), print what would run, and exit "
+        "without starting Flower (0: it would start)",
     )
     parser.add_argument(
         "--timeout",
@@ -502,7 +518,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--references",
         action="store_true",
         help="SFT-P only: also run its ceiling (every gate open) and floor (post hoc cut) on the "
-        "same clients and print the three side by side (what `make run` does)",
+        "same clients and print the three side by side (what `make run-references` does)",
     )
     parser.add_argument(
         "--render",
@@ -528,13 +544,42 @@ def stop_when_orphaned(poll: float = 1.0) -> None:
         threading.Thread(target=watch, name="fedprune-parent-watch", daemon=True).start()
 
 
+def preset_federation(run_configs: list[str]) -> str | None:
+    """The federation a preset is built for: its `# federation: <Flower's sizing>` line (the last
+    preset's that has one), or None."""
+    found = None
+    for item in run_configs:
+        path = Path(item)
+        if path.suffix == ".toml" and path.is_file():
+            for line in path.read_text().splitlines():
+                if line.startswith(FEDERATION_LINE):
+                    found = line[len(FEDERATION_LINE) :].split("#")[0].strip()
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
-    """`fedprune run`: one checked simulation, or SFT-P with its references."""
+    """`fedprune run`: one checked simulation, or SFT-P with its references; with `--check`, the
+    checks alone."""
     from fedprune_cli import references
 
     if args.render and not args.references:
         print("error: --render needs --references", file=sys.stderr)
         return 2
+    if args.federation_config is None:
+        args.federation_config = preset_federation(args.run_config) or DEFAULT_FEDERATION
+    if args.check:
+        try:
+            values = checked_config(
+                APP_DIR, args.run_config, args.federation_config, cluster=bool(args.ray_address)
+            )
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(
+            f"[fedprune] ok: method {values['method']!r}, {values['num-server-rounds']} round(s), "
+            f"federation {args.federation_config!r}; nothing started"
+        )
+        return 0
     signal.signal(signal.SIGTERM, raise_terminated)  # `launch` cleans up on TERM as on Ctrl-C
     stop_when_orphaned()
     try:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -336,6 +336,13 @@ def release_models() -> None:
     ROUTED_MODELS.clear()
 
 
+def hub_offline(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the run will be offline: HF_HUB_OFFLINE unset (fedprune's default) or set to
+    anything but 0 / false / no / off."""
+    value = (os.environ if environ is None else environ).get("HF_HUB_OFFLINE", "1")
+    return value.strip().lower() not in ("0", "false", "no", "off", "")
+
+
 def check_model(name: str, offline: bool = True) -> None:
     """`model-name` is `embedded`, a local directory with config.json, or a Hugging Face name the
     run can load: with `offline` (the launcher's runs are), one already in the local Hugging Face
@@ -364,7 +371,8 @@ def check_model(name: str, offline: bool = True) -> None:
         raise ConfigError(
             f"run-config key 'model-name' must be {MODEL_ACCEPTED}; {name!r} is neither a local "
             "model directory nor in the local Hugging Face cache, so the offline run cannot load "
-            f"it (download it first with `hf download {name}`, or give its local directory)"
+            f"it (download it first with `hf download {name}`, give its local directory, or set "
+            "HF_HUB_OFFLINE=0 to let the run download it)"
         )
 
 

@@ -76,7 +76,7 @@ class DPConfig(ConfigSection):
         0.0,
         "C: each client's update (local - global, all released tensors jointly) is clipped to "
         "this L2 norm before it is averaged with uniform weights; 0 = differential privacy off. "
-        "See docs/reliability.md.",
+        "See docs/privacy.md.",
         minimum=0.0,
     )
     dp_noise_multiplier: float = key(
@@ -462,7 +462,7 @@ def render_privacy(rows: Sequence[Mapping[str, Any]]) -> str:
         "(dp-accounting), no amplification by sampling, add-or-remove-one client; the noise "
         "from fresh OS entropy, kept nowhere. Central DP: the server is trusted with the clipped "
         "updates. Metrics, evaluation replies and per-client artefacts are not covered "
-        "(docs/reliability.md#differential-privacy). ∞: σ = 0, clipping alone.",
+        "(docs/privacy.md). ∞: σ = 0, clipping alone.",
         "",
     ]
     return "\n".join(lines)

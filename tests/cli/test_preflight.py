@@ -488,3 +488,21 @@ def test_the_smoke_preset_takes_every_method_on_the_default_federation() -> None
             [str(root / "conf" / "smoke.toml"), f"method='{method}'"],
             "num-supernodes=4 client-resources-num-cpus=1",
         )
+
+
+def test_the_users_hf_variables_win_and_a_hub_name_then_passes_the_preflight(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """HF_HUB_OFFLINE=0 in the user's shell reaches `flwr run` (the launcher no longer forces 1) and
+    lets a Hub model that is not cached pass the preflight (the run downloads it); unset, the run is
+    offline and the same name is refused with the way out."""
+    name = "some-org/not-cached-model-xyz"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    assert launch.run_env(tmp_path, 1, 2, {})["HF_HUB_OFFLINE"] == "0"
+    assert not preflight.hub_offline()
+    preflight.check_model(name, offline=preflight.hub_offline())
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert launch.run_env(tmp_path, 1, 2, {})["HF_HUB_OFFLINE"] == "1" and preflight.hub_offline()
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE=0 to let the run download it"):
+        preflight.check_model(name, offline=preflight.hub_offline())

@@ -358,3 +358,18 @@ def test_an_edited_jsonl_file_is_split_and_scored_afresh(
     assert before.test_path != after.test_path
     assert all("new Q" in e["prompt"] for e in after.test)
     assert "new " in after.test_path.read_text() and "new " not in before.test_path.read_text()
+
+
+def test_the_manuals_jsonl_examples_are_records_fedprune_reads() -> None:
+    """docs/models-and-data.md's one line per record kind: each parses, and `label` is the 0-based
+    index of the answer the page names."""
+    import re
+
+    from fedprune_app.llm.data import normalize_record
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "models-and-data.md").read_text()
+    (block,) = re.findall(r"### JSONL records, one line each\n\n```json\n(.*?)```", page, re.S)
+    records = [normalize_record("doc", json.loads(line)) for line in block.splitlines()]
+    assert [bool(r["choices"]) for r in records] == [True, False, False]
+    assert records[0]["response"] == "fridge" and '"label": 1` is "fridge"' in page
+    assert records[1]["response"] == "7" and records[2]["prompt"] == ""
