@@ -30,7 +30,7 @@ from fedprune_app.core.checkpoint import (
     new_run_key,
     save_checkpoint,
 )
-from fedprune_app.core.config import RunConfig, split_list
+from fedprune_app.core.config import ConfigError, RunConfig, split_list
 from fedprune_app.core.privacy import check_private
 from fedprune_app.core.protocol import numpy_state
 from fedprune_app.core.replies import to_record
@@ -128,6 +128,8 @@ def main(grid: Grid, context: Context) -> None:
         log.warning(warning)
     cfg = RunConfig.from_flower(context.run_config, methods=registry.names())
     check_private(cfg)  # a method that cannot be DP says so, before any model loads
+    if (problem := registry.architecture_problem(cfg.method, cfg.model_name)) is not None:
+        raise ConfigError(problem)  # a structural method on an architecture it cannot rewrite
     # checked before anything is loaded
     checkpoint = load_checkpoint(cfg) if cfg.resume_from else None
     quiet_libraries()

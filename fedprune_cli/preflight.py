@@ -658,6 +658,10 @@ def preflight(
         check_federation(cfg, num_supernodes)
     check_output_dir(cfg)
     check_model(cfg.model_name, offline)
+    from fedprune_app.core.registry import architecture_problem
+
+    if (problem := architecture_problem(cfg.method, cfg.model_name)) is not None:
+        raise ConfigError(problem)
     check_target_modules(cfg)
     if client_data:
         check_sources(cfg, "client-data")

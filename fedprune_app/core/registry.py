@@ -42,6 +42,9 @@ class Method:
     # (run config, config.json, the checkpoint's global arrays) -> the same, for a method whose
     # shapes follow a structure that its first round recorded in the checkpoint
     spec_from_checkpoint: SpecFromCheckpoint | None = None
+    # the transformers `model_type`s it runs on (each checked on a tiny config by
+    # tests/llm/test_architectures.py); None: any causal LM with the LoRA target modules
+    architectures: tuple[str, ...] | None = None
     strategy: type | None = None
     client: type | None = None
 
@@ -70,6 +73,7 @@ def register_method(
     default: bool = False,
     checkpoint_spec: SpecFromConfig | None = None,
     spec_from_checkpoint: SpecFromCheckpoint | None = None,
+    architectures: tuple[str, ...] | None = None,
 ) -> None:
     """Called by `fedprune_app/methods/<name>/__init__.py`: the method exists.
 
@@ -85,12 +89,15 @@ def register_method(
             that the run's first round cut from the clients' data: (run config, config.json, the
             checkpoint's global arrays, which record that structure) -> the same, also without
             torch, and the strategy's `checkpoint_spec` when given those arrays.
+        architectures: the transformers `model_type`s the method runs on (a structural method
+            rewrites the decoder layers of these); None for any causal LM.
     """
     entry = _entry(name)
     entry.configs, entry.package = (config if isinstance(config, tuple) else (config,)), True
     entry.default = default
     entry.checkpoint_spec = checkpoint_spec
     entry.spec_from_checkpoint = spec_from_checkpoint
+    entry.architectures = architectures
 
 
 def register_strategy(name: str) -> Any:
@@ -169,3 +176,25 @@ def strategy_class(name: str) -> type:
 def client_class(name: str) -> type:
     """The client of method `name` (clients/<name>.py)."""
     return _side(name, "clients", "client", "register_client")
+
+
+def architecture_problem(method: str, model_name: str) -> str | None:
+    """Why `method` cannot run on `model_name`'s architecture (its `model_type` is not one the
+    method declares, `Method.architectures`), or None (also where the model cannot be
+    read here: the model check says why)."""
+    from fedprune_app.llm.models import model_config
+
+    supported = get(method).architectures
+    if supported is None:
+        return None
+    try:
+        model_type = model_config(model_name).get("model_type")
+    except (OSError, ValueError):
+        return None
+    if model_type in supported:
+        return None
+    return (
+        f"run-config key 'model-name': method {method!r} rewrites the decoder layers of "
+        f"{', '.join(supported)} models; {model_name!r} is a {model_type!r} model (methods "
+        f"for any causal LM: {', '.join(n for n in names() if get(n).architectures is None)})"
+    )

@@ -5,4 +5,9 @@ from fedprune_app.methods.fedflap.config import FedFLAPConfig
 from fedprune_app.methods.fedflap.shapes import checkpoint_spec
 from fedprune_app.structural.config import BusConfig
 
-register_method("fedflap", config=(FedFLAPConfig, BusConfig), checkpoint_spec=checkpoint_spec)
+register_method(
+    "fedflap",
+    config=(FedFLAPConfig, BusConfig),
+    checkpoint_spec=checkpoint_spec,
+    architectures=("llama", "mistral", "qwen2"),
+)

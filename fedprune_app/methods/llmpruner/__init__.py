@@ -6,4 +6,9 @@ from fedprune_app.core.registry import register_method
 from fedprune_app.methods.llmpruner.config import LLMPrunerConfig
 from fedprune_app.methods.llmpruner.shapes import checkpoint_spec
 
-register_method("llmpruner", config=LLMPrunerConfig, spec_from_checkpoint=checkpoint_spec)
+register_method(
+    "llmpruner",
+    config=LLMPrunerConfig,
+    spec_from_checkpoint=checkpoint_spec,
+    architectures=("llama", "mistral"),
+)

@@ -6,4 +6,9 @@ from fedprune_app.methods.sftp.config import SFTPConfig
 from fedprune_app.methods.sftp.shapes import checkpoint_spec
 from fedprune_app.structural.config import BusConfig
 
-register_method("sftp", config=(BusConfig, SFTPConfig), checkpoint_spec=checkpoint_spec)
+register_method(
+    "sftp",
+    config=(BusConfig, SFTPConfig),
+    checkpoint_spec=checkpoint_spec,
+    architectures=("llama", "mistral", "qwen2"),
+)

@@ -36,18 +36,13 @@ from fedprune_app.structural.routing import prunable_parameters
 from fedprune_app.structural.speed import workload_flops
 from tests.conftest import small_config
 from tests.local_grid import LocalGrid, run_server
+from tests.tiny import perturb
 
 
 @pytest.fixture()
 def dense(tiny_model_dir: Path) -> torch.nn.Module:
     """The tiny LLaMA in float32 with non-trivial RMSNorm weights (so folding them matters)."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.mul_(1 + 0.5 * torch.rand(p.shape, generator=gen))
-    return model
+    return perturb(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval())
 
 
 def _batches(
