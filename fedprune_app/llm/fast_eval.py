@@ -20,8 +20,8 @@ log P(continuation | context):
 
 So the forward costs the context once plus each choice's tokens, with almost no padding: the FLOPs
 of the shared form (`flop_ceiling` in experiments/benchmarks/evaluator.py), one pass instead of a
-prefix pass, a KV-cache copy per choice and a padded continuation pass (this module's first form,
-1.6× on the default tasks; the packed form is measured by the same benchmark). The model must honour
+prefix pass, a KV-cache copy per choice and a padded continuation pass (this module's first form;
+experiments/benchmarks/evaluator.py measures the forms against each other). The model must honour
 a custom 4D `attention_mask` and explicit `position_ids` (HF LLaMA, peft-wrapped models and the
 structurally pruned models built on them, routed or compiled, do): `packing_support` checks that
 on a probe before any scoring; a model that fails it is scored by the stock HFLM path, with the

@@ -29,8 +29,8 @@ class BusConfig(ConfigSection):
         "massive",
         "SFT-P gates fixed at 1 in every mask (counted as kept by the budget): 'massive' = the "
         "residual bus's massive-activation coordinates (mean |h| above sftp-massive-factor x the "
-        "median coordinate's on a fixed probe text; dropping SmolLM2's coordinate 507 alone takes "
-        "answer NLL from 2-6 to 14-17 nats, docs/methods/sftp.md); 'none' = the paper's gates on "
+        "median coordinate's on a fixed probe text: the model breaks without them, "
+        "docs/methods/sftp.md); 'none' = the paper's gates on "
         "every coordinate; 'all' = every gate open: the dense model trained by the same recipe "
         "(the ceiling reference). fedflap's cut keeps them too.",
         choices=("massive", "none", "all"),
