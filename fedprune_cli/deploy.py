@@ -554,8 +554,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--certs-only",
         metavar="DIR",
-        help="only write a CA, a server certificate for --san "
-        "names and one key pair per SuperNode into DIR (for a real deployment), then exit",
+        help="only write a CA and a server certificate for --san names into DIR (for a real "
+        "deployment), then exit; with --supernodes N > 0 also N node key pairs (a rehearsal: "
+        "on real devices each makes its own with --node-key)",
     )
     parser.add_argument(
         "--san",
@@ -564,11 +565,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra DNS name / IP of the SuperLink "
         "for the server certificate (with --certs-only); repeatable",
     )
+    parser.add_argument(
+        "--node-key",
+        metavar="PATH",
+        help="on a device: write this SuperNode's key pair (PATH private, 0600; PATH.pub to "
+        "give the operator) and exit; the private key never leaves the device",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """A local deployment (SuperLink + N SuperNodes over TLS), or with --certs-only its certificates
     and keys."""
+    if args.node_key:
+        path = Path(args.node_key).expanduser()
+        priv, pub = generate_node_keys(path.parent, path.name)
+        print(
+            f"SuperNode key pair: {priv} (0600, stays on this device; give it to "
+            f"flower-supernode --auth-supernode-private-key), {pub} (send it to the operator, who "
+            "registers it with `flwr supernode register`)"
+        )
+        return 0
     if args.certs_only:
         out = Path(args.certs_only)
         certs = generate_certificates(

@@ -496,6 +496,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "without starting Flower (0: it would start)",
     )
     parser.add_argument(
+        "--save-run-config",
+        metavar="PATH",
+        type=Path,
+        help="with --check: also write the merged, checked run config (presets and overrides in "
+        "one TOML file, paths absolute) to PATH, for `flwr run . <federation> --run-config PATH` "
+        "on a real deployment",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=7200,
@@ -565,6 +573,9 @@ def run(args: argparse.Namespace) -> int:
     if args.render and not args.references:
         print("error: --render needs --references", file=sys.stderr)
         return 2
+    if args.save_run_config is not None and not args.check:
+        print("error: --save-run-config needs --check", file=sys.stderr)
+        return 2
     if args.federation_config is None:
         args.federation_config = preset_federation(args.run_config) or DEFAULT_FEDERATION
     if args.check:
@@ -579,6 +590,9 @@ def run(args: argparse.Namespace) -> int:
             f"[fedprune] ok: method {values['method']!r}, {values['num-server-rounds']} round(s), "
             f"federation {args.federation_config!r}; nothing started"
         )
+        if args.save_run_config is not None:
+            write_run_config(args.save_run_config, values)
+            print(f"[fedprune] run config written to {args.save_run_config}")
         return 0
     signal.signal(signal.SIGTERM, raise_terminated)  # `launch` cleans up on TERM as on Ctrl-C
     stop_when_orphaned()

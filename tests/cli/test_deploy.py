@@ -377,3 +377,23 @@ def test_the_run_step_reports_a_timeout_as_124(
     fed.logs, fed.exe, fed.cli_env = tmp_path, {"flwr": "flwr"}, {}
     code, status = fed.run(Path("."), Path("x.toml"), 5, quiet=True)
     assert code == 124 and status.startswith("timeout after 5 s")
+
+
+def test_a_device_makes_its_own_key_pair(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fedprune deploy --node-key PATH`: the private key 0600 at PATH, the public one beside it."""
+    from fedprune_cli.main import main
+
+    assert main(["deploy", "--node-key", str(tmp_path / "device" / "supernode-key")]) == 0
+    priv, pub = tmp_path / "device" / "supernode-key", tmp_path / "device" / "supernode-key.pub"
+    assert (priv.stat().st_mode & 0o777) == 0o600 and pub.read_text().startswith("ecdsa-sha2-")
+    assert "stays on this device" in capsys.readouterr().out
+
+
+def test_certs_only_without_supernodes_writes_no_node_key(tmp_path: Path) -> None:
+    from fedprune_cli.main import main
+
+    assert main(["deploy", "--certs-only", str(tmp_path / "creds"), "--supernodes", "0"]) == 0
+    assert (tmp_path / "creds" / "certificates" / "ca.crt").is_file()
+    assert not (tmp_path / "creds" / "keys").exists()

@@ -120,3 +120,33 @@ def test_every_preset_passes_the_preflight_alone(preset: Path) -> None:
 def test_the_readmes_run_commands_pass_check_as_printed(command: str) -> None:
     done = typed([*shlex.split(command), "--check"])
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_deployed_runs_config_is_one_checked_file(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """deployment.md step 7: Flower refuses a preset beside `key=value`; `fedprune run --check
+    --save-run-config` writes them merged and checked into one file `flwr run` reads."""
+    import tomllib
+
+    from fedprune_cli.main import main
+
+    out = tmp_path / "deploy-run.toml"
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        "".join(
+            f'{{"question": "q{i}", "choices": ["a", "b"], "label": {i % 2}}}\n' for i in range(40)
+        )
+    )
+    overrides = (
+        f"model-name='{tiny_model_dir}' client-data='{data},{data}' server-eval-data='' "
+        "min-nodes=2 test-examples=6 val-examples=2"
+    )
+    args = ["run", "--run-config", "conf/smoke.toml", "--run-config", overrides, "--check"]
+    assert main([*args, "--save-run-config", str(out)]) == 0
+    written = tomllib.loads(out.read_text())
+    assert (
+        written["min-nodes"] == 2 and written["method"] == "fedit" and written["run-tag"] == "smoke"
+    )
+    assert Path(written["output-dir"]).is_absolute()
+    assert main(["run", "--run-config", "conf/smoke.toml", "--save-run-config", str(out)]) == 2
