@@ -5,6 +5,7 @@ pages or renaming a heading breaks links silently otherwise."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -214,3 +215,33 @@ def test_every_method_has_a_manual_with_its_known_limits() -> None:
         assert page.is_file(), f"{method} has no manual"
         assert "known-limits" in anchors(page), f"{page.name} has no 'Known limits' section"
         assert len(page.read_text().splitlines()) <= 420, f"{page.name} is a log, not a manual"
+
+
+def test_every_duration_the_docs_give_a_make_target_is_its_records() -> None:
+    """docs/bench/durations.json is the one source of the `~N min` the docs repeat per make target:
+    a line naming a target may give only that target's `about` (so README, running.md, testing.md
+    and the method pages cannot disagree again), and `about` stays within 25% of what was
+    measured."""
+    record = json.loads((ROOT / "docs" / "bench" / "durations.json").read_text())
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages += sorted((ROOT / "docs" / "methods").glob("*.md"))
+    wrong = []
+    for row in record["rows"]:
+        assert abs(row["about"] - row["minutes"]) <= 0.25 * row["minutes"], row["target"]
+        assert (ROOT / row["source"]).exists(), row["source"]
+        named = re.compile(rf"`?{re.escape(row['target'])}`?(?![-\w])")
+        for page in pages:
+            for number, line in enumerate(page.read_text().splitlines(), 1):
+                if not named.search(line):
+                    continue
+                others = [
+                    r
+                    for r in record["rows"]
+                    if r is not row and re.search(rf"`?{re.escape(r['target'])}`?(?![-\w])", line)
+                ]
+                if others:  # a line naming two targets: not attributable
+                    continue
+                for shown in re.findall(r"~(\d+(?:\.\d+)?) min", line):
+                    if float(shown) != float(row["about"]):
+                        wrong.append(f"{page.relative_to(ROOT)}:{number}: {row['target']} ~{shown}")
+    assert wrong == [], wrong
