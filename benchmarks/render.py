@@ -770,6 +770,20 @@ def doc_files() -> list[Path]:
     return sorted((ROOT / "docs").rglob("*.md"))
 
 
+def dated_links(markdown: str, names: Sequence[str], doc: Path) -> str:
+    """`markdown` with each record's date (`, YYYY-MM-DD`) made a link to that record, relative to
+    `doc`: a manual names a measurement's date only as the way to its record."""
+    import os
+
+    for name in names:
+        path = Path(name) if Path(name).exists() else BENCH_DIR / Path(name).name
+        date = str(load_record(path).get("date", ""))[:10]
+        if len(date) == 10 and f"]({date}" not in markdown:
+            link = Path(os.path.relpath(path.resolve(), doc.resolve().parent)).as_posix()
+            markdown = markdown.replace(f", {date}", f", [{date}]({link})")
+    return markdown
+
+
 def check(paths: Sequence[Path] | None = None, write: bool = False) -> list[str]:
     """Re-render every marked block in `paths` (default: docs/**/*.md); returns the mismatches
     (empty = all equal). `write` rewrites the blocks that differ."""
@@ -779,7 +793,7 @@ def check(paths: Sequence[Path] | None = None, write: bool = False) -> list[str]
         found = blocks(text)
         for kind, names, body, start, end, indent in reversed(found):
             try:
-                want = indented(render(kind, names), indent)
+                want = indented(dated_links(render(kind, names), names, path), indent)
             except FileNotFoundError as err:
                 problems.append(
                     f"{path}: bench:{kind} {' '.join(names)}: record missing ({err.filename})"

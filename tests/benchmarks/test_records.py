@@ -85,7 +85,10 @@ def test_the_cpu_features_are_read_from_cpuinfo_and_shown_in_the_load_line() -> 
 
 def test_a_changed_figure_is_caught_and_rewritten(tmp_path: Path) -> None:
     doc = tmp_path / "doc.md"
-    body = render_bench.render("pruning", ["pruning.json"])
+    body = render_bench.dated_links(
+        render_bench.render("pruning", ["pruning.json"]), ["pruning.json"], doc
+    )
+    assert "](" in body.split("\n")[-1]  # the record's date is a link to it
     doc.write_text(
         f"intro\n\n<!-- bench:pruning pruning.json -->\n{body}\n<!-- /bench:pruning -->\n\nafter\n"
     )

@@ -245,3 +245,22 @@ def test_every_duration_the_docs_give_a_make_target_is_its_records() -> None:
                     if float(shown) != float(row["about"]):
                         wrong.append(f"{page.relative_to(ROOT)}:{number}: {row['target']} ~{shown}")
     assert wrong == [], wrong
+
+
+def test_the_manuals_are_manuals_dated_only_through_links_and_short() -> None:
+    """README, docs/*.md and the method pages name a date only as a link (to a record or a note):
+    measurements and their stories live in docs/notes and the records; running.md and
+    reliability.md stay under 300 lines."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages += sorted((ROOT / "docs" / "methods").glob("*.md"))
+    dated = []
+    for page in pages:
+        text = re.sub(r"\[[^\]]*\]\([^)]*\)", "LINK", page.read_text())
+        dated += [
+            f"{page.relative_to(ROOT)}:{n}"
+            for n, line in enumerate(text.splitlines(), 1)
+            if re.search(r"\b20\d\d-\d\d-\d\d\b", line)
+        ]
+    assert dated == [], dated
+    for name in ("running.md", "reliability.md"):
+        assert len((ROOT / "docs" / name).read_text().splitlines()) < 300, name
