@@ -282,6 +282,10 @@ class PrivacyLedger:
         self.released_rounds.append(server_round)
         if self.accountant is not None:
             self.accountant.compose(self.event(sampled))
+        self.save()
+
+    def save(self) -> None:
+        """Rewrite the ledger file (atomically), where there is one."""
         if self.path is not None:
             from fedprune_app.core.statefile import write_json_atomically
 
@@ -530,9 +534,7 @@ class PrivateRelease:
         if self.dp.enabled:
             self.privacy.path = run_dir / LEDGER_FILE
             if self.privacy.releases:  # a resumed ledger: in the new run directory at once
-                from fedprune_app.core.statefile import write_json_atomically
-
-                write_json_atomically(self.privacy.path, self.privacy.state_dict())
+                self.privacy.save()
 
     def continue_ledger(self, interrupted: Path, checkpoint_round: int) -> None:
         """On resume, after the checkpoint's state: continue the interrupted run's ledger file

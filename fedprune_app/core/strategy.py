@@ -449,18 +449,17 @@ class FederatedStrategy(PrivateRelease, Strategy):
             node = msg.metadata.src_node_id
             try:
                 metrics = {} if msg.has_error() else flat_metrics(msg.content)
-                problem = msg.error.reason if msg.has_error() else identity_problem(metrics)
+                problem = (
+                    msg.error.reason
+                    if msg.has_error()
+                    else identity_problem(metrics) or self.partition_problem(node, metrics)
+                )
             except Exception as err:  # noqa: BLE001 - any malformed reply is this node's problem
                 problem, metrics = f"unreadable identity reply ({type(err).__name__})", {}
-            if problem is None:
-                pid = parse_partition_id(metrics["partition-id"])
-                owner = next((n for n, p in self.node_partition.items() if p == pid), None)
-                if owner is not None and owner != node:
-                    problem = f"partition-id {pid} was already declared by node {owner}"
             if problem is not None:
                 log.warning("node %d did not say who it is: %s", node, _tail(problem, 300))
                 continue
-            self.node_partition[node] = pid
+            self.node_partition[node] = parse_partition_id(metrics["partition-id"])
             self.node_resources[node] = float(metrics.get("resources", 0.0))
             if isinstance(count := metrics.get("num-partitions"), int):
                 self.num_partitions = max(self.num_partitions or 0, count)
