@@ -110,6 +110,17 @@ def base_config_values(base: Any, *own: str) -> dict[str, Any]:
     return {k: v for k, v in base.to_dict().items() if k not in skip | set(own)}
 
 
+def qkv_bias(config: Any) -> bool:
+    """Whether a decoder's q/k/v projections carry biases: a derived config's `qkv_bias` where it
+    is set, True for Qwen2 (its config has no key: the biases are always there), else LLaMA's
+    `attention_bias`."""
+    if getattr(config, "qkv_bias", None) is not None:
+        return bool(config.qkv_bias)
+    if str(getattr(config, "base_model_type", config.model_type)) == "qwen2":
+        return True
+    return bool(getattr(config, "attention_bias", False))
+
+
 def load_tokenizer(model_name: str):  # -> PreTrainedTokenizerBase
     """The model's tokenizer with a pad token (eos when the model has none)."""
     from transformers import AutoTokenizer

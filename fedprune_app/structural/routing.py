@@ -359,6 +359,9 @@ def _compile_layer(
                 [attn.q_proj, attn.k_proj, attn.v_proj],
                 attn.o_proj,
             )
+            if hasattr(a, "q_norm"):
+                a.q_norm.weight.copy_(attn.q_norm.weight)
+                a.k_norm.weight.copy_(attn.k_norm.weight)
         if (f := out.mlp) is not None:
             _fill(
                 f,
@@ -403,14 +406,17 @@ def per_layer_masks(stacked: Mapping[str, Any]) -> list[LayerMasks]:
 
 
 def routed_config(
-    base: Any, lanes: Sequence[tuple[Mapping[str, Sequence[int]], Mapping[str, Sequence[bool]]]]
+    base: Any,
+    lanes: Sequence[tuple[Mapping[str, Sequence[int]], Mapping[str, Sequence[bool]]]],
+    qk_norm: bool = False,
 ) -> FedpruneRoutedLlamaConfig:
     """The compiled model's config: every value of the base (LLaMA-family) config, its model_type
-    kept as `base_model_type`, the attention implementation it runs with, and one `lanes` entry per
-    (routing, bias)."""
-    values = base_config_values(base, "lanes", "num_hidden_layers")
+    kept as `base_model_type`, the attention implementation it runs with, one `lanes` entry per
+    (routing, bias), and whether the attention has q/k norms (Qwen3)."""
+    values = base_config_values(base, "lanes", "num_hidden_layers", "qk_norm")
     config = FedpruneRoutedLlamaConfig(
         **values,
+        qk_norm=qk_norm,
         num_hidden_layers=len(lanes),
         lanes=[FedpruneRoutedLlamaConfig.lane_spec(r, b) for r, b in lanes],
         base_model_type=str(getattr(base, "base_model_type", base.model_type)),
@@ -443,7 +449,9 @@ def compile_model(
         model = model.merge_and_unload()
     layers, d = decoder_layers(model), int(model.config.hidden_size)
     config = routed_config(
-        model.config, [_lanes(layer, g, d) for layer, g in zip(layers, masks, strict=True)]
+        model.config,
+        [_lanes(layer, g, d) for layer, g in zip(layers, masks, strict=True)],
+        qk_norm=hasattr(layers[0].self_attn, "q_norm"),
     )
     decoder = model.get_decoder()
     if not all(hasattr(decoder, n) for n in ("embed_tokens", "norm", "rotary_emb")):

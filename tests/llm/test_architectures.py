@@ -61,12 +61,19 @@ def test_an_architecture_a_method_does_not_declare_is_refused_in_one_line(
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
 def test_the_masked_model_equals_its_compiled_model_where_declared(
-    arch: str, tiny_models: dict[str, Path]
+    arch: str, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
     """SFT-P's and fedflap's structure (the masked bus and its compiled form): the compiled model
-    computes what the masked one does on each architecture they declare (Qwen2's q/k/v biases
-    included), and differs where they do not (Qwen3's q/k norms are not compiled)."""
-    from fedprune_app.structural.routing import MASK_NAMES, compile_model, install_routing, masked
+    computes what the masked one does on each architecture they declare (Qwen2's q/k/v biases and
+    Qwen3's q/k norms included), also once saved and loaded as a model directory."""
+    from fedprune_app.structural.routing import (
+        MASK_NAMES,
+        compile_model,
+        install_routing,
+        load_compiled,
+        masked,
+        save_compiled,
+    )
 
     model = _sharpened(tiny_models[arch])
     gen = torch.Generator().manual_seed(2)
@@ -80,7 +87,10 @@ def test_the_masked_model_equals_its_compiled_model_where_declared(
         routed = model(input_ids=_ids()).logits
         compiled = compile_model(model, masks)
         same = torch.allclose(compiled(input_ids=_ids()).logits, routed, atol=1e-4, rtol=1e-5)
+        save_compiled(compiled, tmp_path / "compiled")
+        loaded = load_compiled(tmp_path / "compiled").float()(input_ids=_ids()).logits
     assert same == supports("sftp", arch) == supports("fedflap", arch)
+    assert torch.allclose(loaded, compiled(input_ids=_ids()).logits, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -116,12 +126,13 @@ def _ids() -> torch.Tensor:
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
 def test_slicegpts_rotated_unsliced_model_equals_the_dense_one_where_declared(
-    arch: str, tiny_models: dict[str, Path]
+    arch: str, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    """§3.2–3.3 on each architecture: folded and rotated by square bases, the same logits; an
-    architecture where they differ (a bias or norm the sliced layer drops) must not be declared."""
+    """§3.2–3.3 on each architecture: folded and rotated by square bases, the same logits (also
+    saved and loaded); an architecture where they differ (a bias or norm the sliced layer drops)
+    must not be declared."""
     from fedprune_app.methods.slicegpt.pca import covariance_sums, one_shot_bases
-    from fedprune_app.methods.slicegpt.sliced import slice_model
+    from fedprune_app.methods.slicegpt.sliced import load_sliced, save_sliced, slice_model
 
     dense = _sharpened(tiny_models[arch])
     ids = _ids()
@@ -130,19 +141,29 @@ def test_slicegpts_rotated_unsliced_model_equals_the_dense_one_where_declared(
     rotated = slice_model(dense, one_shot_bases(covs, int(dense.config.hidden_size)))
     with torch.no_grad():
         same = torch.allclose(rotated(**batch).logits, dense(**batch).logits, atol=1e-3, rtol=1e-4)
+        save_sliced(rotated, tmp_path / "sliced")
+        loaded = load_sliced(tmp_path / "sliced").float()(**batch).logits
+        assert torch.allclose(loaded, rotated(**batch).logits, atol=1e-5)
     assert same == supports("slicegpt", arch)
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
 def test_llmpruners_compiled_model_computes_the_masked_one_where_declared(
-    arch: str, tiny_models: dict[str, Path]
+    arch: str, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
+    """§3.1's cut on each architecture: the compiled (smaller) model computes the masked one, also
+    saved and loaded, where declared."""
     import copy
 
     import numpy as np
 
     from fedprune_app.methods.llmpruner.importance import dims
-    from fedprune_app.methods.llmpruner.structure import compile_pruned, zero_pruned_
+    from fedprune_app.methods.llmpruner.structure import (
+        compile_pruned,
+        load_pruned,
+        save_pruned,
+        zero_pruned_,
+    )
 
     model = _sharpened(tiny_models[arch])
     s = dims(model.config)
@@ -158,6 +179,9 @@ def test_llmpruners_compiled_model_computes_the_masked_one_where_declared(
             same = torch.allclose(
                 compiled(input_ids=_ids()).logits, masked_model(input_ids=_ids()).logits, atol=1e-4
             )
+            save_pruned(compiled, tmp_path / "pruned")
+            loaded = load_pruned(tmp_path / "pruned").float()(input_ids=_ids()).logits
+            assert torch.allclose(loaded, compiled(input_ids=_ids()).logits, atol=1e-5)
     except RuntimeError:  # e.g. a state dict with keys the compiled layer lacks
         same = False
     assert same == supports("llmpruner", arch)

@@ -9,5 +9,5 @@ register_method(
     "fedflap",
     config=(FedFLAPConfig, BusConfig),
     checkpoint_spec=checkpoint_spec,
-    architectures=("llama", "mistral", "qwen2"),
+    architectures=("llama", "mistral", "qwen2", "qwen3"),
 )

@@ -10,5 +10,5 @@ register_method(
     "llmpruner",
     config=LLMPrunerConfig,
     spec_from_checkpoint=checkpoint_spec,
-    architectures=("llama", "mistral"),
+    architectures=("llama", "mistral", "qwen2"),
 )

@@ -38,7 +38,7 @@ from torch import nn
 
 from fedprune_app.core.config import ConfigError
 from fedprune_app.llm.layers import decoder_layers
-from fedprune_app.llm.models import base_config_values
+from fedprune_app.llm.models import base_config_values, qkv_bias
 from fedprune_app.methods.llmpruner.hf import (
     FedprunePrunedLlamaConfig,
     FedprunePrunedLlamaForCausalLM,
@@ -189,11 +189,13 @@ def compile_pruned(
 
 
 def pruned_config(base: Any, structure: list[Mapping[str, list[int]]]) -> FedprunePrunedLlamaConfig:
-    """The compiled model's config: every value of the base LLaMA config, its model_type kept as
-    `base_model_type`, the attention implementation it runs with, and `llmpruner_structure`."""
-    values = base_config_values(base, "llmpruner_structure")
+    """The compiled model's config: every value of the base LLaMA-family config, its model_type
+    kept as `base_model_type`, the attention implementation it runs with, `qkv_bias` (Qwen2) and
+    `llmpruner_structure`."""
+    values = base_config_values(base, "llmpruner_structure", "qkv_bias")
     config = FedprunePrunedLlamaConfig(
         **values,
+        qkv_bias=qkv_bias(base),
         llmpruner_structure=[dict(layer) for layer in structure],
         base_model_type=str(getattr(base, "base_model_type", base.model_type)),
     )

@@ -10,5 +10,5 @@ register_method(
     "sftp",
     config=(BusConfig, SFTPConfig),
     checkpoint_spec=checkpoint_spec,
-    architectures=("llama", "mistral", "qwen2"),
+    architectures=("llama", "mistral", "qwen2", "qwen3"),
 )

@@ -9,5 +9,5 @@ register_method(
     "slicegpt",
     config=SliceGPTConfig,
     spec_from_checkpoint=checkpoint_spec,
-    architectures=("llama", "mistral"),
+    architectures=("llama", "mistral", "qwen2"),
 )

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedprune_app.llm.models import base_config_values
+from fedprune_app.llm.models import base_config_values, qkv_bias
 from fedprune_app.methods.slicegpt.hf import (
     FedpruneSlicedLlamaConfig,
     FedpruneSlicedLlamaForCausalLM,
@@ -217,9 +217,10 @@ def sliced_config(base: Any, dims: Sequence[int]) -> FedpruneSlicedLlamaConfig:
     """The sliced model's config: every value of the base LLaMA config (LM head untied), its
     model_type kept as `base_model_type`, the attention implementation it runs with, and the widths
     `slicegpt_dims`."""
-    values = base_config_values(base, "slicegpt_dims", "tie_word_embeddings")
+    values = base_config_values(base, "slicegpt_dims", "tie_word_embeddings", "qkv_bias")
     config = FedpruneSlicedLlamaConfig(
         **values,
+        qkv_bias=qkv_bias(base),
         slicegpt_dims=[int(k) for k in dims],
         tie_word_embeddings=False,
         base_model_type=str(getattr(base, "base_model_type", base.model_type)),

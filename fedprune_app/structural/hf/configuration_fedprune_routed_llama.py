@@ -7,7 +7,8 @@ without fedprune.
 The base model's config plus `lanes`: per decoder layer the four lanes π (attn-in, attn-out, ffn-in,
 ffn-out) as hex bitmasks over the d-wide residual bus (bit i of `int(text, 16)` set ⇔ coordinate i
 is in the lane), and `bias`: whether the fused input projection and the output projection of each
-submodule have biases.
+submodule have biases. `qk_norm`: the attention normalises each head of q and k (Qwen3's q_norm,
+k_norm) before the rotary embedding.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class FedpruneRoutedLlamaConfig(LlamaConfig):
 
     lanes: list | None = None
     base_model_type: str = "llama"
+    qk_norm: bool = False
 
     def layer_spec(self, layer_idx: int) -> tuple[dict[str, list[int]], dict[str, list[bool]]]:
         """(lanes π as index lists, bias flags) of decoder layer `layer_idx`."""

@@ -13,7 +13,8 @@ Per decoder layer and submodule m ∈ {attn, ffn} the lanes π^{m,in}, π^{m,out
 W[:, π_in] / W_out[π_out, :] and written back with `index_add_` onto the d-wide residual bus. The
 norm is RMS over the |π_in| lane coordinates (Eq. 3); an empty lane skips its submodule (a skipped
 attention still writes zero keys/values so every layer's cache length stays right). LLaMA-family
-only (RMSNorm weight · x̂, rotary embeddings, gated MLP, GQA).
+family (RMSNorm weight · x̂, rotary embeddings, gated MLP, GQA; Qwen2's q/k/v biases; Qwen3's q/k
+norms, config `qk_norm`).
 """
 
 from __future__ import annotations
@@ -171,6 +172,9 @@ class CompiledAttention(_Lane):
         self.split = [self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
         self.qkv_proj = _input_major(nn.Linear(len(pi_in), sum(self.split), bias=qkv_bias))
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, len(pi_out), bias=o_bias)
+        if getattr(config, "qk_norm", False):  # Qwen3: RMSNorm over each head of q and of k
+            self.q_norm = LlamaRMSNorm(self.head_dim, eps=self.eps)
+            self.k_norm = LlamaRMSNorm(self.head_dim, eps=self.eps)
 
     def forward(
         self,
@@ -186,10 +190,17 @@ class CompiledAttention(_Lane):
 
         batch, seq = shape
         qkv = self.qkv_proj(self.lane_input(x)).view(batch, seq, -1)
-        qk = _rotary(
-            qkv[..., : self.split[0] + self.split[1]].view(batch, seq, -1, self.head_dim),
-            *position_embeddings,
-        ).transpose(1, 2)
+        qk = qkv[..., : self.split[0] + self.split[1]].view(batch, seq, -1, self.head_dim)
+        if hasattr(self, "q_norm"):
+            kv_heads = self.split[1] // self.head_dim
+            gamma = torch.cat(
+                [
+                    self.q_norm.weight.expand(self.num_heads, -1),
+                    self.k_norm.weight.expand(kv_heads, -1),
+                ]
+            )
+            qk = _rms_norm(qk, gamma, self.eps)
+        qk = _rotary(qk, *position_embeddings).transpose(1, 2)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[..., -self.split[2] :].view(batch, seq, -1, self.head_dim).transpose(1, 2)
         if past_key_values is not None:

@@ -25,6 +25,7 @@ class FedprunePrunedLlamaConfig(LlamaConfig):
 
     llmpruner_structure: list | None = None
     base_model_type: str = "llama"
+    qkv_bias: bool | None = None  # q/k/v biases apart from o_proj's (Qwen2); None: attention_bias
 
     def layer_sizes(self, layer_idx: int) -> tuple[int, int]:
         """(kept kv groups, kept MLP channels) of decoder layer `layer_idx`."""

@@ -23,6 +23,7 @@ class FedpruneSlicedLlamaConfig(LlamaConfig):
 
     slicegpt_dims: list | None = None
     base_model_type: str = "llama"
+    qkv_bias: bool | None = None  # q/k/v biases apart from o_proj's (Qwen2); None: attention_bias
 
     def point_widths(self) -> list[int]:
         """k_p of the 2L + 1 points, checked against the config."""

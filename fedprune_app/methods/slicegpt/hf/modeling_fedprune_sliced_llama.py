@@ -51,9 +51,11 @@ class SlicedDecoderLayer(LlamaDecoderLayer):
         super().__init__(config, layer_idx)
         d, eps = int(config.hidden_size), float(config.rms_norm_eps)
         attn, mlp = self.self_attn, self.mlp
+        qkv_bias = getattr(config, "qkv_bias", None)
         for name in ("q_proj", "k_proj", "v_proj"):
             old = getattr(attn, name)
-            setattr(attn, name, nn.Linear(k_in, old.out_features, bias=old.bias is not None))
+            bias = old.bias is not None if qkv_bias is None else bool(qkv_bias)
+            setattr(attn, name, nn.Linear(k_in, old.out_features, bias=bias))
         attn.o_proj = nn.Linear(attn.o_proj.in_features, k_mid, bias=attn.o_proj.bias is not None)
         mlp.gate_proj = nn.Linear(
             k_mid, mlp.gate_proj.out_features, bias=mlp.gate_proj.bias is not None
