@@ -264,3 +264,77 @@ def test_the_manuals_are_manuals_dated_only_through_links_and_short() -> None:
     assert dated == [], dated
     for name in ("running.md", "reliability.md"):
         assert len((ROOT / "docs" / name).read_text().splitlines()) < 300, name
+
+
+def _smoke_record() -> dict[str, tuple[int, int]]:
+    """docs/runs/smoke/README.md's current table: method → (wall seconds, models flagged)."""
+    text = (ROOT / "docs" / "runs" / "smoke" / "README.md").read_text()
+    table = text.split("| method | wall time |", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| (\w+) \| (\d+) s \| \d+ \| (\d+) \|", table, re.M)
+    return {m: (int(s), int(f)) for m, s, f in rows}
+
+
+def test_the_smoke_times_the_docs_repeat_are_the_smoke_records() -> None:
+    """README's method table and running.md's smoke paragraph give the wall times (and flags) of
+    docs/runs/smoke/README.md's current table, and nothing else: re-running `make smoke-all`
+    and updating its table without them fails here."""
+    record = _smoke_record()
+    assert len(record) == 8
+    readme = (ROOT / "README.md").read_text()
+    shown = dict(
+        re.findall(r"^\| \[(\w+)\]\(docs/methods/.*\| (\d+ s(?:, flagged)?) \|$", readme, re.M)
+    )
+    assert set(shown) == set(record)
+    for method, (seconds, flagged) in record.items():
+        assert shown[method] == f"{seconds} s" + (", flagged" if flagged else ""), method
+    running = (ROOT / "docs" / "running.md").read_text()
+    (paragraph,) = [p for p in running.split("\n\n") if "runs/smoke/README.md" in p and " s " in p]
+    quoted = {int(n) for pair in re.findall(r"(\d+)(?:–(\d+))? s\b", paragraph) for n in pair if n}
+    assert quoted and quoted <= {s for s, _ in record.values()}, quoted
+    table_line = next(line for line in running.splitlines() if line.startswith("| `make smoke` |"))
+    assert not re.search(r"\d+ s \|", table_line), "running.md's make smoke time: use ~N min"
+
+
+def test_the_readme_figures_of_make_run_are_their_records() -> None:
+    """The README's shortened client table is its linked record's (every number in a row is one of
+    the record's), and each interval of its goals paragraph is claims.md's."""
+    readme = (ROOT / "README.md").read_text()
+    (record_link,) = re.findall(r"\[record\]\((docs/runs/sftp-make-run/[^)]+results\.md)\)", readme)
+    record_numbers = set(re.findall(r"\d+\.\d+", (ROOT / record_link).read_text()))
+    rows = [line for line in readme.splitlines() if re.match(r"\| \d `\w+`", line)]
+    assert len(rows) == 4
+    for row in rows:
+        missing = set(re.findall(r"\d+\.\d+", row)) - record_numbers
+        assert missing == set(), (row[:30], missing)
+    (goals,) = [p for p in readme.split("\n\n") if p.startswith("The goals, pooled")]
+    claims = (ROOT / "docs" / "claims.md").read_text()
+    intervals = re.findall(r"[−-]?\d+\.\d+ \[[^\]]+\]", goals)
+    assert intervals and all(i in claims for i in intervals), intervals
+    for share in re.findall(r"\d+ of \d+ models", goals):
+        assert share in claims, share
+
+
+def test_preset_headers_say_what_a_preset_does_not_what_a_run_found() -> None:
+    """conf/*.toml comments carry no result: no 95% interval, no run record (a dated run
+    directory) and no measured time or speed-up; those live in the records the docs link."""
+    found = []
+    for preset in sorted((ROOT / "conf").glob("*.toml")):
+        for number, line in enumerate(preset.read_text().splitlines(), 1):
+            comment = line.partition("#")[2]
+            interval = r"\[[−-]?\d+(\.\d+)?, [−-]?\d+(\.\d+)?\]"
+            if re.search(rf"{interval}|\d{{8}}-\d{{6}}|\d+(\.\d+)?x per|\bran \d+ min", comment):
+                found.append(f"{preset.name}:{number}: {comment.strip()[:60]}")
+    assert found == [], found
+
+
+def test_every_page_a_preset_names_exists() -> None:
+    """A `docs/...` path in a conf/*.toml comment is a file (and its `#section` a heading there)."""
+    missing = []
+    for preset in sorted((ROOT / "conf").glob("*.toml")):
+        for path, anchor in re.findall(
+            r"(docs/[\w./-]+?)(#[\w-]+)?(?=[\s,;:)]|$)", preset.read_text()
+        ):
+            target = ROOT / path.rstrip(".")
+            if not target.exists() or (anchor and anchor[1:] not in anchors(target)):
+                missing.append(f"{preset.name}: {path}{anchor}")
+    assert missing == [], missing
