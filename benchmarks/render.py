@@ -245,9 +245,10 @@ def overhead(records: Sequence[Record]) -> str:
 
 def _setting(r: Record) -> str:
     s = r["settings"]
+    held = s.get("hold-open", s.get("sftp-hold-open"))  # the key's name before 2026-12-06
     return (
         f"p {s['keep-ratio']:g}, λ {s['sftp-lambda']:g}, generator lr {s['sftp-generator-lr']:g}, "
-        f"{'+C' if s['sftp-conditioning'] else 'NOC'}, hold-open {s['sftp-hold-open']}, "
+        f"{'+C' if s['sftp-conditioning'] else 'NOC'}, hold-open {held}, "
         f"L_CLM on {s['sftp-loss-on']}"
     )
 

@@ -164,7 +164,7 @@ class SFTPClient(FederatedClient):
         embedding: torch.Tensor | None,
     ) -> list[LayerMasks]:
         """This client's deployed mask of h_Θ(e_k) (`deployed_gates`: by default the top-π gates
-        that fit its budget p, the `sftp-hold-open` gates at 1), one LayerMasks per decoder
+        that fit its budget p, the `hold-open` gates at 1), one LayerMasks per decoder
         layer."""
         sftp_cfg = self.cfg.section(SFTPConfig)
         held = held_coordinates(self.cfg, model, tokenizer)

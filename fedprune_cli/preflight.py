@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 # run-config keys read with `per_client(value, num_partitions, cast, key)`: one value for all
 # clients or one per partition (grep `per_client(`; a test checks this list against the source tree)
 PER_CLIENT_KEYS: dict[str, type] = {
-    "sftp-keep-ratios": float,
+    "keep-ratios": float,
     "flexlora-ranks": int,
     "fedspallm-resources": float,
     "eval-tasks": str,

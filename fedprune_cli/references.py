@@ -5,7 +5,7 @@ and data.
 one after the other, with the same preset, overrides and federation:
 
 1. **SFT-P**: the run as configured (its compiled models are what the clients deploy);
-2. **ceiling**: the same run with every gate held open (`sftp-hold-open='all'`): the dense model
+2. **ceiling**: the same run with every gate held open (`hold-open='all'`): the dense model
    trained by the same recipe, steps and data (LoRA with the same schedule; the generator gets no
    gradient);
 3. **floor**: the post hoc cut at the same budget: LLM-Pruner's round 1 (first-order Taylor
@@ -44,7 +44,7 @@ from fedprune_cli import launch
 # The references skip what the SFT-P run already measures: the untouched model (round 0) and the
 # server's view.
 SKIP = "eval-untouched=false server-eval-data=''"
-CEILING = f"sftp-hold-open='all' sftp-speed-prefill=0 {SKIP} run-tag='ceiling'"
+CEILING = f"hold-open='all' sftp-speed-prefill=0 {SKIP} run-tag='ceiling'"
 
 
 def floor_overrides(keep_ratio: float) -> str:
@@ -57,13 +57,13 @@ def floor_overrides(keep_ratio: float) -> str:
 
 
 def single_budget(config: dict[str, Any]) -> float:
-    """The one keep ratio p of `sftp-keep-ratios`; ConfigError when the clients have several."""
-    values = {float(v) for v in str(config.get("sftp-keep-ratios", "")).split(",") if v.strip()}
+    """The one keep ratio p of `keep-ratios`; ConfigError when the clients have several."""
+    values = {float(v) for v in str(config.get("keep-ratios", "")).split(",") if v.strip()}
     if len(values) != 1:
         raise ConfigError(
             "fedprune_cli.references compares against references at one budget: run-config key "
-            "'sftp-keep-ratios' must hold a single keep ratio, got "
-            f"{config.get('sftp-keep-ratios')!r}"
+            "'keep-ratios' must hold a single keep ratio, got "
+            f"{config.get('keep-ratios')!r}"
         )
     return values.pop()
 

@@ -176,7 +176,7 @@ def rescore(run_dir: Path, examples: int, batch_size: int, dense: bool = False) 
     """Score one run's models on each client's held-out examples; the record written to
     rescore.json. `dense`: an SFT-P run's record also scores the base model (fedflap's always
     does)."""
-    cfg = RunConfig.from_flower(json.loads((run_dir / "config.json").read_text()))
+    cfg = RunConfig.from_record(json.loads((run_dir / "config.json").read_text()))
     clients = evaluated_clients(run_dir)
     partitions = num_partitions(run_dir, cfg, clients)
     tokenizer = load_tokenizer(cfg.model_name)

@@ -27,7 +27,7 @@ from fedprune_app.llm.models import load_run
 def rescore(run_dir: Path, examples: int, batch_size: int) -> dict:
     """Score one run's final model on `examples` unused examples per source; the record written to
     rescore.json."""
-    cfg = RunConfig.from_flower(json.loads((run_dir / "config.json").read_text()))
+    cfg = RunConfig.from_record(json.loads((run_dir / "config.json").read_text()))
     held = unused_examples(cfg, examples)
     model, tokenizer = load_run(run_dir)
     start = time.perf_counter()

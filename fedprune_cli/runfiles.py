@@ -7,13 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fedprune_app.core.config import with_current_names
 from fedprune_app.llm.intervals import TokenScores
 from fedprune_cli.rescore import RESCORE_FILE
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
-    """The run config a finished run recorded (config.json)."""
-    return json.loads((run_dir / "config.json").read_text())
+    """The run config a finished run recorded (config.json), renamed keys under their current
+    names."""
+    return with_current_names(json.loads((run_dir / "config.json").read_text()))
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Round 1: every sampled client scores the residual-bus coordinates of SFT-P's four masks per layer on
 its own data (`clients.fedflap.importance_scores`); the server averages the scores weighted by
 num-examples, standardises them per (layer, mask) and cuts ONE global mask at the budget p
-(`sftp-keep-ratios`, a single value: SFT-P's budget key), `cut_masks`. Rounds 2..R: FedAvg LoRA
+(`keep-ratios`, a single value: SFT-P's budget key), `cut_masks`. Rounds 2..R: FedAvg LoRA
 recovery (FedIT) on the routed model with those masks, which travel as bool arrays
 `fedflap-mask.<name>` (layers × d) in the global arrays and never change.
 
@@ -148,7 +148,7 @@ class FedFLAPStrategy(StatisticsThenRecovery):
         self, states: list[dict[str, np.ndarray]], replies: list[RecordDict]
     ) -> dict[str, np.ndarray]:
         """Importance averaged by num-examples, standardised per (layer, mask), one global cut at
-        the budget that keeps the `sftp-hold-open` coordinates (default: the massive activations, as
+        the budget that keeps the `hold-open` coordinates (default: the massive activations, as
         SFT-P's masks do)."""
         weights = [float(flat_metrics(r)["num-examples"]) for r in replies]
         mean = average_importance(

@@ -66,7 +66,7 @@ def one_run(
             generator=torch.Generator().manual_seed(cfg.seed + client),
         )
     )
-    keep = float(str(cfg["sftp-keep-ratios"]).split(",")[0])
+    keep = float(str(cfg["keep-ratios"]).split(",")[0])
     start = clock()
     report = local_round(
         cfg,

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fedprune_app.core.config import ConfigError, RunConfig, defaults, safe_name
+from fedprune_app.core.config import ConfigError, RunConfig, defaults, safe_name, with_current_names
 from fedprune_app.core.protocol import spec_of
 from fedprune_app.core.replies import spec_problem
 from fedprune_app.core.rundir import resolve_output_dir
@@ -132,7 +132,7 @@ def load_checkpoint(cfg: RunConfig) -> Checkpoint:
             f"run-config key 'resume-from' must be a run directory holding checkpoint/{STATE_FILE} "
             f"(written when checkpoint-every > 0), got {str(given)!r}: {path} does not exist"
         )
-    old = json.loads((run_dir / "config.json").read_text())
+    old = with_current_names(json.loads((run_dir / "config.json").read_text()))
     new = cfg.to_dict()
     # a key added after the interrupted run was written (absent from its config.json) is the same if
     # the resumed run leaves it at its default: the default is what that run did (e.g.

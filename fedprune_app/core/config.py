@@ -129,6 +129,9 @@ class ConfigSection:
     `key()`."""
 
     title: ClassVar[str] = ""
+    # {old key name: new key name}: an old name in a run config is refused with one line naming
+    # the new one; a run directory's recorded config is read with the new names (`renamed_keys`)
+    renamed: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def keys(cls) -> tuple[Key, ...]:
@@ -504,6 +507,12 @@ class RunConfig(SharedConfig):
         """The flat run config, every key (config.json)."""
         return dict(self.values)
 
+    @classmethod
+    def from_record(cls, values: Mapping[str, Any]) -> RunConfig:
+        """The config a run directory recorded (config.json), validated, read with the current key
+        names (`with_current_names`): runs written before a key was renamed still load."""
+        return cls.from_flower(with_current_names(values))
+
     def replace(self, **changes: Scalar) -> RunConfig:  # type: ignore[override]
         """A copy with some keys changed (names with '_' or '-'), validated again."""
         merged = dict(self.values) | {k.replace("_", "-"): v for k, v in changes.items()}
@@ -519,6 +528,11 @@ class RunConfig(SharedConfig):
 
         sections = all_sections()
         keys = {k.name: k for section in sections for k in section.keys()}
+        renamed = renamed_keys()
+        if old := min(set(run_config) & set(renamed), default=None):
+            raise ConfigError(
+                f"run-config key '{old}' is now '{renamed[old]}' (renamed; same values)"
+            )
         unknown = sorted(set(run_config) - set(keys))
         if unknown:
             hints = []
@@ -540,6 +554,18 @@ class RunConfig(SharedConfig):
         for section in (cfg, *built.values()):
             section.check(cfg)
         return cfg
+
+
+def renamed_keys() -> dict[str, str]:
+    """{old key name: new key name} of every section."""
+    return {old: new for section in all_sections() for old, new in section.renamed.items()}
+
+
+def with_current_names(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A run config recorded under older key names (a run directory's config.json) with each
+    renamed key under its current name."""
+    renamed = renamed_keys()
+    return {renamed.get(k, k): v for k, v in values.items()}
 
 
 def defaults() -> dict[str, Scalar]:

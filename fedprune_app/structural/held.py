@@ -1,4 +1,4 @@
-"""Bus coordinates held open in every mask (`sftp-hold-open`; not in the SFT-P paper): the residual
+"""Bus coordinates held open in every mask (`hold-open`; not in the SFT-P paper): the residual
 bus's massive activations (Sun et al., 2024), or every coordinate for the dense-with-the-same-recipe
 ceiling."""
 
@@ -37,19 +37,19 @@ def massive_coordinates(model: nn.Module, tokenizer: Any, factor: float) -> list
 
 
 def held_coordinates(cfg: RunConfig, model: nn.Module, tokenizer: Any) -> Tensor | None:
-    """`sftp-hold-open` as a (d,) 0/1 vector of the gates fixed at 1 in every mask (None = none
+    """`hold-open` as a (d,) 0/1 vector of the gates fixed at 1 in every mask (None = none
     held): the massive coordinates (computed once per model name, `ROUTED_MODELS.massive`), or all
     of them."""
     bus = cfg.section(BusConfig)
     d = int(model.config.hidden_size)
-    if bus.sftp_hold_open == "none":
+    if bus.hold_open == "none":
         return None
     held = torch.ones(d)
-    if bus.sftp_hold_open == "massive":
+    if bus.hold_open == "massive":
         held = torch.zeros(d)
-        key = (cfg.model_name, bus.sftp_massive_factor, d)
+        key = (cfg.model_name, bus.massive_factor, d)
         coordinates = ROUTED_MODELS.massive(
-            key, lambda: massive_coordinates(model, tokenizer, bus.sftp_massive_factor)
+            key, lambda: massive_coordinates(model, tokenizer, bus.massive_factor)
         )
         held[coordinates] = 1.0
     return held

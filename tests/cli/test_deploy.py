@@ -117,9 +117,9 @@ def test_deploy_runs_the_preflight_checks_against_its_supernodes(
     started."""
     monkeypatch.setattr(deploy, "LocalFederation", lambda *a, **k: pytest.fail("nothing may start"))
     with pytest.raises(
-        ConfigError, match="'sftp-keep-ratios' has 3 comma-separated values .* num-supernodes = 2"
+        ConfigError, match="'keep-ratios' has 3 comma-separated values .* num-supernodes = 2"
     ):
-        deploy.deploy(["method='sftp' sftp-keep-ratios='0.5,0.5,0.8'"], deploy.node_specs(2))
+        deploy.deploy(["method='sftp' keep-ratios='0.5,0.5,0.8'"], deploy.node_specs(2))
     with pytest.raises(ConfigError, match="'min-nodes' is 3 but num-supernodes = 2"):
         deploy.deploy(["min-nodes=3"], deploy.node_specs(2))
 

@@ -42,8 +42,8 @@ METHODS: dict[str, tuple[str, str]] = {
     "fedit": ("choice", ""),
     "flexlora": ("instruction", "flexlora-ranks='2,4' gen-max-new-tokens=4"),
     "fedtpa": ("instruction", "fedtpa-warmup-steps=1 gen-max-new-tokens=4"),
-    "sftp": ("choice", "sftp-keep-ratios='0.5'"),
-    "fedflap": ("choice", "num-server-rounds=2 sftp-keep-ratios='0.5' fedflap-batches=2"),
+    "sftp": ("choice", "keep-ratios='0.5'"),
+    "fedflap": ("choice", "num-server-rounds=2 keep-ratios='0.5' fedflap-batches=2"),
     "llmpruner": (
         "choice",
         "num-server-rounds=2 llmpruner-keep-ratio=0.5 llmpruner-batches=2 "

@@ -62,8 +62,8 @@ def test_the_per_client_keys_are_every_key_read_with_per_client() -> None:
 @pytest.mark.parametrize(
     "method, key, value",
     [
-        ("sftp", "sftp-keep-ratios", "0.5,0.5"),
-        ("fedflap", "sftp-keep-ratios", "0.5,0.5,0.5"),
+        ("sftp", "keep-ratios", "0.5,0.5"),
+        ("fedflap", "keep-ratios", "0.5,0.5,0.5"),
         ("flexlora", "flexlora-ranks", "8,16,32,64,64"),
         ("fedspallm", "fedspallm-resources", "1.0,0.5"),
         ("fedit", "eval-tasks", "a,b"),
@@ -81,8 +81,8 @@ def test_a_per_client_list_must_have_one_value_or_one_per_supernode(
 
 
 def test_per_client_lists_that_fit_pass_and_keys_the_method_does_not_read_are_not_checked() -> None:
-    preflight.check_federation(cfg_of(method="sftp", sftp_keep_ratios="0.8,0.8,0.5,0.5"), 4)
-    preflight.check_federation(cfg_of(method="sftp", sftp_keep_ratios="0.5"), 4)
+    preflight.check_federation(cfg_of(method="sftp", keep_ratios="0.8,0.8,0.5,0.5"), 4)
+    preflight.check_federation(cfg_of(method="sftp", keep_ratios="0.5"), 4)
     preflight.check_federation(cfg_of(method="flexlora", flexlora_ranks="8,16,32,48,64"), 5)
     preflight.check_federation(
         cfg_of(method="sftp", flexlora_ranks="8,16,32"), 4
@@ -405,14 +405,14 @@ def test_the_launcher_refuses_before_starting_anything(
             "--run-config",
             str(ROOT / "conf" / "sftp.toml"),
             "--run-config",
-            f"sftp-keep-ratios='0.5,0.5' output-dir='{tmp_path}'",
+            f"keep-ratios='0.5,0.5' output-dir='{tmp_path}'",
             "--federation-config",
             "num-supernodes=4 client-resources-num-cpus=1",
         ]
     )
     err = capsys.readouterr().err
     assert code == 2 and err.splitlines() == [
-        "error: run-config key 'sftp-keep-ratios' has 2 comma-separated values ('0.5,0.5') but "
+        "error: run-config key 'keep-ratios' has 2 comma-separated values ('0.5,0.5') but "
         "num-supernodes = 4: give one value for every client or exactly 4, one per partition id"
     ]
 
@@ -448,12 +448,12 @@ def test_a_method_swap_known_to_break_the_model_is_warned_before_the_start(
         values = launch.merged_config(launch.APP_DIR, list(run_configs))
         return preflight.advice(RunConfig.from_flower(values))
 
-    short = warnings_for(str(root / "conf" / "smoke.toml"), "method='sftp' sftp-keep-ratios='0.5'")
+    short = warnings_for(str(root / "conf" / "smoke.toml"), "method='sftp' keep-ratios='0.5'")
     assert len(short) == 1 and "1 x 2 = 2 local steps" in short[0] and "at least 600" in short[0]
     assert (
-        warnings_for(str(root / "conf" / "smoke.toml"), "method='sftp' sftp-keep-ratios='0.8'")[
-            0
-        ].count("at least 150")
+        warnings_for(str(root / "conf" / "smoke.toml"), "method='sftp' keep-ratios='0.8'")[0].count(
+            "at least 150"
+        )
         == 1
     )
     assert warnings_for(str(root / "conf" / "sftp.toml")) == []
@@ -461,9 +461,7 @@ def test_a_method_swap_known_to_break_the_model_is_warned_before_the_start(
     assert (
         warnings_for(str(root / "conf" / "sftp-50.toml"), "num-server-rounds=11") != []
     )  # 550 < 600
-    assert (
-        warnings_for(str(root / "conf" / "smoke.toml"), "method='sftp' sftp-hold-open='all'") == []
-    )
+    assert warnings_for(str(root / "conf" / "smoke.toml"), "method='sftp' hold-open='all'") == []
     assert warnings_for(str(root / "conf" / "smoke.toml")) == []
     for method in ("llmpruner", "slicegpt", "fedflap"):  # one round: the post hoc cut, no recovery
         assert "num-server-rounds = 1" in " ".join(
@@ -473,7 +471,7 @@ def test_a_method_swap_known_to_break_the_model_is_warned_before_the_start(
     launch.checked_config(
         launch.APP_DIR, [str(root / "conf" / "smoke.toml"), "method='sftp'"], "num-supernodes=2"
     )
-    assert "[fedprune] warning: sftp-keep-ratios 0.5" in capsys.readouterr().err
+    assert "[fedprune] warning: keep-ratios 0.5" in capsys.readouterr().err
 
 
 def test_the_smoke_preset_takes_every_method_on_the_default_federation() -> None:

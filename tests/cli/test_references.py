@@ -160,7 +160,7 @@ def test_the_floor_is_llmpruners_cut_at_the_one_budget(capsys: pytest.CaptureFix
     refused."""
     from fedprune_cli.launch import APP_DIR, merged_config
 
-    floor = floor_overrides(single_budget({"sftp-keep-ratios": "0.8,0.8"}))
+    floor = floor_overrides(single_budget({"keep-ratios": "0.8,0.8"}))
     config = merged_config(APP_DIR, ["conf/sftp.toml", floor])
     assert (config["method"], config["llmpruner-keep-ratio"], config["num-server-rounds"]) == (
         "llmpruner",
@@ -176,7 +176,7 @@ def test_the_floor_is_llmpruners_cut_at_the_one_budget(capsys: pytest.CaptureFix
                 "--run-config",
                 "conf/sftp.toml",
                 "--run-config",
-                "sftp-keep-ratios='0.8,0.8,0.5,0.5'",
+                "keep-ratios='0.8,0.8,0.5,0.5'",
             ]
         )
         == 2

@@ -94,7 +94,7 @@ def fake_run(
     config = {
         "method": method,
         "num-server-rounds": rounds,
-        "sftp-keep-ratios": keep_ratios(cell),
+        "keep-ratios": keep_ratios(cell),
         "test-examples": TEST_EXAMPLES,
         "model-name": str(model_dir),
     }
@@ -251,7 +251,7 @@ def test_cells_use_valid_presets_once_each() -> None:
         assert cell.supernodes == cfg.min_nodes == 4
         rounds, steps, lora_lr = sftp_schedule(s["budget"])
         if s["method"] == "sftp":
-            assert cfg["sftp-keep-ratios"] == keep_ratios(cell)
+            assert cfg["keep-ratios"] == keep_ratios(cell)
             assert (
                 cfg.section(SFTPConfig).sftp_conditioning,
                 cfg.section(SFTPConfig).sftp_adapters,
@@ -271,7 +271,7 @@ def test_cells_use_valid_presets_once_each() -> None:
     assert (
         str(
             RunConfig.from_flower(merged_config(ROOT, list(cell_of("mixed-c-a").run_config)))[
-                "sftp-keep-ratios"
+                "keep-ratios"
             ]
         )
         == "0.8,0.8,0.5,0.5"
@@ -972,8 +972,5 @@ def test_schedules_show_each_recipe_and_flag_cells_that_differ_besides_their_var
     assert differing_keys([{}, {"pack-sequences": False}]) == []  # predates the key: padded rows
     assert differing_keys([{}, {"pack-sequences": True}]) == ["pack-sequences"]
     assert differing_keys([{}, {"sftp-lambda": 16.0}]) == []  # the default
-    assert (
-        differing_keys([{"sftp-keep-ratios": "0.5", "run-tag": "a"}, {"sftp-keep-ratios": "0.8"}])
-        == []
-    )
+    assert differing_keys([{"keep-ratios": "0.5", "run-tag": "a"}, {"keep-ratios": "0.8"}]) == []
     assert schedules(GRID.cells(args()), {}) == []

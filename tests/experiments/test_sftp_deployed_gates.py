@@ -67,7 +67,7 @@ def _round_one_run(
         method="sftp",
         num_server_rounds=rounds,
         local_steps=2,
-        sftp_keep_ratios="0.5",
+        keep_ratios="0.5",
         test_examples=4,
         **overrides,
     )

@@ -47,7 +47,7 @@ def test_a_larger_learning_rate_moves_phi_further(tiny_model_dir: Path) -> None:
             sftp_config(
                 tiny_model_dir,
                 sftp_lora_lr=lr,
-                sftp_hold_open="all",
+                hold_open="all",
                 local_steps=4,
                 batch_size=1,
                 seq_len=16,

@@ -22,7 +22,7 @@ def test_rows_per_round_and_one_client_federated_equals_alone(tiny_model_dir: Pa
         method="sftp",
         num_server_rounds=2,
         local_steps=1,
-        sftp_keep_ratios="0.5",
+        keep_ratios="0.5",
         test_examples=4,
     )
     rows = trajectory(cfg, 1, [0], 3, log=lambda _: None)
@@ -53,7 +53,7 @@ def test_two_clients_are_averaged(tiny_model_dir: Path) -> None:
         method="sftp",
         num_server_rounds=1,
         local_steps=1,
-        sftp_keep_ratios="0.5",
+        keep_ratios="0.5",
         test_examples=4,
     )
     rows = trajectory(cfg, 2, [1], 2, log=lambda _: None)
@@ -74,7 +74,7 @@ def test_federated_rows_score_the_pair_each_client_deploys(tiny_model_dir: Path)
             method="sftp",
             num_server_rounds=1,
             local_steps=2,
-            sftp_keep_ratios="0.5",
+            keep_ratios="0.5",
             test_examples=4,
             sftp_deploy_state=state,
         )
@@ -107,7 +107,7 @@ def test_alone_only_gives_the_same_alone_rows_without_the_federated_run(
         method="sftp",
         num_server_rounds=2,
         local_steps=1,
-        sftp_keep_ratios="0.5",
+        keep_ratios="0.5",
         test_examples=4,
     )
     full = trajectory(cfg, 2, [1], 2, log=lambda _: None)
@@ -137,7 +137,7 @@ def test_rows_carry_each_questions_scores_whose_weighted_mean_is_the_answer_nll(
         method="sftp",
         num_server_rounds=1,
         local_steps=1,
-        sftp_keep_ratios="0.5",
+        keep_ratios="0.5",
         test_examples=4,
     )
     rows = trajectory(cfg, 1, [0], 3, log=lambda _: None, federate=False)
@@ -156,7 +156,7 @@ def test_unused_examples_extend_the_scored_questions_after_the_test_split(
         method="sftp",
         num_server_rounds=1,
         local_steps=1,
-        sftp_keep_ratios="0.5",
+        keep_ratios="0.5",
         test_examples=4,
     )
     client = make_client(cfg, 0, 1)

@@ -33,7 +33,7 @@ def _config(tiny_model_dir: Path, method: str, **overrides: object) -> RunConfig
     extra: dict[str, object] = {
         "flexlora": {"flexlora_ranks": "2,4"},
         "fedtpa": {"fedtpa_warmup_steps": 1},
-        "sftp": {"sftp_keep_ratios": "0.8,0.5", "eval_ppl_tokens": 0},
+        "sftp": {"keep_ratios": "0.8,0.5", "eval_ppl_tokens": 0},
     }.get(method, {})
     return small_config(
         tiny_model_dir, method=method, lora_rank=4, lora_alpha=ALPHA, **extra, **overrides

@@ -11,7 +11,7 @@ Groups: table1, table2, figs, comm; a cell several groups read runs once.
 
 Every number is read from the runs' own files: accuracy and kept ratio from the `evaluate` rows of
 metrics.jsonl (per client = partition id, on its own test split, in the run's last round,
-`num-server-rounds` of config.json); budgets from config.json's `sftp-keep-ratios`; the kept ratio
+`num-server-rounds` of config.json); budgets from config.json's `keep-ratios`; the kept ratio
 per round (Fig. 4b) and the bytes from the accepted `train` rows; the masks from
 masks.json / masks.npz (figures).
 

@@ -29,7 +29,7 @@ BASELINES = {
     "slicegpt": "SliceGPT (FL)",
 }  # method: label
 KEEP_KEYS = {
-    "fedflap": "sftp-keep-ratios",
+    "fedflap": "keep-ratios",
     "llmpruner": "llmpruner-keep-ratio",
     "slicegpt": "slicegpt-keep-ratio",
 }
@@ -101,7 +101,7 @@ def overrides(method: str, budget: Budget, variant: str) -> str:
     if method == "sftp":
         _, conditioning, adapters = VARIANTS[variant]
         parts += [
-            f'sftp-keep-ratios="{ratios}"',
+            f'keep-ratios="{ratios}"',
             f"sftp-conditioning={str(conditioning).lower()}",
             f"sftp-adapters={str(adapters).lower()}",
             'sftp-deploy-state="global"',

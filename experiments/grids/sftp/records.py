@@ -47,11 +47,9 @@ def evaluations(run_dir: Path, round_: int | None = None) -> dict[int, dict[str,
 
 
 def targets(run_dir: Path) -> dict[int, float]:
-    """{client: target keep ratio p} from the run's `sftp-keep-ratios` (one for all or one per
+    """{client: target keep ratio p} from the run's `keep-ratios` (one for all or one per
     partition)."""
-    values = per_client(
-        str(read_config(run_dir)["sftp-keep-ratios"]), CLIENTS, float, "sftp-keep-ratios"
-    )
+    values = per_client(str(read_config(run_dir)["keep-ratios"]), CLIENTS, float, "keep-ratios")
     return dict(enumerate(values))
 
 

@@ -28,7 +28,7 @@ RECIPE = (
 # what a cell sets on purpose (its variant and budget) or what names the run; any other key that
 # differs confounds
 VARIANT_KEYS = frozenset(
-    {"sftp-conditioning", "sftp-adapters", "sftp-keep-ratios", "run-tag", "output-dir"}
+    {"sftp-conditioning", "sftp-adapters", "keep-ratios", "run-tag", "output-dir"}
 )
 # what a run recorded before a key existed did, where that is not the key's default: rows were
 # padded until packed rows (`pack-sequences`, default true) arrived

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--json", default="", help="record path ('' = none)")
     args = p.parse_args(argv)
-    cfg = RunConfig.from_flower(json.loads((args.run / "config.json").read_text()))
+    cfg = RunConfig.from_record(json.loads((args.run / "config.json").read_text()))
     if cfg.method != "fedflap" or not (args.run / "masks.npz").is_file():
         raise SystemExit(
             f"{args.run} is not a finished fedflap run (method {cfg.method!r}, masks.npz needed)"

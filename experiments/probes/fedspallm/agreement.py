@@ -228,7 +228,7 @@ def resolve_run(run_dir: Path, cfg: RunConfig) -> tuple[Any, Any]:
 def run_decomposition(run_dir: Path) -> dict[str, Any]:
     """Perplexity of the re-solved global mask beside the run's own models, paired on the same
     windows."""
-    cfg = RunConfig.from_flower(json.loads((run_dir / "config.json").read_text()))
+    cfg = RunConfig.from_record(json.loads((run_dir / "config.json").read_text()))
     resolved, fed = resolve_run(run_dir, cfg)
     tokenizer = load_tokenizer(cfg.model_name)
     recorded = records.window_scores(run_dir)

@@ -55,7 +55,7 @@ SETTING_KEYS = (
     "sftp-gate-bias",
     "sftp-conditioning",
     "sftp-adapters",
-    "sftp-hold-open",
+    "hold-open",
     "sftp-loss-on",
     "sftp-lora-lr",
     "sftp-embed-init-std",

@@ -3,7 +3,7 @@ masked out.
 
 Finding: Dropping SmolLM2's bus coordinate 507 alone takes answer NLL from 2–6 to 14–17 nats (four
   random coordinates: at most 0.13), so SFT-P holds massive coordinates open
-  (sftp-hold-open='massive').
+  (hold-open='massive').
 Record: docs/runs/sftp-trajectory/bus-coordinates.json; quoted in
   docs/notes/2026-11-sftp-investigations.md (the figure also in docs/methods/sftp.md).
 

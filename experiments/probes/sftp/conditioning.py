@@ -305,7 +305,7 @@ def settings_of(cfg: RunConfig, rounds: int | None, steps: int | None) -> dict[s
         "embed-dim": s.sftp_embed_dim,
         "hidden": s.sftp_generator_hidden,
         "max-grad-norm": cfg.max_grad_norm,
-        "keep-ratio": float(str(cfg["sftp-keep-ratios"]).split(",")[0]),
+        "keep-ratio": float(str(cfg["keep-ratios"]).split(",")[0]),
     }
 
 

@@ -82,7 +82,7 @@ def load_run(run: Path, partial: bool = False) -> tuple[RunConfig, ArrayRecord, 
     """The run's config and its last round's global arrays (Θ, Φ), round and run key from its
     checkpoint; with `partial`, the round the checkpoint holds (a run still going or stopped
     early)."""
-    cfg = RunConfig.from_flower(json.loads((run / "config.json").read_text()))
+    cfg = RunConfig.from_record(json.loads((run / "config.json").read_text()))
     path = run / "checkpoint" / STATE_FILE
     if not path.is_file():
         raise SystemExit(

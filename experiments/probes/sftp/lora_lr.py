@@ -7,7 +7,7 @@ Record: docs/runs/sftp-trajectory/lora-lr.json; quoted in docs/notes/2026-11-sft
 
 For each `--lrs` value, one client runs SFT-P's local training (`methods/sftp/local.py`
 `local_round`: the recipe of the preset, cosine LoRA schedule over `--steps`) from the fresh
-adapters with every gate held open (`sftp-hold-open='all'`), so only Φ decides the outcome. Reported
+adapters with every gate held open (`hold-open='all'`), so only Φ decides the outcome. Reported
 per learning rate: ‖ΔW‖_F / ‖W‖_F averaged over the adapted projections (ΔW = s·B·A, s = alpha / r),
 the largest |ΔW_ij| relative to that projection's RMS weight, the mean CLM of the first and the last
 10 steps, and the answer NLL of the client's first `--examples` test examples (untouched model
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 APP_DIR,
                 [
                     *base,
-                    f"sftp-lora-lr={lr!r} sftp-hold-open='all' "
+                    f"sftp-lora-lr={lr!r} hold-open='all' "
                     f"num-server-rounds=1 local-steps={args.steps}",
                 ],
             )

@@ -35,6 +35,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from benchmarks.render import finish_record, start_record
+from fedprune_app.core.config import with_current_names
 from fedprune_app.llm.models import resolve_model_path
 from fedprune_app.methods.sftp.generator import MaskGenerator, mask_rounding, set_generator_state
 from fedprune_app.structural.routing import MASK_NAMES, kept_parameters, prunable_parameters
@@ -92,7 +93,7 @@ def main() -> None:
     record["runs"] = []
     print(f"{'run':<40} {'target':>6} {'deterministic':>13} {'expected':>8} {'0.1<π<0.9':>9}")
     for run in args.runs:
-        target = json.loads((run / "config.json").read_text())["sftp-keep-ratios"]
+        target = with_current_names(json.loads((run / "config.json").read_text()))["keep-ratios"]
         r = rounding(run)
         record["runs"].append(
             {

@@ -27,7 +27,7 @@ projections, the mean CLM loss and penalty of the local steps, and ‖Φ − Φ_
 moved).
 
     python -m experiments.probes.sftp.trajectory \\
-        --run-config "sftp-keep-ratios='0.8' num-server-rounds=8 local-steps=25" \\
+        --run-config "keep-ratios='0.8' num-server-rounds=8 local-steps=25" \\
         --out docs/runs/sftp-trajectory/keep08.json
 """
 

@@ -1,6 +1,6 @@
 """fedflap's own run-config keys; its budget and held coordinates are the masked bus's
-(`fedprune_app.structural.config.BusConfig`: `sftp-keep-ratios`, `sftp-hold-open`,
-`sftp-massive-factor`)."""
+(`fedprune_app.structural.config.BusConfig`: `keep-ratios`, `hold-open`,
+`massive-factor`)."""
 
 from __future__ import annotations
 

@@ -190,7 +190,7 @@ def cut_masks(
     p · prunable_parameters).
 
     Every (layer, mask) first keeps its best coordinate (no empty lane: the submodule stays in the
-    model) and every `held` bus coordinate ((d,) bool: `sftp-hold-open`, the massive activations);
+    model) and every `held` bus coordinate ((d,) bool: `hold-open`, the massive activations);
     then `fill_budget` keeps the rest of the global ranking while the cost stays ≤ target. So the
     kept set is the top of the global ranking and the cost is within one coordinate's cost below the
     target (above it only when the forced coordinates alone exceed it).
@@ -207,12 +207,12 @@ def cut_masks(
 
 
 def single_keep_ratio(cfg: RunConfig) -> float:
-    """The one budget p of `sftp-keep-ratios` (several equal values are accepted); ConfigError
+    """The one budget p of `keep-ratios` (several equal values are accepted); ConfigError
     otherwise."""
-    values = {float(v) for v in split_list(cfg.section(BusConfig).sftp_keep_ratios)}
+    values = {float(v) for v in split_list(cfg.section(BusConfig).keep_ratios)}
     if len(values) != 1:
         raise ConfigError(
-            "method 'fedflap' cuts one global mask: run-config key 'sftp-keep-ratios' must hold a "
-            f"single keep ratio, got {cfg.section(BusConfig).sftp_keep_ratios!r}"
+            "method 'fedflap' cuts one global mask: run-config key 'keep-ratios' must hold a "
+            f"single keep ratio, got {cfg.section(BusConfig).keep_ratios!r}"
         )
     return values.pop()

@@ -152,16 +152,16 @@ class SFTPConfig(ConfigSection):
         """SFT-P cut before the model could adapt: fewer local steps than the working presets at
         this budget."""
         bus = cfg.section(BusConfig)
-        if cfg.method != "sftp" or bus.sftp_hold_open == "all":
+        if cfg.method != "sftp" or bus.hold_open == "all":
             return []
-        keep = min(float(v) for v in split_list(bus.sftp_keep_ratios))
+        keep = min(float(v) for v in split_list(bus.keep_ratios))
         steps = cfg.num_server_rounds * cfg.local_steps
         need = next((n for p, n in self.KNOWN_SCHEDULES if keep >= p), self.KNOWN_SCHEDULES[-1][1])
         if steps >= need:
             return []
         known = "; ".join(f"keep {p:g}: {n}" for p, n in self.KNOWN_SCHEDULES)
         return [
-            f"sftp-keep-ratios {keep:g} with num-server-rounds x local-steps = "
+            f"keep-ratios {keep:g} with num-server-rounds x local-steps = "
             f"{cfg.num_server_rounds} x {cfg.local_steps} = {steps} local steps: the schedules "
             f"known to deploy working models train at least {need} ({known}; conf/sftp.toml, "
             "conf/sftp-50.toml). With fewer, the masks cut the model before it adapts and the "

@@ -112,7 +112,7 @@ def local_round(
     """`local-steps` steps of Alg. 1 on the routed `model`; `report.losses` is L_k, `report.values`
     holds 'clm' and 'penalty' per step.
 
-    Per step: g = ReinMax gates of h_Θ(e_k) (Eq. 10–12; the `sftp-hold-open` gates at 1), the CLM
+    Per step: g = ReinMax gates of h_Θ(e_k) (Eq. 10–12; the `hold-open` gates at 1), the CLM
     loss of the model routed by g, L_k = CLM + λ·R(T(g), p_t·T_total) (Eq. 13–14), p_t ramped over
     the first `sftp-budget-warmup-steps` global steps (`ramped_keep_ratio`; not in the paper,
     default off), one AdamW step on (Θ, e_k, Φ) clipped jointly to `max-grad-norm`. A recovery round

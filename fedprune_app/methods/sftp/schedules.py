@@ -1,4 +1,4 @@
-"""SFT-P's per-client budgets and schedules: p_k of `sftp-keep-ratios`, the budget target's warm-up
+"""SFT-P's per-client budgets and schedules: p_k of `keep-ratios`, the budget target's warm-up
 (Eq. 13's p over the local steps) and the LoRA learning rate's cosine annealing (Table 4)."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from fedprune_app.structural.config import BusConfig
 
 
 def keep_ratio_of(cfg: RunConfig, partition_id: int, num_partitions: int) -> float:
-    """p of client `partition_id` from `sftp-keep-ratios` (one value for all clients or one per
+    """p of client `partition_id` from `keep-ratios` (one value for all clients or one per
     client)."""
-    ratios = cfg.section(BusConfig).sftp_keep_ratios
-    return per_client(ratios, num_partitions, float, "sftp-keep-ratios")[partition_id]
+    ratios = cfg.section(BusConfig).keep_ratios
+    return per_client(ratios, num_partitions, float, "keep-ratios")[partition_id]
 
 
 def highest_keep_ratio(cfg: RunConfig) -> float | None:
-    """p_max of `sftp-keep-ratios` when the warm-up keeps the budgets' gaps
+    """p_max of `keep-ratios` when the warm-up keeps the budgets' gaps
     (`sftp-budget-warmup-start` 'gap'), else None (each client's ramp starts at 1)."""
     if cfg.section(SFTPConfig).sftp_budget_warmup_start != "gap":
         return None
-    return max(float(v) for v in split_list(cfg.section(BusConfig).sftp_keep_ratios))
+    return max(float(v) for v in split_list(cfg.section(BusConfig).keep_ratios))
 
 
 def cosine_lr(base: float, step: int, total: int) -> float:

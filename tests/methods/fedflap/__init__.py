@@ -2,4 +2,4 @@
 
 from tests.conformance import Conformance
 
-CONFORMANCE = Conformance(settings={"sftp-keep-ratios": "0.5", "fedflap-batches": 2})
+CONFORMANCE = Conformance(settings={"keep-ratios": "0.5", "fedflap-batches": 2})

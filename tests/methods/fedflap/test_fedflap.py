@@ -189,11 +189,11 @@ def test_cut_never_empties_a_lane(model: Any) -> None:
 def test_several_budgets_are_refused(tiny_model_dir: Path) -> None:
     with pytest.raises(ConfigError, match="single keep ratio"):
         FedFLAPStrategy(
-            small_config(tiny_model_dir, method="fedflap", sftp_keep_ratios="0.5,0.8,0.5,0.5")
+            small_config(tiny_model_dir, method="fedflap", keep_ratios="0.5,0.8,0.5,0.5")
         )
     assert (
         FedFLAPStrategy(
-            small_config(tiny_model_dir, method="fedflap", sftp_keep_ratios="0.5,0.5")
+            small_config(tiny_model_dir, method="fedflap", keep_ratios="0.5,0.5")
         ).keep_ratio
         == 0.5
     )
@@ -208,7 +208,7 @@ def test_whole_tiny_run(tiny_model_dir: Path, tmp_path: Path, flower_ids: None) 
         fraction_train=1.0,
         fraction_evaluate=0.5,
         test_examples=4,
-        sftp_keep_ratios="0.5",
+        keep_ratios="0.5",
         fedflap_batches=2,
     )
     grid = LocalGrid(cfg, 4, seed=0)

@@ -35,7 +35,7 @@ def embedding_never_sent(grid: Any) -> None:
 
 
 CONFORMANCE = Conformance(
-    settings={"sftp-keep-ratios": "0.5", "local-steps": 2},
+    settings={"keep-ratios": "0.5", "local-steps": 2},
     replies={MessageType.EVALUATE: {"masks"}},
     privacy_checks=(embedding_never_sent,),
 )

@@ -1,4 +1,4 @@
-"""`sftp-hold-open`: gates fixed at 1 in every mask (the massive-activation coordinates, or all of
+"""`hold-open`: gates fixed at 1 in every mask (the massive-activation coordinates, or all of
 them for the dense-with-the-same-recipe ceiling), in training, in the deployed masks and in the
 server's view."""
 
@@ -88,15 +88,15 @@ def test_held_coordinates_per_setting(planted_dir: Path) -> None:
         ("all", torch.ones(64)),
         ("massive", torch.eye(64)[PLANTED]),
     ):
-        cfg = sftp_config(planted_dir, sftp_hold_open=setting)
+        cfg = sftp_config(planted_dir, hold_open=setting)
         model, tokenizer = routed_model(cfg)
         held = held_coordinates(cfg, model, tokenizer)
         assert (held is None) if expected is None else torch.equal(held, expected), setting
 
 
 def test_bad_setting_names_the_key_and_the_choices(tiny_model_dir: Path) -> None:
-    with pytest.raises(ConfigError, match=r"sftp-hold-open.*massive.*none.*all"):
-        sftp_config(tiny_model_dir, sftp_hold_open="some")
+    with pytest.raises(ConfigError, match=r"hold-open.*massive.*none.*all"):
+        sftp_config(tiny_model_dir, hold_open="some")
 
 
 def test_a_closed_generator_deploys_exactly_the_held_gates(
@@ -105,7 +105,7 @@ def test_a_closed_generator_deploys_exactly_the_held_gates(
     """With every logit far below −c the client's deployed mask (rule 'threshold') is the held set
     itself (massive), or all ones (ceiling); the server's view holds them open the same way."""
     for setting, kept in (("massive", 1.0 / 64), ("all", 1.0)):
-        cfg = sftp_config(planted_dir, sftp_hold_open=setting, sftp_deploy_mask="threshold")
+        cfg = sftp_config(planted_dir, hold_open=setting, sftp_deploy_mask="threshold")
         strategy = SFTPStrategy(cfg)
         client = make_client(cfg)
         model, tokenizer, generator = client.load(content(strategy.initial_arrays(), 1))
@@ -132,7 +132,7 @@ def test_training_never_drops_a_held_coordinate(planted_dir: Path) -> None:
             local_steps=20,
             batch_size=1,
             seq_len=16,
-            sftp_hold_open=setting,
+            hold_open=setting,
         )
         client = make_client(cfg)
         model, tokenizer = routed_model(cfg)

@@ -58,7 +58,7 @@ def sftp_cfg(model_dir: Path, source: str, tmp_path: Path, **overrides: object) 
         num_server_rounds=ROUNDS,
         lora_rank=4,
         lora_alpha=8.0,
-        sftp_keep_ratios="0.5",
+        keep_ratios="0.5",
         server_eval_data=source,
         sftp_speed_prefill=0,
         output_dir=str(tmp_path / "out"),

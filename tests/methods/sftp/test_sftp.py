@@ -57,7 +57,7 @@ def sftp_config(model_dir: Path, **overrides: object) -> RunConfig:
         num_server_rounds=ROUNDS,
         lora_rank=4,
         lora_alpha=8.0,
-        sftp_keep_ratios="0.8,0.5,0.5,0.5",
+        keep_ratios="0.8,0.5,0.5,0.5",
         **overrides,
     )
 
@@ -569,15 +569,15 @@ def test_mask_statistics_against_a_loop() -> None:
 
 @pytest.mark.parametrize("bad", ["0", "1.5", "0.5,x", ""])
 def test_keep_ratios_are_validated(bad: str) -> None:
-    with pytest.raises(ConfigError, match="sftp-keep-ratios"):
-        RunConfig.from_flower({"sftp-keep-ratios": bad})
+    with pytest.raises(ConfigError, match="keep-ratios"):
+        RunConfig.from_flower({"keep-ratios": bad})
 
 
 def test_a_keep_ratio_per_client(tiny_model_dir: Path) -> None:
     cfg = sftp_config(tiny_model_dir)
     assert [make_client(cfg, pid).keep_ratio for pid in range(4)] == [0.8, 0.5, 0.5, 0.5]
-    with pytest.raises(ConfigError, match="sftp-keep-ratios"):
-        _ = make_client(cfg.replace(sftp_keep_ratios="0.5,0.6"), 0).keep_ratio
+    with pytest.raises(ConfigError, match="keep-ratios"):
+        _ = make_client(cfg.replace(keep_ratios="0.5,0.6"), 0).keep_ratio
 
 
 def test_client_app_dispatches_to_sftp(setup) -> None:
