@@ -35,7 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.render import finish_record, start_record
+from benchmarks.records import finish_record, start_record
 
 RUN_DIR_LINE = re.compile(r"run directory: (?P<path>\S+)\s*$")
 PHASES = (

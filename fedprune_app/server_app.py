@@ -34,17 +34,18 @@ from fedprune_app.core.config import ConfigError, RunConfig, split_list
 from fedprune_app.core.privacy import check_private
 from fedprune_app.core.protocol import numpy_state
 from fedprune_app.core.replies import to_record
-from fedprune_app.core.rundir import RunDirectory, left_out_line
 from fedprune_app.core.runtime import quiet_libraries, seed_everything
 from fedprune_app.core.strategy import FederatedStrategy
 from fedprune_app.llm.evaluation import held_out_metrics, held_out_text
+from fedprune_app.report.run import ReportedRun
+from fedprune_app.report.tables import left_out_line
 
 app = ServerApp()
 log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
 
 
 def server_evaluation(
-    cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory
+    cfg: RunConfig, strategy: FederatedStrategy, run: ReportedRun
 ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
     """Perplexity of the global model on the held-out text of each `server-eval-data` source,
     after the rounds `server-eval-every` names. A strategy whose `global_model` is not simply "the"
@@ -89,7 +90,7 @@ def server_evaluation(
     return evaluate
 
 
-def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: RunDirectory) -> None:
+def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: ReportedRun) -> None:
     """Perplexity of each of the strategy's comparison models on the same held-out texts, per window
     too (rows as the server's own: `held_out_metrics`), so every comparison with the global model
     can be paired."""
@@ -134,7 +135,7 @@ def main(grid: Grid, context: Context) -> None:
     checkpoint = load_checkpoint(cfg) if cfg.resume_from else None
     quiet_libraries()
     seed_everything(cfg.seed)
-    run = RunDirectory.create(cfg, context.run_id)
+    run = ReportedRun.create(cfg, context.run_id)
     log.info("[fedprune] %s: run directory %s", cfg.method, run.path)
     report: FederatedStrategy | None = None  # adds the method's part of results.md once it exists
     try:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 # command -> (module, one line for `fedprune --help`)
 COMMANDS = {
     "run": (
-        "fedprune_cli.launch",
+        "fedprune_cli.run",
         "run one Flower simulation of a preset (checked before Ray starts)",
     ),
     "compare": (

@@ -41,6 +41,7 @@ from fedprune_app.core.replies import (
 )
 from fedprune_app.core.strategy import log
 from fedprune_app.llm.lora import LORA_A, LORA_B, adapter_layers, factor_problem, keep_count
+from fedprune_app.llm.models import peft_model_for
 from fedprune_app.methods.fedtpa.aggregation import (
     cosine_distances,
     initial_betas,
@@ -77,7 +78,6 @@ class FedTPAStrategy(LoRAStrategy):
         self.hidden_size = 0
 
     def initial_arrays(self) -> ArrayRecord:
-        from fedprune_app.llm.models import peft_model_for
 
         arrays = super().initial_arrays()
         self.layers = adapter_layers(arrays.keys())

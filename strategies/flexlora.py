@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.lora import LoRAStrategy
+from fedprune_app.core.privacy import private_mean
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import examples_problem, to_record, values_of_problem
@@ -144,7 +145,6 @@ class FlexLoRAStrategy(LoRAStrategy):
         Clipped here, on the server: factors at a client's own rank are no update of the sent
         ones, and clipping B and A does not bound their product. With σ = 0, every client
         replying and none clipped: FlexLoRA's uniform-weight mean."""
-        from fedprune_app.core.privacy import private_mean
 
         dp, state = self.dp, numpy_state(arrays)
         reference = {

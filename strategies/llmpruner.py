@@ -56,6 +56,7 @@ from fedprune_app.methods.llmpruner.structure import (
     shrink_,
 )
 from fedprune_app.structural.routing import prunable_parameters
+from fedprune_app.structural.speed import compiled_rows, compiled_section
 
 log = logging.getLogger("flwr")
 
@@ -220,7 +221,6 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
 
     def results_sections(self, records: list[dict[str, Any]]) -> str:
         """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
-        from fedprune_app.structural.speed import compiled_section
 
         return compiled_section(records)
 
@@ -229,7 +229,6 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
         the prunable projections, the server's held-out perplexity, and
         (`llmpruner-speed-prefill` > 0) prefill latency and generation speed against the dense
         model, each beside its FLOP ceiling (`structure.pruned_ceiling`)."""
-        from fedprune_app.structural.speed import compiled_rows
 
         dense, _ = dense_model(self.cfg)
         kept = {

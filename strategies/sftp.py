@@ -42,6 +42,7 @@ from fedprune_app.core.replies import check_arrays, to_record, weighted_average
 from fedprune_app.core.strategy import FederatedStrategy, Recorder, log
 from fedprune_app.llm.models import (
     initial_adapter_state,
+    load_base_model,
     model_config,
     save_adapter,
     set_adapter_state,
@@ -67,6 +68,7 @@ from fedprune_app.structural.routing import (
     prunable_parameters,
     save_compiled,
 )
+from fedprune_app.structural.speed import compiled_rows, compiled_section
 
 
 @register_strategy("sftp")
@@ -308,7 +310,6 @@ class SFTPStrategy(FederatedStrategy):
 
     def results_sections(self, records: list[dict[str, Any]]) -> str:
         """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
-        from fedprune_app.structural.speed import compiled_section
 
         return compiled_section(records)
 
@@ -326,8 +327,6 @@ class SFTPStrategy(FederatedStrategy):
         against the dense model, each beside its FLOP ceiling
         (`fedprune_app.structural.speed.speed_table`, timed round-robin in this process). results.md
         tables them."""
-        from fedprune_app.llm.models import load_base_model
-        from fedprune_app.structural.speed import compiled_rows
 
         dense = load_base_model(self.cfg.model_name, self.cfg.model_dtype, "none", self.cfg.device)
         for row in compiled_rows(

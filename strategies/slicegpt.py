@@ -41,7 +41,12 @@ from fedprune_app.core.runtime import client_seed
 from fedprune_app.core.strategy import Recorder, log
 from fedprune_app.llm.data import client_data, training_batches
 from fedprune_app.llm.layers import dense_model
-from fedprune_app.llm.models import initial_adapter_state, save_adapter, set_adapter_state
+from fedprune_app.llm.models import (
+    initial_adapter_state,
+    load_base_model,
+    save_adapter,
+    set_adapter_state,
+)
 from fedprune_app.methods.slicegpt.config import SliceGPTConfig
 from fedprune_app.methods.slicegpt.models import bases_from_arrays, sliced_flops, sliced_model_for
 from fedprune_app.methods.slicegpt.pca import (
@@ -58,6 +63,7 @@ from fedprune_app.methods.slicegpt.sliced import (
     sliced_width,
 )
 from fedprune_app.structural.routing import prunable_parameters
+from fedprune_app.structural.speed import compiled_rows, compiled_section, workload_flops
 
 
 def budget(config: Any, keep_ratio: float) -> dict[str, Any]:
@@ -241,7 +247,6 @@ class SliceGPTStrategy(StatisticsThenRecovery):
 
     def results_sections(self, records: list[dict[str, Any]]) -> str:
         """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
-        from fedprune_app.structural.speed import compiled_section
 
         return compiled_section(records)
 
@@ -250,8 +255,6 @@ class SliceGPTStrategy(StatisticsThenRecovery):
         untied LM head counted), held-out perplexity (`server-eval-data`), and
         (`slicegpt-speed-prefill` > 0) prefill and generation timed round-robin against the dense
         model, beside the FLOP ceiling (`sliced_flops`)."""
-        from fedprune_app.llm.models import load_base_model
-        from fedprune_app.structural.speed import compiled_rows, workload_flops
 
         dense = load_base_model(self.cfg.model_name, self.cfg.model_dtype, "none", self.cfg.device)
         prefill, dims = self.options.slicegpt_speed_prefill, list(compiled.config.slicegpt_dims)

@@ -42,6 +42,7 @@ from fedprune_app.core.statefile import (
     write_records,
     write_state,
 )
+from fedprune_app.llm.assets import cache_root
 
 STATE_FILE = "state.safetensors"
 OLD_STATE_FILE = "state.pkl"  # written by older versions: refused, never unpickled
@@ -228,7 +229,6 @@ def client_state_dir(state_dir: str | None, run_key: str, partition_id: int) -> 
     `<fedprune cache>/client-state`). ValueError for a run key that is not a plain name or a path
     that would leave state-dir: the key comes from a message, and a tampered one must not make a
     client write or delete files elsewhere."""
-    from fedprune_app.llm.assets import cache_root
 
     if not safe_name(run_key):
         raise ValueError(

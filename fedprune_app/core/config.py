@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from fedprune_app.core import registry
 from fedprune_app.llm.settings import (
     DEVICE_PATTERN,
     DEVICE_TEXT,
@@ -389,8 +390,6 @@ class SharedConfig(ConfigSection):
     @classmethod
     def keys(cls) -> tuple[Key, ...]:
         """The section's keys; `method` defaults to the method the registry names its default."""
-        from fedprune_app.core import registry  # the registry imports this module
-
         default = registry.default_name()
         return tuple(
             dataclasses.replace(k, default=default) if k.name == "method" else k
@@ -462,12 +461,88 @@ def _coerce(key: Key, value: Any) -> Scalar:
     return value
 
 
+@dataclass(frozen=True)
+class DPConfig(ConfigSection):
+    """Client-level differential privacy (DP-FedAvg) and its budget."""
+
+    title: ClassVar[str] = "Differential privacy"
+
+    dp_clipping_norm: float = key(
+        0.0,
+        "C: each client's update (local - global, all released tensors jointly) is clipped to "
+        "this L2 norm before it is averaged with uniform weights; 0 = differential privacy off. "
+        "See docs/privacy.md.",
+        minimum=0.0,
+    )
+    dp_noise_multiplier: float = key(
+        0.0,
+        "σ: the server adds Gaussian noise of standard deviation σ·C/m to the mean of the m "
+        "sampled clients' clipped updates; 0 = clipping alone (no privacy guarantee, ε reported "
+        "as infinite). Needs dp-clipping-norm > 0.",
+        minimum=0.0,
+    )
+    dp_delta: float = key(
+        1e-5,
+        "δ at which ε is reported after every round (RDP accountant); keep it below "
+        "1 / (number of clients).",
+        minimum=0.0,
+        maximum=1.0,
+        allowed_text="a float in (0, 1)",
+    )
+    dp_max_epsilon: float = key(
+        0.0,
+        "Privacy budget: a round whose release would take ε (at dp-delta) above this is not "
+        "started and the run ends with the models of the last allowed round; 0 = no budget. "
+        "Needs dp-noise-multiplier > 0.",
+        minimum=0.0,
+    )
+    dp_reproducible_noise: bool = key(
+        False,
+        "Draw the DP noise from `seed` and the round instead of fresh OS entropy, so two runs "
+        "release the same models (for debugging). Anyone with config.json can then subtract the "
+        "noise: the run reports ε as void ('not private') everywhere.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """DP is on: `dp-clipping-norm` > 0."""
+        return self.dp_clipping_norm > 0.0
+
+    def check(self, cfg: RunConfig) -> None:
+        """Refuse non-finite or out-of-range DP keys, each with one line naming the key."""
+        for name, value in (
+            ("dp-clipping-norm", self.dp_clipping_norm),
+            ("dp-noise-multiplier", self.dp_noise_multiplier),
+            ("dp-max-epsilon", self.dp_max_epsilon),
+        ):
+            if not math.isfinite(value):
+                raise ConfigError(
+                    f"run-config key '{name}' must be a finite float >= 0, got {value!r}"
+                )
+        if not 0.0 < self.dp_delta < 1.0:
+            raise ConfigError(
+                f"run-config key 'dp-delta' must be a float in (0, 1), got {self.dp_delta!r}"
+            )
+        if not self.enabled and self.dp_noise_multiplier > 0.0:
+            raise ConfigError(
+                "run-config key 'dp-noise-multiplier' > 0 needs dp-clipping-norm > 0 (the noise is "
+                f"σ·C/m), got dp-clipping-norm = {self.dp_clipping_norm:g}"
+            )
+        if self.dp_max_epsilon > 0.0 and self.dp_noise_multiplier == 0.0:
+            raise ConfigError(
+                "run-config key 'dp-max-epsilon' needs dp-noise-multiplier > 0 (without noise ε is "
+                f"infinite), got dp-noise-multiplier = {self.dp_noise_multiplier:g}"
+            )
+        if self.dp_reproducible_noise and self.dp_noise_multiplier == 0.0:
+            raise ConfigError(
+                "run-config key 'dp-reproducible-noise' = true needs dp-noise-multiplier > 0 "
+                "(there is no noise to reproduce)"
+            )
+
+
 def all_sections() -> list[type[ConfigSection]]:
     """`SharedConfig`, the differential-privacy keys every method reads (`core/privacy.py`) and
     every registered method's section."""
-    from fedprune_app.core import registry  # the registry imports this module
-    from fedprune_app.core.privacy import DPConfig  # which imports this module
-
     return [SharedConfig, DPConfig, *registry.config_sections()]
 
 
@@ -524,8 +599,6 @@ class RunConfig(SharedConfig):
     ) -> RunConfig:
         """Validate a flat run-config dict (defaults filled in) or raise ConfigError naming the key.
         `methods` (default: the registry's) are the allowed values of `method`."""
-        from fedprune_app.core import registry
-
         sections = all_sections()
         keys = {k.name: k for section in sections for k in section.keys()}
         renamed = renamed_keys()

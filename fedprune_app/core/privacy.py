@@ -52,97 +52,20 @@ import logging
 import math
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from fedprune_app.core.config import ConfigError, ConfigSection, RunConfig, key
+from fedprune_app.core import registry
+from fedprune_app.core.config import ConfigError, DPConfig, RunConfig
+from fedprune_app.core.protocol import flat_metrics, numpy_state, to_record
+from fedprune_app.core.statefile import write_json_atomically
 
 ACCOUNTANT_SAMPLING = "no-amplification"
 LEDGER_FILE = "privacy-ledger.json"  # in the run directory, rewritten at every release
 VOID = "not private: dp-reproducible-noise = true (the noise can be recomputed from config.json)"
 log = logging.getLogger("flwr")
-
-
-@dataclass(frozen=True)
-class DPConfig(ConfigSection):
-    """Client-level differential privacy (DP-FedAvg) and its budget."""
-
-    title: ClassVar[str] = "Differential privacy"
-
-    dp_clipping_norm: float = key(
-        0.0,
-        "C: each client's update (local - global, all released tensors jointly) is clipped to "
-        "this L2 norm before it is averaged with uniform weights; 0 = differential privacy off. "
-        "See docs/privacy.md.",
-        minimum=0.0,
-    )
-    dp_noise_multiplier: float = key(
-        0.0,
-        "σ: the server adds Gaussian noise of standard deviation σ·C/m to the mean of the m "
-        "sampled clients' clipped updates; 0 = clipping alone (no privacy guarantee, ε reported "
-        "as infinite). Needs dp-clipping-norm > 0.",
-        minimum=0.0,
-    )
-    dp_delta: float = key(
-        1e-5,
-        "δ at which ε is reported after every round (RDP accountant); keep it below "
-        "1 / (number of clients).",
-        minimum=0.0,
-        maximum=1.0,
-        allowed_text="a float in (0, 1)",
-    )
-    dp_max_epsilon: float = key(
-        0.0,
-        "Privacy budget: a round whose release would take ε (at dp-delta) above this is not "
-        "started and the run ends with the models of the last allowed round; 0 = no budget. "
-        "Needs dp-noise-multiplier > 0.",
-        minimum=0.0,
-    )
-    dp_reproducible_noise: bool = key(
-        False,
-        "Draw the DP noise from `seed` and the round instead of fresh OS entropy, so two runs "
-        "release the same models (for debugging). Anyone with config.json can then subtract the "
-        "noise: the run reports ε as void ('not private') everywhere.",
-    )
-
-    @property
-    def enabled(self) -> bool:
-        """DP is on: `dp-clipping-norm` > 0."""
-        return self.dp_clipping_norm > 0.0
-
-    def check(self, cfg: RunConfig) -> None:
-        """Refuse non-finite or out-of-range DP keys, each with one line naming the key."""
-        for name, value in (
-            ("dp-clipping-norm", self.dp_clipping_norm),
-            ("dp-noise-multiplier", self.dp_noise_multiplier),
-            ("dp-max-epsilon", self.dp_max_epsilon),
-        ):
-            if not math.isfinite(value):
-                raise ConfigError(
-                    f"run-config key '{name}' must be a finite float >= 0, got {value!r}"
-                )
-        if not 0.0 < self.dp_delta < 1.0:
-            raise ConfigError(
-                f"run-config key 'dp-delta' must be a float in (0, 1), got {self.dp_delta!r}"
-            )
-        if not self.enabled and self.dp_noise_multiplier > 0.0:
-            raise ConfigError(
-                "run-config key 'dp-noise-multiplier' > 0 needs dp-clipping-norm > 0 (the noise is "
-                f"σ·C/m), got dp-clipping-norm = {self.dp_clipping_norm:g}"
-            )
-        if self.dp_max_epsilon > 0.0 and self.dp_noise_multiplier == 0.0:
-            raise ConfigError(
-                "run-config key 'dp-max-epsilon' needs dp-noise-multiplier > 0 (without noise ε is "
-                f"infinite), got dp-noise-multiplier = {self.dp_noise_multiplier:g}"
-            )
-        if self.dp_reproducible_noise and self.dp_noise_multiplier == 0.0:
-            raise ConfigError(
-                "run-config key 'dp-reproducible-noise' = true needs dp-noise-multiplier > 0 "
-                "(there is no noise to reproduce)"
-            )
 
 
 # --- clipping and noise: Flower's helpers ---------------------------------------------------------
@@ -287,8 +210,6 @@ class PrivacyLedger:
     def save(self) -> None:
         """Rewrite the ledger file (atomically), where there is one."""
         if self.path is not None:
-            from fedprune_app.core.statefile import write_json_atomically
-
             write_json_atomically(self.path, self.state_dict())
 
     def nominal_epsilon(self) -> float | None:
@@ -416,62 +337,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# --- what results.md says -------------------------------------------------------------------------
-
-
-def render_privacy(rows: Sequence[Mapping[str, Any]]) -> str:
-    """results.md's privacy table: per round ε at δ, σ, C, m and the noise's standard deviation; the
-    budget stop when there was one. Empty when the run had no differential privacy."""
-    released = [r for r in rows if r.get("status") == "released"]
-    stopped = [r for r in rows if r.get("status") == "budget-exhausted"]
-    carried = [r for r in rows if r.get("status") == "carried"]
-    if not released and not stopped:
-        return ""
-    lines = [
-        "",
-        "## Differential privacy",
-        "",
-        "| round | ε | δ | σ | C | sampled m | replies | noise std σ·C/m | clipped |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in released:
-        eps = r.get("dp-epsilon")
-        shown = "void" if r.get("dp-void") else "∞" if eps is None else f"{eps:.3f}"
-        lines.append(
-            f"| {r['round']} | {shown} | {r['dp-delta']:g} | "
-            f"{r['dp-noise-multiplier']:g} | {r['dp-clipping-norm']:g} | {r['dp-sampled']} | "
-            f"{r['dp-replies']} | {r['dp-noise-std']:.3g} | {r['dp-clipped']}/{r['dp-replies']} |"
-        )
-    for r in carried:
-        lines += [
-            "",
-            f"Resumed after round {r['round']}: the interrupted run had released "
-            f"{r['dp-releases']} time(s) ({r['dp-beyond-checkpoint']} after its checkpoint); "
-            "every one stays charged, and a round released again drew fresh noise and was charged "
-            "again.",
-        ]
-    if any(r.get("dp-void") for r in released):
-        lines += ["", f"**ε is void**, {VOID}."]
-    for r in stopped:
-        lines += [
-            "",
-            f"Round {r['round']} was not started: its release would take ε to "
-            f"{r['dp-epsilon-next']:.3f} > dp-max-epsilon = {r['dp-max-epsilon']:g}; the final "
-            f"models are those of round {r['round'] - 1}.",
-        ]
-    lines += [
-        "",
-        "Client-level DP-FedAvg (McMahan et al. 2018): each update clipped to L2 norm C, uniform "
-        "mean over the m sampled clients, Gaussian noise σ·C/m; ε from Flower's RDP accountant "
-        "(dp-accounting), no amplification by sampling, add-or-remove-one client; the noise "
-        "from fresh OS entropy, kept nowhere. Central DP: the server is trusted with the clipped "
-        "updates. Metrics, evaluation replies and per-client artefacts are not covered "
-        "(docs/privacy.md). ∞: σ = 0, clipping alone.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
 # --- the strategy base's half and the refusal -----------------------------------------------------
 
 
@@ -481,8 +346,6 @@ def check_private(cfg: RunConfig) -> None:
     model loads."""
     if not cfg.section(DPConfig).enabled:
         return
-    from fedprune_app.core import registry
-
     reason = registry.strategy_class(cfg.method).dp_refusal(cfg)
     if reason:
         raise ConfigError(
@@ -640,8 +503,6 @@ class PrivateRelease:
         how many updates clipping shrank) before the release is returned."""
         from flwr.app import RecordDict
 
-        from fedprune_app.core.protocol import numpy_state, to_record
-
         dp = self.dp
         reference = numpy_state(arrays)
         keys = self.dp_release_keys(server_round, reference)
@@ -671,8 +532,6 @@ class PrivateRelease:
         """A released round: composed in the accountant; its `privacy` row (ε at δ, σ, C, m,
         replies, noise std, updates clipping shrank, here or on the client), its log line."""
         from flwr.supercore.differential_privacy import compute_stdv
-
-        from fedprune_app.core.protocol import flat_metrics
 
         dp = self.dp
         shrunk = sum(

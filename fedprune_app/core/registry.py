@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fedprune_app.llm.assets import model_config
+
 METHODS_PACKAGE = "fedprune_app.methods"
 # (run config, the model's config.json) -> {name: (shape, dtype)} or None: `register_method`
 SpecFromConfig = Callable[[Any, Mapping[str, Any]], dict[str, Any] | None]
@@ -182,7 +184,6 @@ def architecture_problem(method: str, model_name: str) -> str | None:
     """Why `method` cannot run on `model_name`'s architecture (its `model_type` is not one the
     method declares, `Method.architectures`), or None (also where the model cannot be
     read here: the model check says why)."""
-    from fedprune_app.llm.models import model_config
 
     supported = get(method).architectures
     if supported is None:

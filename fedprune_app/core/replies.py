@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord
 
-from fedprune_app.core.protocol import spec_of
+from fedprune_app.core.protocol import parse_partition_id, spec_of
 from fedprune_app.core.protocol import to_record as to_record
+from fedprune_app.llm.settings import MAX_PARTITIONS
 
 # a client's reported example count; far above any real one, far below a takeover
 MAX_NUM_EXAMPLES = 2**31
@@ -197,8 +198,6 @@ def identity_problem(metrics: Mapping[str, Any]) -> str | None:
     """Why an identity reply cannot be believed: `partition-id` (`parse_partition_id`),
     `resources` (a finite number in [0, MAX_RESOURCES]), `num-partitions` (an int above the id,
     at most MAX_PARTITIONS), or None."""
-    from fedprune_app.core.protocol import parse_partition_id
-    from fedprune_app.llm.settings import MAX_PARTITIONS
 
     try:
         pid = parse_partition_id(metrics.get("partition-id"))

@@ -29,7 +29,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedprune_app.llm.assets import cache_root
+from fedprune_app.core.config import split_list
+from fedprune_app.llm.assets import cache_root, resolve_model_path
+from fedprune_app.llm.data import content_digest, source_file
 
 NOT_IN_ROUND_0 = frozenset(
     {
@@ -86,7 +88,6 @@ def _code(method_module: str) -> str:
 
 
 def _model(model_name: str) -> Any:
-    from fedprune_app.llm.models import resolve_model_path
 
     path = Path(resolve_model_path(model_name))
     return _files(path) if path.exists() else model_name
@@ -95,8 +96,6 @@ def _model(model_name: str) -> Any:
 def _contents(run_config: dict[str, Any]) -> str:
     """`content_digest` of the files the round-0 scores read besides the model: every `jsonl:`
     source of client-data and server-eval-data, and the eval-include-path YAMLs."""
-    from fedprune_app.core.config import split_list
-    from fedprune_app.llm.data import content_digest, source_file
 
     sources = [
         *split_list(str(run_config.get("client-data", ""))),

@@ -28,6 +28,7 @@ import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -266,3 +267,19 @@ def prepare() -> int:
 
 if __name__ == "__main__":
     prepare()
+
+
+def resolve_model_path(model_name: str) -> str:
+    """'embedded' -> the cached SmolLM2 directory; anything else is passed to from_pretrained as
+    is."""
+    if model_name == "embedded":
+        return str(embedded_model_dir())
+    return model_name
+
+
+def model_config(model_name: str) -> dict[str, Any]:
+    """The model's config.json as transformers reads it (`AutoConfig`, as a dict): its sizes
+    without its weights."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(resolve_model_path(model_name)).to_dict()

@@ -40,6 +40,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedprune_app.llm import olmo
+from fedprune_app.llm.assets import bigbench_task_dir, cache_root
 from fedprune_app.llm.settings import ConfigError, DataSettings, parse_partition_id, split_list
 
 if TYPE_CHECKING:
@@ -153,7 +155,6 @@ def normalize_record(source: str, rec: dict[str, Any]) -> Example:
 
 
 def _bigbench(source: str, task: str) -> list[Example]:
-    from fedprune_app.llm.assets import bigbench_task_dir
 
     data = json.loads((bigbench_task_dir(task) / "task.json").read_text())
     if "examples" not in data:
@@ -165,7 +166,6 @@ def _bigbench(source: str, task: str) -> list[Example]:
 
 
 def _squad_shifts(source: str, domain: str) -> list[Example]:
-    from fedprune_app.llm.assets import bigbench_task_dir
 
     if domain not in SQUAD_DOMAINS:
         raise ConfigError(
@@ -204,7 +204,6 @@ def ni_category(subtask: str) -> str:
 
 
 def _natural_instructions(source: str, subtask: str) -> list[Example]:
-    from fedprune_app.llm.assets import bigbench_task_dir
 
     root = bigbench_task_dir("natural_instructions")
     dirs = sorted(
@@ -282,7 +281,6 @@ def jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _olmo(source: str, task: str) -> list[Example]:
-    from fedprune_app.llm import olmo
 
     if task in olmo.OLMO_GEN:  # a generation task: every item, its definition leading each prompt
         items = olmo.instruction_items(task, capped=False)
@@ -291,7 +289,6 @@ def _olmo(source: str, task: str) -> list[Example]:
 
 
 def _instructions(source: str, category: str) -> list[Example]:
-    from fedprune_app.llm import olmo
 
     return [
         {**instruction_example(source, prompt, response), "category": name}
@@ -300,7 +297,6 @@ def _instructions(source: str, category: str) -> list[Example]:
 
 
 def _text(source: str, domain: str) -> list[Example]:
-    from fedprune_app.llm import olmo
 
     return [text_example(source, t) for t in olmo.text_domain(domain)]
 
@@ -457,7 +453,6 @@ def source_splits(source: str, seed: int, n_test: int, n_val: int, max_train: in
 def _source_splits(
     source: str, digest: str, seed: int, n_test: int, n_val: int, max_train: int
 ) -> Splits:
-    from fedprune_app.llm.assets import cache_root
 
     splits = split_source(load_source(source), seed, n_test, n_val, max_train, source)
     folder = f"seed{seed}-test{n_test}-val{n_val}" + (f"-{digest}" if digest else "")

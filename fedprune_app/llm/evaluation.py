@@ -20,7 +20,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedprune_app.llm.data import ClientData, Example, collate, encode, text_of
+from fedprune_app.llm.data import (
+    ClientData,
+    Example,
+    collate,
+    encode,
+    perplexity_set_text,
+    source_splits,
+    text_of,
+)
+from fedprune_app.llm.fast_eval import PackedChoicesLM
 from fedprune_app.llm.intervals import TokenScores, perplexity_interval
 from fedprune_app.llm.models import model_device
 from fedprune_app.llm.settings import EvalSettings, per_client
@@ -223,8 +232,6 @@ def _simple_evaluate(
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
-
-    from fedprune_app.llm.fast_eval import PackedChoicesLM
 
     logging.getLogger("lm-eval").setLevel(logging.WARNING)
     names = [t for t in tasks if isinstance(t, str)]
@@ -473,7 +480,6 @@ def evaluate_client(
 def held_out_text(source: str, cfg: EvalSettings) -> str:
     """The test split of a source as text (the server's perplexity set); `ppl:wikitext2|ptb|c4` are
     the pruning papers' sets, read through `datasets` (see data.PERPLEXITY_SETS)."""
-    from fedprune_app.llm.data import perplexity_set_text, source_splits
 
     if source.startswith("ppl:"):
         return perplexity_set_text(source[4:])

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedprune_app.llm.assets import model_config as model_config  # re-exported
+from fedprune_app.llm.assets import resolve_model_path as resolve_model_path  # re-exported
 from fedprune_app.llm.settings import (
     DEVICE_PATTERN,
     DEVICE_TEXT,
@@ -67,24 +69,6 @@ def model_device(model: nn.Module) -> torch.device:
     if isinstance(weight, torch.Tensor):
         return weight.device
     return next(model.parameters()).device
-
-
-def resolve_model_path(model_name: str) -> str:
-    """'embedded' -> the cached SmolLM2 directory; anything else is passed to from_pretrained as
-    is."""
-    if model_name == "embedded":
-        from fedprune_app.llm.assets import embedded_model_dir
-
-        return str(embedded_model_dir())
-    return model_name
-
-
-def model_config(model_name: str) -> dict[str, Any]:
-    """The model's config.json as transformers reads it (`AutoConfig`, as a dict): its sizes
-    without its weights."""
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(resolve_model_path(model_name)).to_dict()
 
 
 def quantization_config(mode: str, compute_dtype: torch.dtype):  # -> BitsAndBytesConfig | None

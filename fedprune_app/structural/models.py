@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from fedprune_app.core.config import RunConfig
+from fedprune_app.llm.models import add_lora, load_base_model, load_tokenizer
 from fedprune_app.structural.routing import install_routing
 
 LORA_KEYS = ("lora-rank", "lora-alpha", "lora-dropout", "lora-target-modules", "seed")
@@ -59,7 +60,6 @@ class RoutedModels:
 def _load(
     model_name: str, dtype: str, quantization: str, lora: str, device: str
 ) -> tuple[nn.Module, Any]:
-    from fedprune_app.llm.models import add_lora, load_base_model, load_tokenizer
 
     model = load_base_model(model_name, dtype, quantization, device)
     for p in model.parameters():

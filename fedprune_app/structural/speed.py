@@ -34,8 +34,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedprune_app.core.rundir import cell, interval_cell, legend
+from fedprune_app.core.config import split_list
+from fedprune_app.llm.evaluation import held_out_text, perplexity_metrics, window_scores
+from fedprune_app.llm.layers import decoder_layers
 from fedprune_app.llm.models import model_device
+from fedprune_app.report.tables import cell, interval_cell, legend
+from fedprune_app.structural.routing import MASK_NAMES, CompiledDecoderLayer
 
 
 def weights(model: nn.Module) -> tuple[int, float]:
@@ -186,8 +190,6 @@ def lane_widths(source: Any) -> list[dict[str, int]] | None:
     is dense), a sequence of per-layer masks (`LayerMasks`, bool or 0/1, thresholded at 0.5 as
     `compile_model` does), or the stacked {mask name: (layers, d)} arrays of a client's final masks
     (numpy or torch)."""
-    from fedprune_app.llm.layers import decoder_layers
-    from fedprune_app.structural.routing import MASK_NAMES, CompiledDecoderLayer
 
     if isinstance(source, nn.Module):
         layers = decoder_layers(source)
@@ -230,7 +232,7 @@ def forward_flops(
       weighted sum of values, 2·heads·head_dim multiply-adds per (query, key) pair: `full` = every
       new token against all past + tokens keys, what the CPU kernels execute (the eager kernel
       multiplies before it masks, and torch's SDPA CPU kernel takes as long with is_causal as
-      without at 512 tokens: 9.6 ms per SmolLM2 layer either way, 1 thread); `causal` = only the
+      without: docs/notes/2026-11-sftp-investigations.md); `causal` = only the
       pairs the mask keeps, past + i + 1 keys for the i-th new token (what GPU flash kernels
       compute). A skipped attention (empty lane) costs nothing; the bus masks never narrow the
       heads, so this term is the dense model's. One decoding token (tokens = 1) counts the same
@@ -331,8 +333,6 @@ def compiled_rows(
     timed round-robin in this process). `ceiling(model, task)` replaces `speed_table`'s lane-based
     FLOP ceiling for structures that lanes do not describe (LLM-Pruner's, SliceGPT's); None keeps
     it. Shared by SFT-P's, llmpruner's and slicegpt's strategies."""
-    from fedprune_app.core.config import split_list
-    from fedprune_app.llm.evaluation import held_out_text, perplexity_metrics, window_scores
 
     sources = (
         split_list(cfg.server_eval_data) if tokenizer is not None and cfg.eval_ppl_tokens else []

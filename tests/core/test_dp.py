@@ -334,7 +334,7 @@ def test_the_server_refuses_before_any_model_loads(monkeypatch: pytest.MonkeyPat
     strategy = registry.strategy_class("fedspallm")
     monkeypatch.setattr(strategy, "initial_arrays", lambda self: pytest.fail("a model was loaded"))
     monkeypatch.setattr(
-        server_app.RunDirectory, "create", lambda cfg: pytest.fail("a run directory was made")
+        server_app.ReportedRun, "create", lambda cfg: pytest.fail("a run directory was made")
     )
     cfg = RunConfig.from_flower(
         {"method": "fedspallm", "dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}

@@ -215,7 +215,7 @@ def test_reproducible_noise_repeats_and_reports_epsilon_as_void(method: str) -> 
     assert row["dp-epsilon"] is None and row["dp-void"] == VOID
     assert strategy.privacy_summary()["epsilon"] is None
     assert strategy.privacy_summary()["void"] == VOID
-    from fedprune_app.core.privacy import render_privacy
+    from fedprune_app.report.tables import render_privacy
 
     assert "**ε is void**" in render_privacy(rows) and "| void |" in render_privacy(rows)
 

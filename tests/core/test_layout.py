@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,14 @@ RULES = {
         ("fedprune_app.methods", "strategies", "clients"),
     ),
     "the LLM library imports no flwr": (("fedprune_app/llm",), ("flwr",)),
+    "the core renders nothing: it imports no report": (
+        ("fedprune_app/core",),
+        ("fedprune_app.report",),
+    ),
+    "the report imports no method, strategy or client": (
+        ("fedprune_app/report",),
+        ("fedprune_app.methods", "strategies", "clients"),
+    ),
     "the structural library imports no method, strategy, client or flwr": (
         ("fedprune_app/structural",),
         ("fedprune_app.methods", "strategies", "clients", "flwr"),
@@ -353,3 +363,127 @@ def test_every_public_function_of_the_core_and_every_hook_has_a_docstring(tmp_pa
         "    def _own(self):\n        pass\n"
     )
     assert undocumented([bad]) == [f"{bad}:4: A.hook"]
+
+
+# --- no import cycles; fedprune's own modules imported at the top ---------------------------------
+
+OWN = ("fedprune_app", "fedprune_cli", "strategies", "clients", "benchmarks")
+PRODUCT = ("fedprune_app", "strategies", "clients")
+# modules the command line imports before Flower starts (a refusal answers in about a second): they
+# must import without torch (`test_the_command_lines_modules_import_without_torch`)
+TORCH_FREE = (
+    "fedprune_app.core.config",
+    "fedprune_app.core.registry",
+    "fedprune_app.core.checkpoint",
+    "fedprune_app.core.privacy",
+    "fedprune_app.core.untouched",
+    "fedprune_cli.preflight",
+    "fedprune_cli.run",
+    "fedprune_cli.keys",
+)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(paths: list[Path]) -> dict[str, set[str]]:
+    """{module: the own modules it imports}, every import statement counted (function-level ones
+    too), `from a import b` as module `a.b` where that is a module, else `a`."""
+    names = {module_name(p): p for p in paths}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in names:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in names.items():
+        found = {resolve(m) for m in imports_of(path) if m.startswith(OWN)}
+        graph[name] = {m for m in found if m and m != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def late_own_imports(paths: list[Path]) -> list[str]:
+    """'file:line module' for each import of fedprune's own code inside a function."""
+    late = []
+    for path in paths:
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and node.level == 0
+                    else []
+                )
+                shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                late += [f"{shown}:{node.lineno} {n}" for n in names if n.startswith(OWN)]
+    return late
+
+
+def test_no_import_cycles() -> None:
+    """The own modules form no cycle, counting imports inside functions (which would only hide
+    one)."""
+    assert cycles(import_graph(files(*OWN))) == []
+
+
+def test_the_cycle_check_finds_one(tmp_path: Path) -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_app_imports_its_own_modules_at_the_top() -> None:
+    """No import of fedprune's own code inside a function of the app (lazy imports are for heavy
+    third-party packages: torch, transformers, peft, lm-eval, matplotlib)."""
+    assert late_own_imports(files(*PRODUCT)) == []
+
+
+def test_the_late_import_check_sees_one(tmp_path: Path) -> None:
+    bad = tmp_path / "mod.py"
+    bad.write_text(
+        "import torch\n\ndef f():\n    import json\n    from fedprune_app.core import x\n"
+    )
+    assert late_own_imports([bad]) == [f"{bad}:5 fedprune_app.core"]
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_the_command_lines_modules_import_without_torch(module: str) -> None:
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "False", module

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.rundir import RunDirectory, broken_models, plot_series, short_name
+from fedprune_app.report.plots import plot_series
+from fedprune_app.report.run import ReportedRun as RunDirectory
+from fedprune_app.report.tables import broken_models, short_name
 
 DOC = "see docs/methods/sftp.md#known-limits"
 WIKIHOW = "bigbench:goal_step_wikihow/step_inference"

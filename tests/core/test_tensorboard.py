@@ -14,7 +14,8 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.rundir import RunDirectory, board_scalars
+from fedprune_app.report.board import board_scalars
+from fedprune_app.report.run import ReportedRun as RunDirectory
 from tests.local_grid import LocalGrid, method_config, run_server
 
 IDENTITY = {"time", "round", "phase", "node", "client", "partition-id"}

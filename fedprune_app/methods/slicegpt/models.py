@@ -18,6 +18,7 @@ from fedprune_app.llm.layers import dense_model
 from fedprune_app.llm.models import add_lora
 from fedprune_app.methods.slicegpt.pca import BASIS_PREFIX
 from fedprune_app.methods.slicegpt.sliced import num_points, slice_model
+from fedprune_app.structural.speed import workload_flops
 
 _CACHE: dict[str, tuple[nn.Module, Any]] = {}
 
@@ -71,7 +72,6 @@ def sliced_flops(
     """Matmul FLOPs of `speed_table`'s task on the sliced model: SFT-P's count
     (`structural.speed.workload_flops`) with every lane k_p wide, plus the two shortcut matmuls per
     layer and token, with the LM head at k_2L, not d."""
-    from fedprune_app.structural.speed import workload_flops
 
     layers = int(config.num_hidden_layers)
     lanes = [

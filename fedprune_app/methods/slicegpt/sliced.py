@@ -47,6 +47,7 @@ from fedprune_app.methods.slicegpt.hf.modeling_fedprune_sliced_llama import (  #
     RMSN,
     SlicedDecoderLayer,
 )
+from fedprune_app.structural.routing import bus_dims, prunable_parameters
 
 # slicegpt.json of a directory written before the HF class (config.json: "llama")
 FORMAT = "fedprune-slicegpt/1"
@@ -174,7 +175,6 @@ def sliced_parameters(config: Any, dims: Sequence[int]) -> dict[str, int]:
     `projections` (q/k/v/o/gate/up/down: what SFT-P's `prunable_parameters` counts dense),
     `shortcuts` (k_in·k_mid + k_mid·k_out per layer, SliceGPT's addition), `embedding` and `head`
     (untied), `total`."""
-    from fedprune_app.structural.routing import bus_dims
 
     _, attn_in, attn_out, ffn_in, ffn_out = bus_dims(config)
     vocab, layers = int(config.vocab_size), int(config.num_hidden_layers)
@@ -198,7 +198,6 @@ def sliced_width(config: Any, keep_ratio: float) -> int:
     """The constant width k (1..d) whose kept parameters (projections + shortcuts,
     `sliced_parameters`) are nearest to keep_ratio · SFT-P's prunable parameters (ties: the larger
     k). docs/methods/slicegpt.md#budget."""
-    from fedprune_app.structural.routing import prunable_parameters
 
     d, n, target = (
         int(config.hidden_size),

@@ -74,12 +74,12 @@ def _rotary(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def _input_major(linear: nn.Linear) -> nn.Linear:
     """Keep `linear`'s (out, in) weight as the transposed view of a row-major (in, out) array, so
-    that F.linear multiplies by a contiguous (in, out) matrix (MKL's non-transposed B). For the wide
-    products of a lane (fused q/k/v, fused gate/up: in = |π_in| ≤ d < out) one decoding token
-    streams the weights ~2× faster this way (SmolLM2 at keep 0.5, weights from DRAM, 1 thread:
-    gate/up 288 → 3072 190 µs instead of 425 µs) and a 512-token prefill is no slower. Same shapes,
-    values and state-dict names; `copy_`, `load_state_dict`, `.to(dtype)` and `deepcopy` keep the
-    layout; `from_pretrained` restores it (the stored tensors are contiguous)."""
+    that F.linear multiplies by a contiguous (in, out) matrix (MKL's non-transposed B): for the wide
+    products of a lane (fused q/k/v, fused gate/up: in = |π_in| ≤ d < out) one decoding token then
+    streams the weights faster, and a prefill is no slower (measured: "Speed of the compiled
+    models" in docs/notes/2026-11-sftp-investigations.md). Same shapes, values and state-dict
+    names; `copy_`, `load_state_dict`, `.to(dtype)` and `deepcopy` keep the layout;
+    `from_pretrained` restores it (the stored tensors are contiguous)."""
     linear.weight = nn.Parameter(
         linear.weight.detach().t().contiguous().t(), requires_grad=linear.weight.requires_grad
     )
@@ -104,10 +104,10 @@ class _Lane(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(len(pi_in)))
         self.eps = eps
         self.full_in, self.full_out = list(pi_in) == list(range(d)), list(pi_out) == list(range(d))
-        # MKL's sgemm is ~12% slower when the output width is not a multiple of 16 (1 thread, 512
-        # tokens: |π_out| = 461 costs nearly as much as d = 576): such lanes compute the transposed
-        # product W_out · hᵀ instead, whose output width is the token count (same values; the
-        # scatter of the transposed result costs ~0.2 ms more).
+        # An output width that is not a multiple of 16 slows MKL's sgemm: such lanes compute the
+        # transposed product W_out · hᵀ instead, whose output width is the token count (same
+        # values; measured: docs/notes/2026-11-sftp-investigations.md, "Speed of the compiled
+        # models").
         self.transposed_out = len(pi_out) % 16 != 0
 
     def lane_input(self, x: Tensor) -> Tensor:
@@ -247,9 +247,8 @@ class CompiledMLP(_Lane):
         h_in, proj = self.lane_input(x), self.gate_up_proj
         if h_in.shape[0] >= SPLIT_GATE_UP_ROWS:
             # many tokens (prefill): gate and up as two GEMMs on the halves of the one stored weight
-            # (views, no copy): MKL runs the two 1536-wide products ~5% faster than the 3072-wide
-            # one at 512 tokens and a lane of 288-461, and SiLU·up then works on contiguous halves.
-            # One decoding token keeps the fused product (the strided halves cost ~20% there).
+            # (views, no copy), so SiLU·up works on contiguous halves; one decoding token keeps the
+            # fused product, where the strided halves cost more (same note as above).
             inter = proj.out_features // 2
             bias = (None, None) if proj.bias is None else (proj.bias[:inter], proj.bias[inter:])
             gate = nn.functional.linear(h_in, proj.weight[:inter], bias[0])

@@ -280,9 +280,9 @@ def test_strategy_aggregates_hand_built_replies(fedspallm_cfg, flower_ids: None)
 
 def test_random_reference_hits_the_target_sparsity(fedspallm_cfg) -> None:
     from fedprune_app.core.config import ConfigError, RunConfig
-    from fedprune_app.core.rundir import render_references
     from fedprune_app.llm.layers import prunable_names
     from fedprune_app.methods.fedspallm.aggregation import random_prune
+    from fedprune_app.report.tables import render_references
 
     w = np.ones((10, 10), np.float32)
     assert (random_prune(w, 0.55, np.random.default_rng(0)) == 0).sum() == 55

@@ -15,7 +15,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.replies import to_record
-from fedprune_app.core.rundir import RunDirectory
 from fedprune_app.llm.evaluation import held_out_text, perplexity
 from fedprune_app.llm.models import load_base_model, load_tokenizer
 from fedprune_app.methods.sftp.config import SFTPConfig
@@ -24,6 +23,7 @@ from fedprune_app.methods.sftp.generator import (
     generator_for,
     set_generator_state,
 )
+from fedprune_app.report.run import ReportedRun as RunDirectory
 from fedprune_app.server_app import server_evaluation
 from fedprune_app.structural.routing import MASK_NAMES, load_compiled
 from strategies.sftp import SFTPStrategy
