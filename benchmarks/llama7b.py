@@ -10,7 +10,7 @@ so one layer's full working set fits a 24 GiB machine. Calibration / training in
   `prune_sequentially`); the reply encoded as the client encodes it (`core.encoding.encode_sparse`,
   fp32 and bf16); the server folds `--clients` replies (the real one and random-mask copies) into
   `L0Sum` (decode + add_kept) and expands the masks (Eq. 5–7), as
-  `FedSpaLLMStrategy.absorb` / `aggregate` do.
+  `FedSpaLLMStrategy.accept_reply` / `aggregate` do.
 - sftp: mask generator h_Θ(e_k) → ReinMax gates → routed forward/backward (`masked`) with LoRA, Eq.
   13's objective, one AdamW step; server: FedAvg of `--clients` generator + LoRA states.
 - fedit / fedtpa / flexlora: one LoRA step (`add_lora`, the run-config defaults: rank 16 on q_proj,
@@ -162,7 +162,7 @@ def fedspallm(model: Any, ids: torch.Tensor, clients: int, sparsity: float = 0.5
 
     def server() -> int:
         sums = {k: L0Sum(s) for k, s in shapes.items()}
-        for reply in replies:  # absorb: decode + add, one reply at a time
+        for reply in replies:  # accept_reply: decode + add, one reply at a time
             for k, (values, mask) in decode_sparse(reply, shapes).items():
                 sums[k].add_kept(values, mask)
         for acc in sums.values():  # aggregate: Eq. 5-7

@@ -53,8 +53,9 @@ def first_message(
         node_config={"partition-id": partition, "num-partitions": partitions},
     )
     client = registry.client_class(cfg.method)(cfg, context)
-    config = {**strategy.message_config(1), **strategy.node_config(1, partition + 1)}
-    return client, RecordDict({"arrays": initial, "config": ConfigRecord(config)})
+    payload, own = strategy.configure_round(1, initial, [partition + 1])[partition + 1]
+    config = {**strategy.message_config(1), **own}
+    return client, RecordDict({"arrays": payload, "config": ConfigRecord(config)})
 
 
 def train_once(cfg: RunConfig, partition: int) -> tuple[float, float]:

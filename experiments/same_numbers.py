@@ -7,6 +7,7 @@ Record: docs/runs/smoke-e00afe3/ against docs/runs/smoke/; quoted in
   docs/notes/2026-12-01-fedprune-command.md.
 
     python -m experiments.same_numbers docs/runs/smoke-e00afe3/<run> docs/runs/smoke/<run>
+    python -m experiments.same_numbers --sets outputs/same-before outputs/same-after  # every pair
 
 Rows of metrics.jsonl are matched by (phase, round, client, data, model), since replies arrive in
 any order; every number both rows hold is compared exactly, except timings, sizes on the wire and
@@ -79,6 +80,34 @@ def differences(a: Path, b: Path) -> tuple[int, list[str], list[str]]:
     return compared, differ, [str(k) for k in sorted(set(ra) ^ set(rb), key=str)]
 
 
+def paired_runs(a: Path, b: Path) -> list[tuple[str, Path, Path]]:
+    """(name, run in a, run in b) for every run name (the directory name after its
+    `<date>-<time>-` stamp) both output directories hold, in order."""
+
+    def named(root: Path) -> dict[str, Path]:
+        runs = sorted(d for d in root.iterdir() if (d / "metrics.jsonl").is_file())
+        return {d.name.split("-", 2)[2]: d for d in runs}
+
+    first, second = named(a), named(b)
+    return [(n, first[n], second[n]) for n in sorted(set(first) & set(second))]
+
+
+def compare_sets(a: Path, b: Path) -> int:
+    """One markdown row per run both output directories hold: numbers compared and differing."""
+    print("| run | before | after | numbers compared | differ | rows in one run only |")
+    print("|---|---|---|---|---|---|")
+    failed = 0
+    for name, x, y in paired_runs(a, b):
+        compared, differ, unmatched = differences(x, y)
+        failed += bool(differ or unmatched)
+        print(
+            f"| {name} | `{x.name}` | `{y.name}` | {compared} | {len(differ)} | {len(unmatched)} |"
+        )
+        for line in differ[:5]:
+            print(f"|  | {line} |  |  |  |  |")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.same_numbers",
@@ -87,7 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("a", type=Path, help="a run directory (with metrics.jsonl)")
     parser.add_argument("b", type=Path, help="the run of the same seed to compare it with")
+    parser.add_argument(
+        "--sets",
+        action="store_true",
+        help="a and b are output directories: compare every run name both hold, one table row each",
+    )
     args = parser.parse_args(argv)
+    if args.sets:
+        return compare_sets(args.a, args.b)
     compared, differ, unmatched = differences(args.a, args.b)
     print("\n".join(differ[:20]))
     print(

@@ -28,6 +28,7 @@ from fedprune_app.core.checkpoint import (
     check_fits,
     load_checkpoint,
     new_run_key,
+    resume_spec,
     save_checkpoint,
 )
 from fedprune_app.core.config import ConfigError, RunConfig, split_list
@@ -35,7 +36,7 @@ from fedprune_app.core.privacy import check_private
 from fedprune_app.core.protocol import numpy_state
 from fedprune_app.core.replies import to_record
 from fedprune_app.core.runtime import quiet_libraries, seed_everything
-from fedprune_app.core.strategy import FederatedStrategy
+from fedprune_app.core.strategy import FederatedStrategy, MethodReport
 from fedprune_app.llm.evaluation import held_out_metrics, held_out_text
 from fedprune_app.report.run import ReportedRun
 from fedprune_app.report.tables import left_out_line
@@ -90,12 +91,12 @@ def server_evaluation(
     return evaluate
 
 
-def score_references(cfg: RunConfig, strategy: FederatedStrategy, run: ReportedRun) -> None:
-    """Perplexity of each of the strategy's comparison models on the same held-out texts, per window
-    too (rows as the server's own: `held_out_metrics`), so every comparison with the global model
-    can be paired."""
+def score_references(cfg: RunConfig, report: MethodReport, run: ReportedRun) -> None:
+    """Perplexity of each of the method's comparison models (its report's `reference_models`) on
+    the same held-out texts, per window too (rows as the server's own: `held_out_metrics`), so
+    every comparison with the global model can be paired."""
     sources = split_list(cfg.server_eval_data)
-    for name, build in strategy.reference_models().items():
+    for name, build in report.reference_models().items():
         model, tokenizer = build()
         for source in sources:
             scored = held_out_metrics(model, tokenizer, held_out_text(source, cfg), cfg)
@@ -137,16 +138,17 @@ def main(grid: Grid, context: Context) -> None:
     seed_everything(cfg.seed)
     run = ReportedRun.create(cfg, context.run_id)
     log.info("[fedprune] %s: run directory %s", cfg.method, run.path)
-    report: FederatedStrategy | None = None  # adds the method's part of results.md once it exists
+    report: MethodReport | None = None  # adds the method's part of results.md once it exists
     try:
-        strategy = report = registry.strategy_class(cfg.method)(cfg, recorder=run.log)
+        strategy = registry.strategy_class(cfg.method)(cfg, recorder=run.log)
+        report = strategy.report_class(strategy)
         # names the clients' state directories: unique, even for two runs started in one second
         strategy.run_key = checkpoint.run_key if checkpoint else new_run_key(run.path.name)
         initial = strategy.initial_arrays()
         first_round = 1
         # continue after the checkpointed round, with its rows, arrays and state
         if checkpoint is not None:
-            spec = strategy.checkpoint_spec(initial, checkpoint.arrays)  # as the launcher's
+            spec = resume_spec(cfg, numpy_state(initial), checkpoint.arrays)  # the launcher's
             check_fits(checkpoint, cfg, spec)
             run.extend(checkpoint.rows())
             strategy.load_state_dict(checkpoint.strategy)
@@ -185,10 +187,10 @@ def main(grid: Grid, context: Context) -> None:
         phases["rounds"], started = round(time.time() - started, 3), time.time()
         # no round produced an update: keep the start
         final = result.arrays if len(result.arrays) else initial
-        artefacts = strategy.save_final(final, run.path)
+        artefacts = report.save_final(final, run.path)
         phases["final-artefacts"], started = round(time.time() - started, 3), time.time()
-        score_references(cfg, strategy, run)
-        strategy.score_client_references(grid)
+        score_references(cfg, report, run)
+        strategy.score_client_references(grid, report.client_references())
         phases["references"] = round(time.time() - started, 3)
         privacy = strategy.privacy_summary()  # ε at δ, where DP is on
         summary = run.finish(

@@ -284,16 +284,17 @@ def check_checkpoint_fits(cfg: RunConfig, checkpoint: Checkpoint) -> None:
 def built_spec(
     cfg: RunConfig, checkpoint: Checkpoint
 ) -> dict[str, tuple[tuple[int, ...], str]] | None:
-    """The method strategy's `checkpoint_spec` of its `initial_arrays()` (and the checkpoint's
-    arrays), built on the CPU and unquantized, quietly; the models this loaded are released
+    """The spec of the method strategy's `initial_arrays()` (`core.checkpoint.resume_spec`'s
+    fallback), built on the CPU and unquantized, quietly; the models this loaded are released
     afterwards."""
     from fedprune_app.core import registry
+    from fedprune_app.core.protocol import spec_of
 
     try:
         with quietly():
             on_cpu = cfg.replace(device="cpu", model_quantization="none")
             strategy = registry.strategy_class(cfg.method)(on_cpu)
-            return strategy.checkpoint_spec(strategy.initial_arrays(), checkpoint.arrays)
+            return spec_of(strategy.initial_arrays())
     except ConfigError:
         raise
     except (OSError, KeyError, ValueError, RuntimeError) as err:

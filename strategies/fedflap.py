@@ -25,13 +25,12 @@ import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.protocol import flat_metrics, spec_of
+from fedprune_app.core.protocol import flat_metrics
 from fedprune_app.core.recovery import Spec, StatisticsThenRecovery
 from fedprune_app.core.registry import register_strategy
-from fedprune_app.core.strategy import Recorder
+from fedprune_app.core.strategy import MethodReport, Recorder
 from fedprune_app.llm.models import (
     initial_adapter_state,
-    model_config,
     model_device,
     save_adapter,
     set_adapter_state,
@@ -46,7 +45,6 @@ from fedprune_app.methods.fedflap.importance import (
     single_keep_ratio,
     standardise,
 )
-from fedprune_app.methods.fedflap.shapes import structure_spec
 from fedprune_app.structural.held import held_coordinates
 from fedprune_app.structural.routing import (
     MASK_NAMES,
@@ -90,6 +88,58 @@ def render_reference_table(table: Mapping[str, Any]) -> str:
 # --- the strategy ---------------------------------------------------------------------------------
 
 
+class FedFLAPReport(MethodReport):
+    """fedflap's part of the run's report."""
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        s = self.strategy
+        model, tokenizer = s.load(arrays)
+        save_adapter(
+            model,
+            out_dir / "adapter",
+            out_dir / "merged" if s.cfg.save_merged else None,
+            tokenizer,
+        )
+        artefacts = {"adapter": "adapter"} | ({"merged": "merged"} if s.cfg.save_merged else {})
+        table = self.reference_table()
+        (out_dir / "fedflap.json").write_text(json.dumps(table, indent=1) + "\n")
+        (out_dir / "fedflap.md").write_text(render_reference_table(table))
+        artefacts["references"] = "fedflap.md"
+        if s.masks is None:
+            return artefacts
+        save_compiled(
+            compile_model(model, per_layer_masks(s.masks)), out_dir / "compiled", tokenizer
+        )
+        np.savez_compressed(out_dir / "masks.npz", **s.masks)
+        np.savez_compressed(out_dir / "importance.npz", **(s.importance or {}))
+        (out_dir / "masks.json").write_text(json.dumps(mask_statistics({0: s.masks})) + "\n")
+        return artefacts | {
+            "compiled": "compiled",
+            "masks": "masks.npz",
+            "importance": "importance.npz",
+        }
+
+    def reference_table(self) -> dict[str, Any]:
+        """Per client and mean: dense (round 0), post hoc (round 1: masks, no training), fedflap
+        (last round)."""
+        s = self.strategy
+        evaluated = sorted(map(int, s.scores))
+        rows = {"dense": "0", "post-hoc": "1"}
+        if evaluated and evaluated[-1] > 1:
+            rows["fedflap"] = str(evaluated[-1])
+        table: dict[str, Any] = {"keep-ratio": s.keep_ratio, "rounds": rows}
+        for label, r in rows.items():
+            per = s.scores.get(r, {})
+            table[label] = {
+                "clients": per,
+                "mean": {
+                    k: float(np.mean([c[k] for c in per.values() if k in c]))
+                    for k in sorted({k for c in per.values() for k in c})
+                },
+            }
+        return table
+
+
 @register_strategy("fedflap")
 class FedFLAPStrategy(StatisticsThenRecovery):
     """Round 1: importance → global mask; rounds 2..R: FedAvg over LoRA with the masks fixed."""
@@ -98,6 +148,7 @@ class FedFLAPStrategy(StatisticsThenRecovery):
     structure_name = "global masks"
     statistics_name = "importance"
     array_state = ("masks", "importance")
+    report_class = FedFLAPReport
     json_state = ("scores",)
 
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
@@ -113,24 +164,25 @@ class FedFLAPStrategy(StatisticsThenRecovery):
         model, _ = fedflap_model_for(self.cfg)
         return ArrayRecord(initial_adapter_state(model))
 
-    def checkpoint_spec(
-        self, initial: ArrayRecord, arrays: Mapping[str, np.ndarray] | None = None
-    ) -> Spec | None:
-        """The masks and the state's masks and importance, whose shapes config.json fixes
-        (`fedflap.shapes.structure_spec`, as the launcher's), beside the LoRA of `initial`: the
-        routed model keeps every dense shape."""
-        structure = structure_spec(model_config(self.cfg.model_name))
-        return None if structure is None else structure | spec_of(initial)
-
     def statistics_shapes(self) -> Spec:
         """Round 1: float32 (layers, d) per mask name."""
         model, _ = fedflap_model_for(self.cfg)
         shape = (int(model.config.num_hidden_layers), int(model.config.hidden_size))
         return {IMPORTANCE_PREFIX + n: (shape, "float32") for n in MASK_NAMES}
 
-    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
-        """The base checks against `expected_reply`, then importance scores must be ≥ 0."""
-        problem = super().reply_problem(node_id, reply)
+    def accept_reply(
+        self, server_round: int, node_id: int, reply: RecordDict, phase: str
+    ) -> str | None:
+        """Train: the base checks, then importance scores must be ≥ 0. Evaluate: keep the client's
+        scores of the round for fedflap.json, keyed by its partition."""
+        if phase == "evaluate":
+            client = self.node_partition.get(node_id)
+            if client is not None:
+                kept = ("acc", "acc_norm", "ppl", "kept-ratio-prunable")
+                scores = {k: float(v) for k, v in flat_metrics(reply).items() if k in kept}
+                self.scores.setdefault(str(server_round), {})[str(client)] = scores
+            return None
+        problem = super().accept_reply(server_round, node_id, reply, phase)
         if problem is not None:
             return problem
         negative = [
@@ -170,15 +222,6 @@ class FedFLAPStrategy(StatisticsThenRecovery):
     def structure_arrays(self) -> dict[str, np.ndarray] | None:
         return None if self.masks is None else {MASK_PREFIX + n: m for n, m in self.masks.items()}
 
-    def evaluate_reply(self, server_round: int, node_id: int, reply: RecordDict) -> str | None:
-        """Keep the client's scores of the round for fedflap.json, keyed by its partition."""
-        client = self.node_partition.get(node_id)
-        if client is not None:
-            kept = ("acc", "acc_norm", "ppl", "kept-ratio-prunable")
-            scores = {k: float(v) for k, v in flat_metrics(reply).items() if k in kept}
-            self.scores.setdefault(str(server_round), {})[str(client)] = scores
-        return None
-
     def load(self, arrays: ArrayRecord) -> tuple[Any, Any]:
         """The routed model (dense outside a `masked` block) with the global LoRA loaded."""
         model, tokenizer = fedflap_model_for(self.cfg)
@@ -192,49 +235,3 @@ class FedFLAPStrategy(StatisticsThenRecovery):
         model, tokenizer = self.load(arrays)
         masks = masks_from_arrays(arrays.to_torch_state_dict(), model_device(model))
         return MaskedModel(model, masks), tokenizer
-
-    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        model, tokenizer = self.load(arrays)
-        save_adapter(
-            model,
-            out_dir / "adapter",
-            out_dir / "merged" if self.cfg.save_merged else None,
-            tokenizer,
-        )
-        artefacts = {"adapter": "adapter"} | ({"merged": "merged"} if self.cfg.save_merged else {})
-        table = self.reference_table()
-        (out_dir / "fedflap.json").write_text(json.dumps(table, indent=1) + "\n")
-        (out_dir / "fedflap.md").write_text(render_reference_table(table))
-        artefacts["references"] = "fedflap.md"
-        if self.masks is None:
-            return artefacts
-        save_compiled(
-            compile_model(model, per_layer_masks(self.masks)), out_dir / "compiled", tokenizer
-        )
-        np.savez_compressed(out_dir / "masks.npz", **self.masks)
-        np.savez_compressed(out_dir / "importance.npz", **(self.importance or {}))
-        (out_dir / "masks.json").write_text(json.dumps(mask_statistics({0: self.masks})) + "\n")
-        return artefacts | {
-            "compiled": "compiled",
-            "masks": "masks.npz",
-            "importance": "importance.npz",
-        }
-
-    def reference_table(self) -> dict[str, Any]:
-        """Per client and mean: dense (round 0), post hoc (round 1: masks, no training), fedflap
-        (last round)."""
-        evaluated = sorted(map(int, self.scores))
-        rows = {"dense": "0", "post-hoc": "1"}
-        if evaluated and evaluated[-1] > 1:
-            rows["fedflap"] = str(evaluated[-1])
-        table: dict[str, Any] = {"keep-ratio": self.keep_ratio, "rounds": rows}
-        for label, r in rows.items():
-            per = self.scores.get(r, {})
-            table[label] = {
-                "clients": per,
-                "mean": {
-                    k: float(np.mean([c[k] for c in per.values() if k in c]))
-                    for k in sorted({k for c in per.values() for k in c})
-                },
-            }
-        return table

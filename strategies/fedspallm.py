@@ -12,21 +12,19 @@ pruned (Eq. 6–7). Matrices that no client sampled keep their previous global w
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig, per_client, split_list
 from fedprune_app.core.encoding import EncodingError, decode_sparse, encode_sparse
-from fedprune_app.core.protocol import flat_metrics, spec_of
+from fedprune_app.core.protocol import flat_metrics
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import examples_problem, to_record
 from fedprune_app.core.runtime import client_seed
-from fedprune_app.core.strategy import FederatedStrategy, log
+from fedprune_app.core.strategy import FederatedStrategy, MethodReport, log
 from fedprune_app.llm.data import client_data
 from fedprune_app.llm.layers import (
     calibration_batches,
@@ -53,6 +51,81 @@ from fedprune_app.methods.fedspallm.pruners import prune_sequentially, pruner_fo
 # --- the strategy ---------------------------------------------------------------------------------
 
 
+class FedSpaLLMReport(MethodReport):
+    """fedspallm's part of the run's report."""
+
+    def reference_models(self) -> dict[str, Any]:
+        """Server-built comparison models, per `fedspallm-references`:
+        - `random` (the paper's baseline): the dense weights with a random mask at the target
+          sparsity;
+        - `centralized` (simulation only: the server rebuilds every partition's data from the
+          embedded sources): the pruner on the pooled calibration data of all clients, i.e. every
+          client's round-1 segments together — the upper reference a federation cannot run."""
+        s = self.strategy
+        prune_cfg = s.cfg.section(FedSpaLLMConfig)
+        refs: dict[str, Any] = {}
+        names = split_list(prune_cfg.fedspallm_references)
+        sparsity = prune_cfg.sparsity
+        if "random" in names:
+
+            def random_model() -> tuple[Any, Any]:
+                rng = np.random.default_rng(s.cfg.seed)
+                dense, _, _ = prunable_weights(s.cfg)
+                return model_with_weights(
+                    s.cfg, {k: random_prune(v, sparsity, rng) for k, v in dense.items()}
+                )
+
+            refs["random"] = random_model
+        if "centralized" in names:
+            refs["centralized"] = self.centralized_model
+        return refs
+
+    def centralized_model(self) -> tuple[Any, Any]:
+        s = self.strategy
+        prune_cfg = s.cfg.section(FedSpaLLMConfig)
+        model, tokenizer = dense_model(s.cfg)
+        n = max(1, s.num_connected)
+        batches = [
+            b
+            for pid in range(n)
+            for b in calibration_batches(
+                client_data(s.cfg, pid, n).train,
+                tokenizer,
+                prune_cfg.calib_segments,
+                prune_cfg.calib_seq_len,
+                client_seed(s.cfg.seed, 1, pid),
+            )
+        ]
+        log.info(
+            "[fedprune] reference centralized: pruning on the pooled calibration data "
+            "of %d clients",
+            n,
+        )
+        prune_sequentially(model, batches, range(s.num_layers), pruner_for(s.cfg))
+        params = {
+            k: p.detach().cpu().numpy() for k, p in model.named_parameters() if k in s.global_state
+        }
+        both = sum(int(((params[k] != 0) & (w != 0)).sum()) for k, w in s.global_state.items())
+        share = both / max(1, sum(int((w != 0).sum()) for w in s.global_state.values()))
+        log.info(
+            "[fedprune] reference centralized: keeps %.4f of the weights the global mask keeps",
+            share,
+        )
+        s.record({"phase": "fedspallm-mask-agreement", "global-vs-centralized": share})
+        return model, tokenizer
+
+    def client_references(self) -> list[str]:
+        """`standalone` (the paper's baseline): each client prunes the whole model with its own data
+        alone."""
+        s = self.strategy
+        prune_cfg = s.cfg.section(FedSpaLLMConfig)
+        return [name for name in split_list(prune_cfg.fedspallm_references) if name == "standalone"]
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        s = self.strategy
+        return save_pruned(s.cfg, s.global_state, out_dir)
+
+
 @register_strategy("fedspallm")
 class FedSpaLLMStrategy(FederatedStrategy):
     dp_unsupported = (
@@ -62,30 +135,26 @@ class FedSpaLLMStrategy(FederatedStrategy):
     )
     """Layer sampling down, pruned weights + masks up, ℓ0 aggregation + mask expansion."""
 
+    report_class = FedSpaLLMReport
+    folds_replies = True  # `accept_reply` adds each reply to the round's ℓ0 sums
+    # no federated evaluation: the server scores the global model on held-out text of every domain
+    # (`server-eval-data`), as the paper reports WikiText-2/PTB/C4 perplexity of the global model
+    federated_evaluation = False
+
     def __init__(self, cfg: RunConfig, recorder: Any = None) -> None:
         super().__init__(cfg, recorder)
         self.global_state: dict[str, np.ndarray] = {}
         self.layer_prefix = ""
         self.num_layers = 0
         self.node_layers: dict[int, list[int]] = {}
-        self.l0: dict[str, L0Sum] = {}  # this round's ℓ0 sums per matrix, filled by `absorb`
+        self.l0: dict[str, L0Sum] = {}  # this round's ℓ0 sums per matrix (`accept_reply`)
         self.payload_dtype = cfg.section(FedSpaLLMConfig).payload_dtype
-        # ((node, id(reply)), decoded)
-        self.checked: tuple[tuple[int, int], dict[str, Any]] | None = None
 
     def initial_arrays(self) -> ArrayRecord:
         """The server keeps the global weights itself (`global_state`); the loop carries a round
         counter."""
         self.global_state, self.layer_prefix, self.num_layers = prunable_weights(self.cfg)
         return to_record({ROUND_ARRAY: np.zeros(1, dtype=np.int64)})
-
-    def checkpoint_spec(
-        self, initial: ArrayRecord, arrays: Mapping[str, np.ndarray] | None = None
-    ) -> dict[str, tuple[tuple[int, ...], str]]:
-        """The round counter, and the pruned weights of the state table `global-state` (those
-        `initial_arrays` read from this config's model)."""
-        weights = spec_of(self.global_state)
-        return spec_of(initial) | {f"{STATE_TABLE}/{k}": v for k, v in weights.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """The current pruned weights (zeros = the current masks) beside the sampling RNG."""
@@ -115,9 +184,12 @@ class FedSpaLLMStrategy(FederatedStrategy):
                 )
         return out
 
-    def plan_round(self, server_round: int, node_ids: list[int]) -> None:
-        """Eq. 8: k_i ∝ r_i layers per sampled node, every layer covered; nodes in partition
-        order."""
+    def configure_round(
+        self, server_round: int, arrays: ArrayRecord, node_ids: list[int]
+    ) -> dict[int, tuple[ArrayRecord, dict[str, Any]]]:
+        """Eq. 8: k_i ∝ r_i layers per sampled node, every layer covered (nodes in partition
+        order); each node gets its layers' global weights, kept values + bit-packed masks (zeros =
+        pruned) in payload-dtype, and their ids."""
         order = sorted(node_ids, key=self.partition_order)
         resources = self.resources_of(order)
         assignment = sample_layers(
@@ -125,32 +197,18 @@ class FedSpaLLMStrategy(FederatedStrategy):
         )
         self.node_layers = dict(zip(order, assignment, strict=True))
         self.l0 = {}  # a fresh round (or a retried one) starts its sums afresh
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """No federated evaluation: the server scores the global model on held-out text of every
-        domain (`server-eval-data`), as the paper reports WikiText-2/PTB/C4 perplexity of the global
-        model."""
-        return []
-
-    def node_config(self, server_round: int, node_id: int) -> dict[str, Any]:
-        return {"layers": json.dumps(self.node_layers.get(node_id, []))}
-
-    def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
-        """The sampled layers' global weights, kept values + bit-packed masks (zeros = pruned) in
-        payload-dtype."""
-        layers = set(self.node_layers.get(node_id, []))
-        return to_record(
-            encode_sparse(
-                {
-                    k: v
-                    for k, v in self.global_state.items()
-                    if layer_of(k, self.layer_prefix) in layers
-                },
-                dtype=self.payload_dtype,
-            )
-        )
+        tasks = {}
+        for node_id in node_ids:
+            layers = self.node_layers.get(node_id, [])
+            sampled = set(layers)
+            weights = {
+                k: v
+                for k, v in self.global_state.items()
+                if layer_of(k, self.layer_prefix) in sampled
+            }
+            payload = to_record(encode_sparse(weights, dtype=self.payload_dtype))
+            tasks[node_id] = (payload, {"layers": json.dumps(layers)})
+        return tasks
 
     def decode(self, node_id: int, reply: RecordDict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """{name: (kept values as float32, bool mask)} of a train reply; EncodingError unless it
@@ -165,20 +223,27 @@ class FedSpaLLMStrategy(FederatedStrategy):
             self.payload_dtype,
         )
 
-    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
+    def accept_reply(
+        self, server_round: int, node_id: int, reply: RecordDict, phase: str
+    ) -> str | None:
+        """A train reply holds exactly the kept values + packed masks of its sampled layers, in
+        payload-dtype, finite, pruned to the target sparsity; it is then folded into this round's
+        ℓ0 sums (`L0Sum`, Eq. 5) at once (`folds_replies`: the runner keeps its metrics only), so
+        a round never holds every client's pruned weights in the server at once."""
+        if phase != "train":
+            return None
         if "arrays" not in reply.array_records:
             return "reply holds no 'arrays' record"
         if (problem := examples_problem(flat_metrics(reply))) is not None:
             return problem
-        # exactly the kept values + packed masks of its sampled layers, in payload-dtype, finite
         try:
             decoded = self.decode(node_id, reply)
         except EncodingError as err:
             return f"reply {err}"
         if (problem := self.sparsity_problem(decoded)) is not None:
             return problem
-        # `absorb` folds these in without decoding again
-        self.checked = ((node_id, id(reply)), decoded)
+        for key, (values, mask) in decoded.items():
+            self.l0.setdefault(key, L0Sum(mask.shape)).add_kept(values, mask)
         return None
 
     def sparsity_problem(self, decoded: dict[str, tuple[np.ndarray, np.ndarray]]) -> str | None:
@@ -197,20 +262,10 @@ class FedSpaLLMStrategy(FederatedStrategy):
                 )
         return None
 
-    def absorb(self, node_id: int, reply: RecordDict) -> RecordDict:
-        """Fold an accepted reply's pruned weights and masks into this round's ℓ0 sums (`L0Sum`,
-        Eq. 5) as it arrives, and keep only its metrics: a 16-client round of SmolLM2 would
-        otherwise hold every client's replies (and their numpy copies) in the server at once."""
-        if self.checked is None or self.checked[0] != (node_id, id(reply)):
-            self.checked = ((node_id, id(reply)), self.decode(node_id, reply))
-        for key, (values, mask) in self.checked[1].items():
-            self.l0.setdefault(key, L0Sum(mask.shape)).add_kept(values, mask)
-        self.checked = None
-        return RecordDict({name: record for name, record in reply.items() if name != "arrays"})
-
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         """Eq. 5–7 per sampled matrix over the clients that sampled it (their arrays were folded in
-        by `absorb`); matrices no accepted client sampled keep their previous global weights."""
+        by `accept_reply`); matrices no accepted client sampled keep their previous global
+        weights."""
         prune_cfg = self.cfg.section(FedSpaLLMConfig)
         n, m = prune_cfg.prune_n, prune_cfg.prune_m
         agreement: dict[int, np.ndarray] = {}
@@ -236,72 +291,3 @@ class FedSpaLLMStrategy(FederatedStrategy):
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
         return model_with_weights(self.cfg, self.global_state)
-
-    def reference_models(self) -> dict[str, Any]:
-        """Server-built comparison models, per `fedspallm-references`:
-        - `random` (the paper's baseline): the dense weights with a random mask at the target
-          sparsity;
-        - `centralized` (simulation only: the server rebuilds every partition's data from the
-          embedded sources): the pruner on the pooled calibration data of all clients, i.e. every
-          client's round-1 segments together — the upper reference a federation cannot run."""
-        prune_cfg = self.cfg.section(FedSpaLLMConfig)
-        refs: dict[str, Any] = {}
-        names = split_list(prune_cfg.fedspallm_references)
-        sparsity = prune_cfg.sparsity
-        if "random" in names:
-
-            def random_model() -> tuple[Any, Any]:
-                rng = np.random.default_rng(self.cfg.seed)
-                dense, _, _ = prunable_weights(self.cfg)
-                return model_with_weights(
-                    self.cfg, {k: random_prune(v, sparsity, rng) for k, v in dense.items()}
-                )
-
-            refs["random"] = random_model
-        if "centralized" in names:
-            refs["centralized"] = self.centralized_model
-        return refs
-
-    def centralized_model(self) -> tuple[Any, Any]:
-        prune_cfg = self.cfg.section(FedSpaLLMConfig)
-        model, tokenizer = dense_model(self.cfg)
-        n = max(1, self.num_connected)
-        batches = [
-            b
-            for pid in range(n)
-            for b in calibration_batches(
-                client_data(self.cfg, pid, n).train,
-                tokenizer,
-                prune_cfg.calib_segments,
-                prune_cfg.calib_seq_len,
-                client_seed(self.cfg.seed, 1, pid),
-            )
-        ]
-        log.info(
-            "[fedprune] reference centralized: pruning on the pooled calibration data "
-            "of %d clients",
-            n,
-        )
-        prune_sequentially(model, batches, range(self.num_layers), pruner_for(self.cfg))
-        params = {
-            k: p.detach().cpu().numpy()
-            for k, p in model.named_parameters()
-            if k in self.global_state
-        }
-        both = sum(int(((params[k] != 0) & (w != 0)).sum()) for k, w in self.global_state.items())
-        share = both / max(1, sum(int((w != 0).sum()) for w in self.global_state.values()))
-        log.info(
-            "[fedprune] reference centralized: keeps %.4f of the weights the global mask keeps",
-            share,
-        )
-        self.record({"phase": "fedspallm-mask-agreement", "global-vs-centralized": share})
-        return model, tokenizer
-
-    def client_references(self) -> list[str]:
-        """`standalone` (the paper's baseline): each client prunes the whole model with its own data
-        alone."""
-        prune_cfg = self.cfg.section(FedSpaLLMConfig)
-        return [name for name in split_list(prune_cfg.fedspallm_references) if name == "standalone"]
-
-    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        return save_pruned(self.cfg, self.global_state, out_dir)

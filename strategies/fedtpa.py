@@ -162,13 +162,18 @@ class FedTPAStrategy(LoRAStrategy):
         return self.metrics_problem(flat_metrics(reply), losses=False)
 
     # --- rounds -----------------------------------------------------------------------------------
-    def node_config(self, server_round: int, node_id: int) -> dict[str, Any]:
-        """The node's keep-ratio; a node the server has not heard from yet trains the full adapter
-        (β = 1)."""
-        pid = self.node_partition.get(node_id)
-        beta = self.beta.get(pid, 1.0) if pid is not None else 1.0
-        self.sent_beta[node_id] = beta
-        return {"beta": beta}
+    def configure_round(
+        self, server_round: int, arrays: ArrayRecord, node_ids: list[int]
+    ) -> dict[int, tuple[ArrayRecord, dict[str, Any]]]:
+        """The global adapter and each node's keep-ratio; a node the server has not heard from yet
+        trains the full adapter (β = 1)."""
+        tasks = {}
+        for node_id in node_ids:
+            pid = self.node_partition.get(node_id)
+            beta = self.beta.get(pid, 1.0) if pid is not None else 1.0
+            self.sent_beta[node_id] = beta
+            tasks[node_id] = (arrays, {"beta": beta})
+        return tasks
 
     @staticmethod
     def metrics_problem(metrics: dict[str, Any], losses: bool = True) -> str | None:
@@ -186,10 +191,14 @@ class FedTPAStrategy(LoRAStrategy):
                 return f"val-loss must be a float (NaN without validation data), got {val!r}"
         return None
 
-    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
-        """Reject replies whose kept adapters do not match their pruning log (ranks beyond r_g
-        included), whose keep count is not ⌊β·N·r_g⌋ for the β sent, or whose tensors, scores or
-        losses are not finite."""
+    def accept_reply(
+        self, server_round: int, node_id: int, reply: RecordDict, phase: str
+    ) -> str | None:
+        """Reject train replies whose kept adapters do not match their pruning log (ranks beyond
+        r_g included), whose keep count is not ⌊β·N·r_g⌋ for the β sent, or whose tensors, scores
+        or losses are not finite."""
+        if phase != "train":
+            return None
         if "arrays" not in reply.array_records or "fedtpa" not in reply.array_records:
             return "reply holds no 'arrays' or no 'fedtpa' record"
         arrays, extra, sent = (

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from fedprune_app.core.config import RunConfig
-from fedprune_app.core.lora import LoRAStrategy
+from fedprune_app.core.lora import LoRAReport, LoRAStrategy
 from fedprune_app.core.privacy import private_mean
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
@@ -41,6 +42,30 @@ from fedprune_app.methods.flexlora.svd import average_deltas, lora_delta, svd_fa
 # --- the strategy ---------------------------------------------------------------------------------
 
 
+class FlexLoRAReport(LoRAReport):
+    """flexlora's part of the run's report."""
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        """`adapter/`: the global factors at r_max (the LoRA base's `save_final`);
+        `client-adapters/client-<k>/`: client k's final model, the global factors truncated to its
+        rank r_k (what it trains on, see `configure_round`), a PEFT directory at rank r_k (α
+        unchanged, so α/r_k scales it); with `save-merged` also `client-merged/client-<k>/`."""
+        s = self.strategy
+        artefacts = super().save_final(arrays, out_dir)
+        state = numpy_state(arrays)
+        for pid, rank in sorted(s.partition_rank.items()):
+            model, tokenizer = peft_model_for(s.cfg, rank=rank)
+            set_adapter_state(
+                model, {k: torch.from_numpy(v) for k, v in s.at_rank(state, rank).items()}
+            )
+            merged = out_dir / "client-merged" / f"client-{pid}" if s.cfg.save_merged else None
+            save_adapter(model, out_dir / "client-adapters" / f"client-{pid}", merged, tokenizer)
+            artefacts[f"adapter-client-{pid}"] = f"client-adapters/client-{pid}"
+            if merged is not None:
+                artefacts[f"merged-client-{pid}"] = f"client-merged/client-{pid}"
+        return artefacts
+
+
 @register_strategy("flexlora")
 class FlexLoRAStrategy(LoRAStrategy):
     """Per-node ranks down, heterogeneous adapters up, ΔW average + truncated SVD."""
@@ -49,6 +74,7 @@ class FlexLoRAStrategy(LoRAStrategy):
         "ΔW of every adapted layer: each client's change of (α/r_i)·B_i A_i from the "
         "global ΔW, all layers jointly, clipped on the server"
     )
+    report_class = FlexLoRAReport
 
     def __init__(self, cfg: RunConfig, recorder: Any = None) -> None:
         super().__init__(cfg.replace(lora_rank=max_rank(cfg)), recorder)
@@ -75,14 +101,18 @@ class FlexLoRAStrategy(LoRAStrategy):
         """The rank the node's partition reported last (r_max before its first reply)."""
         return self.partition_rank.get(self.node_partition.get(node_id, -1), self.r_max)
 
-    def node_config(self, server_round: int, node_id: int) -> dict[str, Any]:
-        return {"rank": self.rank_of(node_id)}
-
-    def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
-        rank = self.rank_of(node_id)
-        if rank == self.r_max:
-            return arrays
-        return to_record(self.at_rank(numpy_state(arrays), rank))
+    def configure_round(
+        self, server_round: int, arrays: ArrayRecord, node_ids: list[int]
+    ) -> dict[int, tuple[ArrayRecord, dict[str, Any]]]:
+        """Each node gets the global factors truncated to its rank (`at_rank`) and that rank."""
+        tasks = {}
+        for node_id in node_ids:
+            rank = self.rank_of(node_id)
+            payload = (
+                arrays if rank == self.r_max else to_record(self.at_rank(numpy_state(arrays), rank))
+            )
+            tasks[node_id] = (payload, {"rank": rank})
+        return tasks
 
     def at_rank(self, state: dict[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
         """The global factors truncated to `rank` (`truncate_factors`: the rank-r SVD of the same
@@ -94,10 +124,14 @@ class FlexLoRAStrategy(LoRAStrategy):
             )
         return out
 
-    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
-        """Reject replies with missing/extra tensors, a rank outside [1, r_max] or not the same in
-        every layer (and as reported), shapes that do not fit the layers, non-finite values or bad
-        metrics."""
+    def accept_reply(
+        self, server_round: int, node_id: int, reply: RecordDict, phase: str
+    ) -> str | None:
+        """Reject train replies with missing/extra tensors, a rank outside [1, r_max] or not the
+        same in every layer (and as reported), shapes that do not fit the layers, non-finite values
+        or bad metrics."""
+        if phase != "train":
+            return None
         if "arrays" not in reply.array_records:
             return "reply holds no 'arrays' record"
         arrays, sent = reply.array_records["arrays"], self.sent[node_id]
@@ -192,24 +226,3 @@ class FlexLoRAStrategy(LoRAStrategy):
             share,
         )
         return to_record(out)
-
-    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        """`adapter/`: the global factors at r_max (the LoRA base's `save_final`);
-        `client-adapters/client-<k>/`: client k's final model, the global factors truncated to its
-        rank r_k (what it evaluates, see `arrays_for`), a PEFT directory at rank r_k (α unchanged,
-        so α/r_k scales it); with `save-merged` also `client-merged/client-<k>/`."""
-        import torch
-
-        artefacts = super().save_final(arrays, out_dir)
-        state = numpy_state(arrays)
-        for pid, rank in sorted(self.partition_rank.items()):
-            model, tokenizer = peft_model_for(self.cfg, rank=rank)
-            set_adapter_state(
-                model, {k: torch.from_numpy(v) for k, v in self.at_rank(state, rank).items()}
-            )
-            merged = out_dir / "client-merged" / f"client-{pid}" if self.cfg.save_merged else None
-            save_adapter(model, out_dir / "client-adapters" / f"client-{pid}", merged, tokenizer)
-            artefacts[f"adapter-client-{pid}"] = f"client-adapters/client-{pid}"
-            if merged is not None:
-                artefacts[f"merged-client-{pid}"] = f"client-merged/client-{pid}"
-        return artefacts

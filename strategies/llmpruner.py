@@ -33,7 +33,7 @@ from fedprune_app.core.protocol import flat_metrics
 from fedprune_app.core.recovery import Spec, StatisticsThenRecovery
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.runtime import client_seed
-from fedprune_app.core.strategy import Recorder
+from fedprune_app.core.strategy import MethodReport, Recorder
 from fedprune_app.llm.data import client_data, training_batches
 from fedprune_app.llm.models import initial_adapter_state, peft_model_for, set_adapter_state
 from fedprune_app.methods.llmpruner.config import LLMPrunerConfig
@@ -61,6 +61,104 @@ from fedprune_app.structural.speed import compiled_rows, compiled_section
 log = logging.getLogger("flwr")
 
 
+class LLMPrunerReport(MethodReport):
+    """llmpruner's part of the run's report."""
+
+    def reference_models(self) -> dict[str, Callable[[], tuple[Any, Any]]]:
+        """With `llmpruner-centralized` (simulation only): 'centralized' = the cut from the Taylor
+        rows of every partition's round-1 calibration batches pooled (the server rebuilds them from
+        the run's data sources with the clients' seeds), 'federated-cut' = the federated cut; both
+        without LoRA recovery."""
+        s = self.strategy
+        if not s.section.llmpruner_centralized or s.keep is None:
+            return {}
+        keep = s.keep
+
+        def federated() -> tuple[Any, Any]:
+            model, tokenizer = dense_model(s.cfg)
+            return shrink_(model, keep), tokenizer
+
+        return {"centralized": self.centralized_model, "federated-cut": federated}
+
+    def centralized_model(self) -> tuple[Any, Any]:
+        s = self.strategy
+        model, tokenizer = dense_model(s.cfg)
+        n = max(1, s.num_connected)
+        batches = [
+            b
+            for pid in range(n)
+            for b in training_batches(
+                client_data(s.cfg, pid, n).train,
+                tokenizer,
+                s.cfg.batch_size,
+                s.section.llmpruner_batches,
+                s.cfg.seq_len,
+                client_seed(s.cfg.seed, 1, pid),
+                targets="sequence",
+            )
+        ]
+        log.info(
+            "[fedprune] reference centralized: Taylor importance on the pooled calibration data "
+            "of %d clients",
+            n,
+        )
+        rows, _ = client_importance(model, batches, s.section.llmpruner_taylor)
+        keep, _ = s.cut_from_rows(rows, model.config)
+        agree = float(np.mean(np.concatenate([(keep[k] == s.keep[k]).reshape(-1) for k in keep])))
+        log.info(
+            "[fedprune] reference centralized: its cut agrees with the federated one on %.4f of "
+            "the structures",
+            agree,
+        )
+        s.record({"phase": "llmpruner-cut-agreement", "agreement": agree})
+        return shrink_(model, keep), tokenizer
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        s = self.strategy
+        model, tokenizer = s.global_model(arrays)
+        model.save_pretrained(out_dir / "adapter")
+        artefacts = {"adapter": "adapter"}
+        if s.keep is None:
+            return artefacts
+        compiled = merged_copy(model)  # the global model is the pruned one: merge its LoRA
+        save_pruned(compiled, out_dir / "compiled", tokenizer)
+        np.savez_compressed(out_dir / "structure.npz", **s.keep)
+        np.savez_compressed(out_dir / "importance.npz", **(s.scores or {}))
+        self.record_compiled(compiled, tokenizer)
+        return artefacts | {
+            "compiled": "compiled",
+            "structure": "structure.npz",
+            "importance": "importance.npz",
+        }
+
+    def results_sections(self, records: list[dict[str, Any]]) -> str:
+        """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
+
+        return compiled_section(records)
+
+    def record_compiled(self, compiled: Any, tokenizer: Any) -> None:
+        """`phase: compiled` rows for the dense and the pruned model: parameters, MB, kept ratio of
+        the prunable projections, the server's held-out perplexity, and
+        (`llmpruner-speed-prefill` > 0) prefill latency and generation speed against the dense
+        model, each beside its FLOP ceiling (`structure.pruned_ceiling`)."""
+        s = self.strategy
+
+        dense, _ = dense_model(s.cfg)
+        kept = {
+            "dense": 1.0,
+            "llmpruner": kept_parameters(dense.config, s.keep) / prunable_parameters(dense.config),
+        }
+        prefill = s.section.llmpruner_speed_prefill
+
+        def ceiling(name: str, task: str) -> float:
+            return 1.0 if name == "dense" else pruned_ceiling(dense.config, s.keep, task, prefill)
+
+        for row in compiled_rows(
+            s.cfg, {"dense": dense, "llmpruner": compiled}, tokenizer, kept, prefill, ceiling
+        ):
+            s.record(row)
+
+
 @register_strategy("llmpruner")
 class LLMPrunerStrategy(StatisticsThenRecovery):
     """Round 1: Taylor rows → averaged → one global cut; rounds 2..R: FedAvg over LoRA on the pruned
@@ -69,6 +167,7 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
     structure_prefix = KEEP_PREFIX
     statistics_name = "importance"
     array_state = ("keep", "scores")
+    report_class = LLMPrunerReport
 
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
         super().__init__(cfg, recorder)
@@ -90,10 +189,16 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
             for n, w in row_widths(model.config).items()
         }
 
-    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
+    def accept_reply(
+        self, server_round: int, node_id: int, reply: RecordDict, phase: str
+    ) -> str | None:
         """The base checks, then `param_first` rows must be ≥ 0 (sums of absolute values)."""
-        problem = super().reply_problem(node_id, reply)
-        if problem is not None or self.section.llmpruner_taylor != "param_first":
+        problem = super().accept_reply(server_round, node_id, reply, phase)
+        if (
+            problem is not None
+            or phase != "train"
+            or self.section.llmpruner_taylor != "param_first"
+        ):
             return problem
         negative = [
             k
@@ -152,98 +257,3 @@ class LLMPrunerStrategy(StatisticsThenRecovery):
         model.eval()
         set_adapter_state(model, self.lora_state(state))
         return model, tokenizer
-
-    def reference_models(self) -> dict[str, Callable[[], tuple[Any, Any]]]:
-        """With `llmpruner-centralized` (simulation only): 'centralized' = the cut from the Taylor
-        rows of every partition's round-1 calibration batches pooled (the server rebuilds them from
-        the run's data sources with the clients' seeds), 'federated-cut' = the federated cut; both
-        without LoRA recovery."""
-        if not self.section.llmpruner_centralized or self.keep is None:
-            return {}
-        keep = self.keep
-
-        def federated() -> tuple[Any, Any]:
-            model, tokenizer = dense_model(self.cfg)
-            return shrink_(model, keep), tokenizer
-
-        return {"centralized": self.centralized_model, "federated-cut": federated}
-
-    def centralized_model(self) -> tuple[Any, Any]:
-        model, tokenizer = dense_model(self.cfg)
-        n = max(1, self.num_connected)
-        batches = [
-            b
-            for pid in range(n)
-            for b in training_batches(
-                client_data(self.cfg, pid, n).train,
-                tokenizer,
-                self.cfg.batch_size,
-                self.section.llmpruner_batches,
-                self.cfg.seq_len,
-                client_seed(self.cfg.seed, 1, pid),
-                targets="sequence",
-            )
-        ]
-        log.info(
-            "[fedprune] reference centralized: Taylor importance on the pooled calibration data "
-            "of %d clients",
-            n,
-        )
-        rows, _ = client_importance(model, batches, self.section.llmpruner_taylor)
-        keep, _ = self.cut_from_rows(rows, model.config)
-        agree = float(
-            np.mean(np.concatenate([(keep[k] == self.keep[k]).reshape(-1) for k in keep]))
-        )
-        log.info(
-            "[fedprune] reference centralized: its cut agrees with the federated one on %.4f of "
-            "the structures",
-            agree,
-        )
-        self.record({"phase": "llmpruner-cut-agreement", "agreement": agree})
-        return shrink_(model, keep), tokenizer
-
-    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        model, tokenizer = self.global_model(arrays)
-        model.save_pretrained(out_dir / "adapter")
-        artefacts = {"adapter": "adapter"}
-        if self.keep is None:
-            return artefacts
-        compiled = merged_copy(model)  # the global model is the pruned one: merge its LoRA
-        save_pruned(compiled, out_dir / "compiled", tokenizer)
-        np.savez_compressed(out_dir / "structure.npz", **self.keep)
-        np.savez_compressed(out_dir / "importance.npz", **(self.scores or {}))
-        self.record_compiled(compiled, tokenizer)
-        return artefacts | {
-            "compiled": "compiled",
-            "structure": "structure.npz",
-            "importance": "importance.npz",
-        }
-
-    def results_sections(self, records: list[dict[str, Any]]) -> str:
-        """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
-
-        return compiled_section(records)
-
-    def record_compiled(self, compiled: Any, tokenizer: Any) -> None:
-        """`phase: compiled` rows for the dense and the pruned model: parameters, MB, kept ratio of
-        the prunable projections, the server's held-out perplexity, and
-        (`llmpruner-speed-prefill` > 0) prefill latency and generation speed against the dense
-        model, each beside its FLOP ceiling (`structure.pruned_ceiling`)."""
-
-        dense, _ = dense_model(self.cfg)
-        kept = {
-            "dense": 1.0,
-            "llmpruner": kept_parameters(dense.config, self.keep)
-            / prunable_parameters(dense.config),
-        }
-        prefill = self.section.llmpruner_speed_prefill
-
-        def ceiling(name: str, task: str) -> float:
-            return (
-                1.0 if name == "dense" else pruned_ceiling(dense.config, self.keep, task, prefill)
-            )
-
-        for row in compiled_rows(
-            self.cfg, {"dense": dense, "llmpruner": compiled}, tokenizer, kept, prefill, ceiling
-        ):
-            self.record(row)

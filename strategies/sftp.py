@@ -39,7 +39,7 @@ from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import check_arrays, to_record, weighted_average
-from fedprune_app.core.strategy import FederatedStrategy, Recorder, log
+from fedprune_app.core.strategy import FederatedStrategy, MethodReport, Recorder, log
 from fedprune_app.llm.models import (
     initial_adapter_state,
     load_base_model,
@@ -71,11 +71,151 @@ from fedprune_app.structural.routing import (
 from fedprune_app.structural.speed import compiled_rows, compiled_section
 
 
+class SFTPReport(MethodReport):
+    """sftp's part of the run's report."""
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        s = self.strategy
+        sftp_cfg = s.cfg.section(SFTPConfig)
+        from safetensors.torch import save_file
+
+        model, tokenizer, generator = s.load(arrays)
+        artefacts: dict[str, str] = {}
+        (out_dir / "generator").mkdir(parents=True, exist_ok=True)
+        save_file(
+            get_generator_state(generator), str(out_dir / "generator" / "generator.safetensors")
+        )
+        gen_config = {
+            **generator.config(),
+            "gate-bias": sftp_cfg.sftp_gate_bias,
+            "gate-tau": sftp_cfg.sftp_gate_tau,
+            "key-prefix": GENERATOR_PREFIX,
+        }
+        (out_dir / "generator" / "config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
+        artefacts["generator"] = "generator"
+        # Φ on the dense backbone (a PEFT directory; merged: the unpruned model + Φ)
+        if sftp_cfg.sftp_adapters:
+            save_adapter(
+                model,
+                out_dir / "adapter",
+                out_dir / "merged" if s.cfg.save_merged else None,
+                tokenizer,
+            )
+            artefacts |= {"adapter": "adapter"} | (
+                {"merged": "merged"} if s.cfg.save_merged else {}
+            )
+        compiled: dict[str, torch.nn.Module] = {}
+        kept: dict[str, float] = {"dense": 1.0}
+        for client, masks in sorted(s.final_masks.items()):
+            s.set_deployed_adapter(model, arrays, client)
+            compiled[f"client {client}"] = compile_model(model, per_layer_masks(masks))
+            kept[f"client {client}"] = float(
+                kept_parameters(model.config, per_layer_masks(masks))
+            ) / prunable_parameters(model.config)
+            save_compiled(
+                compiled[f"client {client}"], out_dir / "compiled" / f"client-{client}", tokenizer
+            )
+            artefacts[f"compiled-client-{client}"] = f"compiled/client-{client}"
+        if compiled:
+            self.record_compiled(compiled, tokenizer, kept)
+        if s.final_masks:
+            np.savez_compressed(
+                out_dir / "masks.npz",
+                **{f"client-{k}/{n}": m[n] for k, m in s.final_masks.items() for n in MASK_NAMES},
+            )
+            (out_dir / "masks.json").write_text(json.dumps(mask_statistics(s.final_masks)) + "\n")
+            artefacts["masks"] = "masks.npz"
+        (out_dir / "kept_ratio.json").write_text(json.dumps(s.kept_history, indent=1) + "\n")
+        self.plot_kept_ratio(out_dir / "plots" / "kept-ratio.png")
+        return artefacts
+
+    def server_columns(self) -> dict[str, tuple[str, str]]:
+        """The kept share of the model `global_model` scored, beside the server's scores."""
+        term = "kept (prunable): the share of the prunable weights the scored model keeps"
+        return {"kept-ratio-prunable": ("kept (prunable)", term)}
+
+    def results_sections(self, records: list[dict[str, Any]]) -> str:
+        """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
+
+        return compiled_section(records)
+
+    def record_compiled(
+        self,
+        compiled: Mapping[str, torch.nn.Module],
+        tokenizer: Any = None,
+        kept: Mapping[str, float] | None = None,
+    ) -> None:
+        """One `compiled` row per client model, after the dense base model's: parameters, MB, the
+        kept ratio of the prunable projections (`kept`), the perplexity of the server's held-out
+        text (`ppl/<source>` per `server-eval-data` source, as the per-round server evaluation
+        scores it; with `tokenizer` and `eval-ppl-tokens` > 0): the server's score of the model each
+        client deploys; and (`sftp-speed-prefill` > 0) its prefill latency and generation speed
+        against the dense model, each beside its FLOP ceiling
+        (`fedprune_app.structural.speed.speed_table`, timed round-robin in this process). results.md
+        tables them."""
+        s = self.strategy
+
+        dense = load_base_model(s.cfg.model_name, s.cfg.model_dtype, "none", s.cfg.device)
+        for row in compiled_rows(
+            s.cfg,
+            {"dense": dense, **compiled},
+            tokenizer,
+            dict(kept or {}),
+            s.cfg.section(SFTPConfig).sftp_speed_prefill,
+        ):
+            s.record(row)
+
+    def plot_kept_ratio(self, path: Path) -> None:
+        """Fig. 4b: per client and round, the kept ratio of the prunable projections that the budget
+        penalty drives (expected under the sampled gates, `kept-expected`; records without it: the
+        deployed mask's)."""
+        s = self.strategy
+        if not s.kept_history:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for client in sorted({r["client"] for r in s.kept_history}, key=str):
+            rows = sorted(
+                (r["round"], r.get("kept-expected") or r["kept-ratio-prunable"])
+                for r in s.kept_history
+                if r["client"] == client
+            )
+            ax.plot(
+                [r for r, _ in rows], [v for _, v in rows], marker="o", label=f"client {client}"
+            )
+        for target in sorted(
+            {r["keep-target"] for r in s.kept_history if r["keep-target"] is not None}
+        ):
+            ax.axhline(target, color="grey", linestyle="--", linewidth=0.8)
+        rounds = sorted({r["round"] for r in s.kept_history})
+        ax.set_title(
+            "Kept share of the prunable weights per client (dashed: each budget)", fontsize=9
+        )
+        ax.set_xlabel("round")
+        if len(rounds) <= 20:
+            ax.set_xticks(rounds)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("kept ratio of prunable weights")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+
 @register_strategy("sftp")
 class SFTPStrategy(FederatedStrategy):
     """FedAvg over Θ (+Φ); collects the clients' final masks and compiles one model per client."""
 
     dp_release = "Θ (mask generator) and Φ (LoRA), one joint update per client; e_k stays"
+    report_class = SFTPReport
 
     @classmethod
     def dp_refusal(cls, cfg: RunConfig) -> str | None:
@@ -155,10 +295,14 @@ class SFTPStrategy(FederatedStrategy):
                 }
         return to_record(weighted_average(states, weights))
 
-    def evaluate_reply(self, server_round: int, node_id: int, reply: RecordDict) -> str | None:
-        """Keep the final masks a client sends with its last evaluation, keyed by the partition its
-        node declared; masks of other names, shapes or dtypes than h_Θ's (`mask_spec`) reject the
-        reply."""
+    def accept_reply(
+        self, server_round: int, node_id: int, reply: RecordDict, phase: str
+    ) -> str | None:
+        """Train: the base checks. Evaluate: keep the final masks a client sends with its last
+        evaluation, keyed by the partition its node declared; masks of other names, shapes or
+        dtypes than h_Θ's (`mask_spec`) reject the reply."""
+        if phase == "train":
+            return super().accept_reply(server_round, node_id, reply, phase)
         if "masks" not in reply.array_records:
             return None
         masks = reply.array_records["masks"]
@@ -222,64 +366,6 @@ class SFTPStrategy(FederatedStrategy):
         self.global_model_notes = {"model": label, **model_kept_ratios(model, masks)}
         return MaskedModel(model, masks), tokenizer
 
-    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        sftp_cfg = self.cfg.section(SFTPConfig)
-        from safetensors.torch import save_file
-
-        model, tokenizer, generator = self.load(arrays)
-        artefacts: dict[str, str] = {}
-        (out_dir / "generator").mkdir(parents=True, exist_ok=True)
-        save_file(
-            get_generator_state(generator), str(out_dir / "generator" / "generator.safetensors")
-        )
-        gen_config = {
-            **generator.config(),
-            "gate-bias": sftp_cfg.sftp_gate_bias,
-            "gate-tau": sftp_cfg.sftp_gate_tau,
-            "key-prefix": GENERATOR_PREFIX,
-        }
-        (out_dir / "generator" / "config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
-        artefacts["generator"] = "generator"
-        # Φ on the dense backbone (a PEFT directory; merged: the unpruned model + Φ)
-        if sftp_cfg.sftp_adapters:
-            save_adapter(
-                model,
-                out_dir / "adapter",
-                out_dir / "merged" if self.cfg.save_merged else None,
-                tokenizer,
-            )
-            artefacts |= {"adapter": "adapter"} | (
-                {"merged": "merged"} if self.cfg.save_merged else {}
-            )
-        compiled: dict[str, torch.nn.Module] = {}
-        kept: dict[str, float] = {"dense": 1.0}
-        for client, masks in sorted(self.final_masks.items()):
-            self.set_deployed_adapter(model, arrays, client)
-            compiled[f"client {client}"] = compile_model(model, per_layer_masks(masks))
-            kept[f"client {client}"] = float(
-                kept_parameters(model.config, per_layer_masks(masks))
-            ) / prunable_parameters(model.config)
-            save_compiled(
-                compiled[f"client {client}"], out_dir / "compiled" / f"client-{client}", tokenizer
-            )
-            artefacts[f"compiled-client-{client}"] = f"compiled/client-{client}"
-        if compiled:
-            self.record_compiled(compiled, tokenizer, kept)
-        if self.final_masks:
-            np.savez_compressed(
-                out_dir / "masks.npz",
-                **{
-                    f"client-{k}/{n}": m[n] for k, m in self.final_masks.items() for n in MASK_NAMES
-                },
-            )
-            (out_dir / "masks.json").write_text(
-                json.dumps(mask_statistics(self.final_masks)) + "\n"
-            )
-            artefacts["masks"] = "masks.npz"
-        (out_dir / "kept_ratio.json").write_text(json.dumps(self.kept_history, indent=1) + "\n")
-        self.plot_kept_ratio(out_dir / "plots" / "kept-ratio.png")
-        return artefacts
-
     def set_deployed_adapter(
         self, model: torch.nn.Module, arrays: ArrayRecord, client: int
     ) -> None:
@@ -302,81 +388,3 @@ class SFTPStrategy(FederatedStrategy):
                 if not k.startswith(GENERATOR_PREFIX)
             }
         set_adapter_state(model, phi)
-
-    def server_columns(self) -> dict[str, tuple[str, str]]:
-        """The kept share of the model `global_model` scored, beside the server's scores."""
-        term = "kept (prunable): the share of the prunable weights the scored model keeps"
-        return {"kept-ratio-prunable": ("kept (prunable)", term)}
-
-    def results_sections(self, records: list[dict[str, Any]]) -> str:
-        """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
-
-        return compiled_section(records)
-
-    def record_compiled(
-        self,
-        compiled: Mapping[str, torch.nn.Module],
-        tokenizer: Any = None,
-        kept: Mapping[str, float] | None = None,
-    ) -> None:
-        """One `compiled` row per client model, after the dense base model's: parameters, MB, the
-        kept ratio of the prunable projections (`kept`), the perplexity of the server's held-out
-        text (`ppl/<source>` per `server-eval-data` source, as the per-round server evaluation
-        scores it; with `tokenizer` and `eval-ppl-tokens` > 0): the server's score of the model each
-        client deploys; and (`sftp-speed-prefill` > 0) its prefill latency and generation speed
-        against the dense model, each beside its FLOP ceiling
-        (`fedprune_app.structural.speed.speed_table`, timed round-robin in this process). results.md
-        tables them."""
-
-        dense = load_base_model(self.cfg.model_name, self.cfg.model_dtype, "none", self.cfg.device)
-        for row in compiled_rows(
-            self.cfg,
-            {"dense": dense, **compiled},
-            tokenizer,
-            dict(kept or {}),
-            self.cfg.section(SFTPConfig).sftp_speed_prefill,
-        ):
-            self.record(row)
-
-    def plot_kept_ratio(self, path: Path) -> None:
-        """Fig. 4b: per client and round, the kept ratio of the prunable projections that the budget
-        penalty drives (expected under the sampled gates, `kept-expected`; records without it: the
-        deployed mask's)."""
-        if not self.kept_history:
-            return
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        for client in sorted({r["client"] for r in self.kept_history}, key=str):
-            rows = sorted(
-                (r["round"], r.get("kept-expected") or r["kept-ratio-prunable"])
-                for r in self.kept_history
-                if r["client"] == client
-            )
-            ax.plot(
-                [r for r, _ in rows], [v for _, v in rows], marker="o", label=f"client {client}"
-            )
-        for target in sorted(
-            {r["keep-target"] for r in self.kept_history if r["keep-target"] is not None}
-        ):
-            ax.axhline(target, color="grey", linestyle="--", linewidth=0.8)
-        rounds = sorted({r["round"] for r in self.kept_history})
-        ax.set_title(
-            "Kept share of the prunable weights per client (dashed: each budget)", fontsize=9
-        )
-        ax.set_xlabel("round")
-        if len(rounds) <= 20:
-            ax.set_xticks(rounds)
-        else:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylim(0, 1.05)
-        ax.set_ylabel("kept ratio of prunable weights")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)

@@ -38,7 +38,7 @@ from fedprune_app.core.recovery import Spec, StatisticsThenRecovery
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import MAX_NUM_EXAMPLES, number_problem
 from fedprune_app.core.runtime import client_seed
-from fedprune_app.core.strategy import Recorder, log
+from fedprune_app.core.strategy import MethodReport, Recorder, log
 from fedprune_app.llm.data import client_data, training_batches
 from fedprune_app.llm.layers import dense_model
 from fedprune_app.llm.models import (
@@ -90,6 +90,83 @@ def budget(config: Any, keep_ratio: float) -> dict[str, Any]:
     }
 
 
+class SliceGPTReport(MethodReport):
+    """slicegpt's part of the run's report."""
+
+    def reference_models(self) -> dict[str, Any]:
+        """`centralized` (simulation only: the server rebuilds every partition's data): the
+        reference, sequential SliceGPT on the pooled round-1 batches of all clients, at the same
+        width, no recovery."""
+        s = self.strategy
+        if "centralized" not in split_list(s.options.slicegpt_references):
+            return {}
+
+        def centralized() -> tuple[Any, Any]:
+            dense, tokenizer = dense_model(s.cfg)
+            n = max(1, s.num_connected)
+            batches = [
+                b
+                for pid in range(n)
+                for b in training_batches(
+                    client_data(s.cfg, pid, n).train,
+                    tokenizer,
+                    s.cfg.batch_size,
+                    s.options.slicegpt_batches,
+                    s.cfg.seq_len,
+                    client_seed(s.cfg.seed, 1, pid),
+                )
+            ]
+            log.info(
+                "[fedprune] reference centralized: sequential SliceGPT on the pooled batches "
+                "of %d clients",
+                n,
+            )
+            k = sliced_width(dense.config, s.options.slicegpt_keep_ratio)
+            return sequential_bases(dense, batches, k)[1], tokenizer
+
+        return {"centralized": centralized}
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        s = self.strategy
+        model, tokenizer = s.global_model(arrays)
+        if s.bases is None:
+            return {}
+        save_adapter(model, out_dir / "adapter")
+        compiled = copy.deepcopy(model).merge_and_unload().eval()
+        save_sliced(compiled, out_dir / "compiled", tokenizer)
+        (out_dir / "slicegpt.json").write_text(json.dumps(s.stats, indent=1) + "\n")
+        self.record_compiled(compiled, tokenizer)
+        return {"adapter": "adapter", "compiled": "compiled", "slicegpt": "slicegpt.json"}
+
+    def results_sections(self, records: list[dict[str, Any]]) -> str:
+        """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
+
+        return compiled_section(records)
+
+    def record_compiled(self, compiled: torch.nn.Module, tokenizer: Any) -> None:
+        """'Compiled models' rows: dense and the compiled sliced model, parameters (the sliced one's
+        untied LM head counted), held-out perplexity (`server-eval-data`), and
+        (`slicegpt-speed-prefill` > 0) prefill and generation timed round-robin against the dense
+        model, beside the FLOP ceiling (`sliced_flops`)."""
+        s = self.strategy
+
+        dense = load_base_model(s.cfg.model_name, s.cfg.model_dtype, "none", s.cfg.device)
+        prefill, dims = s.options.slicegpt_speed_prefill, list(compiled.config.slicegpt_dims)
+
+        def ceiling(name: str, task: str) -> float | None:
+            if name != "slicegpt":
+                return None
+            return workload_flops(dense.config, None, task, prefill=prefill) / sliced_flops(
+                dense.config, dims, task, prefill=prefill
+            )
+
+        kept = {"dense": 1.0, "slicegpt": float(s.stats.get("kept-ratio-prunable", 1.0))}
+        for row in compiled_rows(
+            s.cfg, {"dense": dense, "slicegpt": compiled}, tokenizer, kept, prefill, ceiling
+        ):
+            s.record(row)
+
+
 @register_strategy("slicegpt")
 class SliceGPTStrategy(StatisticsThenRecovery):
     """Round 1: covariance sums → bases; rounds 2..R: FedAvg over LoRA on the sliced model."""
@@ -99,6 +176,7 @@ class SliceGPTStrategy(StatisticsThenRecovery):
     statistics_name = "covariances"
     array_state = ("bases",)
     json_state = ("stats",)
+    report_class = SliceGPTReport
 
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
         super().__init__(cfg, recorder)
@@ -119,11 +197,13 @@ class SliceGPTStrategy(StatisticsThenRecovery):
         d = int(config.hidden_size)
         return {f"{COVARIANCE_PREFIX}{p}": ((d, d), "float64") for p in range(num_points(config))}
 
-    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
+    def accept_reply(
+        self, server_round: int, node_id: int, reply: RecordDict, phase: str
+    ) -> str | None:
         """The base checks, then (round 1) each covariance sum must be float64, symmetric with a
         non-negative diagonal, and the reply must count its tokens (`calibration-tokens` > 0)."""
-        problem = super().reply_problem(node_id, reply)
-        if problem is not None or self.sent[node_id]:
+        problem = super().accept_reply(server_round, node_id, reply, phase)
+        if problem is not None or phase != "train" or self.sent[node_id]:
             return problem
         tokens = flat_metrics(reply).get("calibration-tokens")
         if number_problem("calibration-tokens", tokens, 1, MAX_NUM_EXAMPLES) is not None:
@@ -186,10 +266,6 @@ class SliceGPTStrategy(StatisticsThenRecovery):
             for p in range(len(self.bases))
         ]
 
-    def evaluates(self, server_round: int) -> bool:
-        """Round 1 too: the sliced model before any LoRA training is the 'post hoc' reference."""
-        return server_round == 1 or super().evaluates(server_round)
-
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
         """The sliced model with the global LoRA; the dense model before round 1."""
         state = arrays.to_torch_state_dict() if len(arrays) else {}
@@ -201,73 +277,3 @@ class SliceGPTStrategy(StatisticsThenRecovery):
         set_adapter_state(model, self.lora_state(state))
         model.eval()
         return model, tokenizer
-
-    def reference_models(self) -> dict[str, Any]:
-        """`centralized` (simulation only: the server rebuilds every partition's data): the
-        reference, sequential SliceGPT on the pooled round-1 batches of all clients, at the same
-        width, no recovery."""
-        if "centralized" not in split_list(self.options.slicegpt_references):
-            return {}
-
-        def centralized() -> tuple[Any, Any]:
-            dense, tokenizer = dense_model(self.cfg)
-            n = max(1, self.num_connected)
-            batches = [
-                b
-                for pid in range(n)
-                for b in training_batches(
-                    client_data(self.cfg, pid, n).train,
-                    tokenizer,
-                    self.cfg.batch_size,
-                    self.options.slicegpt_batches,
-                    self.cfg.seq_len,
-                    client_seed(self.cfg.seed, 1, pid),
-                )
-            ]
-            log.info(
-                "[fedprune] reference centralized: sequential SliceGPT on the pooled batches "
-                "of %d clients",
-                n,
-            )
-            k = sliced_width(dense.config, self.options.slicegpt_keep_ratio)
-            return sequential_bases(dense, batches, k)[1], tokenizer
-
-        return {"centralized": centralized}
-
-    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        model, tokenizer = self.global_model(arrays)
-        if self.bases is None:
-            return {}
-        save_adapter(model, out_dir / "adapter")
-        compiled = copy.deepcopy(model).merge_and_unload().eval()
-        save_sliced(compiled, out_dir / "compiled", tokenizer)
-        (out_dir / "slicegpt.json").write_text(json.dumps(self.stats, indent=1) + "\n")
-        self.record_compiled(compiled, tokenizer)
-        return {"adapter": "adapter", "compiled": "compiled", "slicegpt": "slicegpt.json"}
-
-    def results_sections(self, records: list[dict[str, Any]]) -> str:
-        """The 'Compiled models' section: the `compiled` rows of `record_compiled`."""
-
-        return compiled_section(records)
-
-    def record_compiled(self, compiled: torch.nn.Module, tokenizer: Any) -> None:
-        """'Compiled models' rows: dense and the compiled sliced model, parameters (the sliced one's
-        untied LM head counted), held-out perplexity (`server-eval-data`), and
-        (`slicegpt-speed-prefill` > 0) prefill and generation timed round-robin against the dense
-        model, beside the FLOP ceiling (`sliced_flops`)."""
-
-        dense = load_base_model(self.cfg.model_name, self.cfg.model_dtype, "none", self.cfg.device)
-        prefill, dims = self.options.slicegpt_speed_prefill, list(compiled.config.slicegpt_dims)
-
-        def ceiling(name: str, task: str) -> float | None:
-            if name != "slicegpt":
-                return None
-            return workload_flops(dense.config, None, task, prefill=prefill) / sliced_flops(
-                dense.config, dims, task, prefill=prefill
-            )
-
-        kept = {"dense": 1.0, "slicegpt": float(self.stats.get("kept-ratio-prunable", 1.0))}
-        for row in compiled_rows(
-            self.cfg, {"dense": dense, "slicegpt": compiled}, tokenizer, kept, prefill, ceiling
-        ):
-            self.record(row)

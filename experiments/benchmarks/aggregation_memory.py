@@ -1,10 +1,10 @@
 """Peak server memory of one FedSpaLLM aggregation: every reply held, then aggregated (the baseline,
 what the server did before replies were folded in as they arrive), against `FedSpaLLMStrategy`'s
-streaming `absorb`.
+streaming fold (`accept_reply`, `folds_replies`).
 
 Finding: Folding each reply in as it arrives peaks at 1,541 MB against 3,583 MB for holding 16
-  clients × 8 layers (2.33×), with the same global weights, so FedSpaLLMStrategy absorbs replies one
-  by one.
+  clients × 8 layers (2.33×), with the same global weights, so FedSpaLLMStrategy folds replies in
+  one by one.
 Record: docs/bench/aggregation-memory.json; quoted in docs/methods/fedspallm.md.
 
 N clients each reply with `--layers` pruned SmolLM2 decoder layers (fp32 kept values + bit-packed
@@ -92,7 +92,7 @@ def hold_then_aggregate(strategy: FedSpaLLMStrategy, replies: list[Message]) -> 
 
 def streaming(strategy: FedSpaLLMStrategy, sent: list[Message]) -> None:
     """Replies built as they "arrive" and handed to the strategy one by one
-    (`accept_train` -> `absorb`)."""
+    (`collect_train` -> `accept_reply`)."""
     arriving: Iterator[Message] = (reply_to(m, i, shapes_of(strategy)) for i, m in enumerate(sent))
     assert strategy.aggregate_train(1, arriving)[0] is not None
 

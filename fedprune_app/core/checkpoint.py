@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from fedprune_app.core import registry
 from fedprune_app.core.config import ConfigError, RunConfig, defaults, safe_name, with_current_names
 from fedprune_app.core.protocol import spec_of
 from fedprune_app.core.replies import spec_problem
@@ -42,7 +43,7 @@ from fedprune_app.core.statefile import (
     write_records,
     write_state,
 )
-from fedprune_app.llm.assets import cache_root
+from fedprune_app.llm.assets import cache_root, model_config
 
 STATE_FILE = "state.safetensors"
 OLD_STATE_FILE = "state.pkl"  # written by older versions: refused, never unpickled
@@ -213,6 +214,23 @@ def check_fits(
             f"method {cfg.method!r} builds for model {cfg.model_name!r} with this "
             f"run config: {problem}"
         )
+
+
+def resume_spec(
+    cfg: RunConfig, initial: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+) -> dict[str, tuple[tuple[int, ...], str]] | None:
+    """What a checkpoint of `cfg` must hold (`check_fits`), as the launcher derives it: the spec
+    the method registered (`register_method`: from the model's config.json, or from config.json
+    and the structure the checkpoint's `arrays` record); for a model whose config.json a
+    config-fixed spec cannot read, the keys, shapes and dtypes of `initial` (this config's
+    `initial_arrays()`, which every round keeps). None: not checked (a structure-following spec
+    on a model it cannot read)."""
+    method = registry.get(cfg.method)
+    config = model_config(cfg.model_name)
+    if method.spec_from_checkpoint is not None:
+        return method.spec_from_checkpoint(cfg, config, arrays)
+    spec = method.checkpoint_spec(cfg, config) if method.checkpoint_spec is not None else None
+    return spec if spec is not None else spec_of(initial)
 
 
 # --- client side ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from fedprune_app.core.client import FederatedClient
-from fedprune_app.core.strategy import FederatedStrategy
+from fedprune_app.core.strategy import FederatedStrategy, MethodReport
 from fedprune_app.llm.evaluation import evaluate_client, mean_loss
 from fedprune_app.llm.models import (
     get_adapter_state,
@@ -95,10 +95,24 @@ class LoRAClient(FederatedClient):
         return RecordDict({"metrics": metrics, "info": self.info()})
 
 
+class LoRAReport(MethodReport):
+    """The LoRA methods' final artefacts."""
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        """`adapter/`: the global adapter (PEFT directory at `lora-rank`); with `save-merged`,
+        `merged/` too."""
+        s = self.strategy
+        model, tokenizer = s.global_model(arrays)
+        merged = out_dir / "merged" if s.cfg.save_merged else None
+        save_adapter(model, out_dir / "adapter", merged, tokenizer)
+        return {"adapter": "adapter"} | ({"merged": "merged"} if s.cfg.save_merged else {})
+
+
 class LoRAStrategy(FederatedStrategy):
     """FedAvg over LoRA adapter tensors."""
 
     dp_release = "the LoRA adapter (every A and B), one update per client, clipped on the client"
+    report_class = LoRAReport
 
     def initial_arrays(self) -> ArrayRecord:
         """Fresh LoRA (A seeded, B = 0): round 0 evaluates exactly the untouched model."""
@@ -110,11 +124,3 @@ class LoRAStrategy(FederatedStrategy):
         model, tokenizer = peft_model_for(self.cfg)
         set_adapter_state(model, arrays.to_torch_state_dict())
         return model, tokenizer
-
-    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        """`adapter/`: the global adapter (PEFT directory at `lora-rank`); with `save-merged`,
-        `merged/` too."""
-        model, tokenizer = self.global_model(arrays)
-        merged = out_dir / "merged" if self.cfg.save_merged else None
-        save_adapter(model, out_dir / "adapter", merged, tokenizer)
-        return {"adapter": "adapter"} | ({"merged": "merged"} if self.cfg.save_merged else {})

@@ -39,7 +39,7 @@ What is Flower's and what is not: the clipping is Flower's helpers
 (`flwr.supercore.differential_privacy` in Flower 1.42: `get_norm`, `clip_inputs_inplace`,
 `compute_stdv`) and ε is Flower's `RdpAccountant`; the noise is `add_noise` (above). Flower's
 strategy wrappers (`DifferentialPrivacy{Client,Server}SideFixedClipping`) are not used: they wrap
-Flower's own `start` loop, which `FederatedStrategy.start` replaces (per-node payloads, retries,
+Flower's own `start` loop, which `RoundRunner.start` replaces (per-node payloads, retries,
 resume), and their accounted mode needs `FedAvg.aggregate_train` (which refuses to run under DP
 here). Flower's `fixedclipping_mod` is not used either: a mod wraps every method's ClientApp alike,
 while the clipping is per method (LoRA factors at a client's own rank, a recovery method's round-1
@@ -352,6 +352,11 @@ def check_private(cfg: RunConfig) -> None:
             f"run-config key 'dp-clipping-norm' > 0: method '{cfg.method}' cannot run with "
             f"differential privacy: {reason}"
         )
+
+
+# what a method may override of `PrivateRelease` (a release that is not the plain clipped mean of
+# same-shaped updates overrides `dp_aggregate`)
+DP_HOOKS = ("dp_refusal", "dp_release_keys", "dp_aggregate")
 
 
 class PrivateRelease:

@@ -21,14 +21,12 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from fedprune_app.core import registry
 from fedprune_app.core.client import FederatedClient
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state, to_record
 from fedprune_app.core.replies import weighted_average
 from fedprune_app.core.strategy import FederatedStrategy, Recorder
 from fedprune_app.llm.evaluation import evaluate_client
-from fedprune_app.llm.models import model_config
 
 Spec = dict[str, tuple[tuple[int, ...], str]]
 
@@ -53,6 +51,8 @@ class StatisticsThenRecovery(FederatedStrategy):
     array_state: ClassVar[tuple[str, ...]] = ()
     json_state: ClassVar[tuple[str, ...]] = ()
     dp_release = "rounds 2..R: the LoRA on the fixed structure, one update per client"
+    # round 1's model too: the structured model before any LoRA training, the "post hoc" reference
+    evaluate_round_1 = True
 
     def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
         super().__init__(cfg, recorder)
@@ -110,33 +110,25 @@ class StatisticsThenRecovery(FederatedStrategy):
         for name in self.json_state:
             setattr(self, name, dict(state[name]))
 
-    def checkpoint_spec(
-        self, initial: ArrayRecord, arrays: Mapping[str, np.ndarray] | None = None
-    ) -> Spec | None:
-        """A checkpoint (after round 1) holds the structure that round 1 cut from the clients'
-        statistics and the LoRA of the structured model: with the checkpoint's `arrays`, what the
-        method registered as `spec_from_checkpoint` (the launcher's comparison) for the model's
-        config.json and the structure they record; None without them or without that function
-        (a method whose config fixes its shapes overrides this)."""
-        derive = registry.get(self.cfg.method).spec_from_checkpoint
-        if derive is None or arrays is None:
-            return None
-        return derive(self.cfg, model_config(self.cfg.model_name), arrays)
-
-    def plan_round(self, server_round: int, node_ids: list[int]) -> None:
-        """Remember the round: round 1 asks for statistics, later rounds recover."""
-        self.round = server_round
-
-    def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
+    def configure_round(
+        self, server_round: int, arrays: ArrayRecord, node_ids: list[int]
+    ) -> dict[int, tuple[ArrayRecord, dict[str, Any]]]:
         """Round 1 sends nothing (the clients measure the dense model); later the global LoRA + the
         structure."""
-        return ArrayRecord() if self.round == 1 else arrays
+        self.round = server_round
+        payload = ArrayRecord() if server_round == 1 else arrays
+        return {node_id: (payload, {}) for node_id in node_ids}
 
-    def expected_reply(self, node_id: int) -> Spec:
-        """Round 1: `statistics_shapes`; later the LoRA tensors that were sent (the structure
-        excluded)."""
+    def accept_reply(
+        self, server_round: int, node_id: int, reply: RecordDict, phase: str
+    ) -> str | None:
+        """A train reply holds, in round 1, `statistics_shapes`; later the LoRA tensors that were
+        sent (the structure excluded)."""
+        if phase != "train":
+            return None
         sent = self.sent[node_id]
-        return without_prefix(sent, self.structure_prefix) if sent else self.statistics_shapes()
+        expected = without_prefix(sent, self.structure_prefix) if sent else self.statistics_shapes()
+        return self.reply_arrays_problem(reply, expected)
 
     def lora_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """The LoRA tensors of a global state (the structure arrays left out)."""
@@ -159,11 +151,6 @@ class StatisticsThenRecovery(FederatedStrategy):
                 "did not complete"
             )
         return to_record(lora | structure)
-
-    def evaluates(self, server_round: int) -> bool:
-        """Round 1 too: the structured model before any LoRA training is the 'post hoc'
-        reference."""
-        return server_round == 1 or super().evaluates(server_round)
 
 
 class Recovery(NamedTuple):

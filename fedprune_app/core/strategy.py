@@ -1,268 +1,183 @@
-"""The template every fedprune strategy follows.
+"""The strategy base: what a method says about its rounds, in seven hooks.
 
-`FederatedStrategy` subclasses Flower's abstract `Strategy` and owns the whole run loop in `start`
-(Flower's own `Strategy.start` is replaced, not extended: it cannot identify nodes, retry rounds,
-fold replies in as they arrive or resume). It fills in what all methods share and leaves a few small
-hooks:
+The loop (identify, sampling, send, retries, timeouts, reply checks, DP release, checkpoints) is
+`core/rounds.py`'s `RoundRunner`; a method subclasses `FederatedStrategy` and overrides the hooks
+it needs (the LoRA base two, the conformance toy four):
 
-- `initial_arrays()`            the global state the first round starts from;
-- `prepare(grid, timeout)`      once before round 0 (e.g. a one-off query of every client);
-- `plan_round(round, nodes)`    a plan over the round's sampled nodes (e.g. the layers each prunes);
-- `node_config(round, node)`    per-node entries of the train ConfigRecord (layer ids, ranks,
-                                budgets);
-- `arrays_for(node, arrays)`    the per-node payload (default: the global arrays);
-- `expected_reply(node)`        {key: (shape, dtype)} a reply must hold (default: what was sent);
-- `reply_problem(node, reply)`  why a reply cannot be aggregated (default: unlike `expected_reply`);
-- `absorb(node, reply)`         each accepted reply as it arrives (default: kept whole for
-                                `aggregate`);
-- `evaluate_reply(round, node, reply)`  what the method keeps of an evaluate reply (e.g. a
-                                client's final masks), or why it is unusable (default: nothing);
-- `aggregate(round, replies)`   the new global ArrayRecord from the accepted replies (default:
-                                FedAvg);
-- `global_model(arrays)`        a model with the global state loaded (server evaluation, artefacts);
-- `global_model_notes`          what `global_model` last built when it is not simply the global
-                                model (a label, numbers): carried by the server-evaluate rows;
-- `server_columns()`            which of those numbers results.md shows beside the server's scores;
-- `save_final(arrays, dir)`     the final artefacts;
-- `results_sections(records)`   the method's own sections of results.md (e.g. its deployed models);
-- `reference_models()`          comparison models the server builds and scores at the end (e.g. a
-                                random mask);
-- `client_references()`         comparison models each client builds from its own data alone and
-                                scores itself, asked for with `evaluate.reference` messages after
-                                the last round;
-- `state_dict()` / `load_state_dict(state)`  the server-side state a checkpoint holds beyond the
-                                global arrays (pruned weights, per-client keep ratios, ...); the
-                                base holds the sampling RNG.
-- `checkpoint_spec(initial, arrays)`  the keys, shapes and dtypes a checkpoint of this config
-                                holds (default: those of `initial_arrays()`; `arrays`, the
-                                checkpoint's, for shapes that follow what they record); a resume
-                                must match.
-- `dp_release` / `dp_release_keys` / `dp_refusal`  what a round releases under client-level DP
-                                (DP-FedAvg, `core/privacy.py`, `PrivateRelease`): with
-                                `dp-clipping-norm` > 0 a round's aggregate is `dp_aggregate`
-                                (clipped updates, uniform mean, Gaussian noise) and a round the
-                                budget `dp-max-epsilon` cannot pay for is not started.
+- `initial_arrays()`                      the global state round 1 starts from (every method);
+- `prepare(grid, timeout)`                once before round 0 (e.g. a one-off query of every
+                                          client);
+- `configure_round(round, arrays, nodes)` each sampled node's payload and config entries (default:
+                                          the global arrays, no entries);
+- `accept_reply(round, node, reply, phase)`
+                                          check a train or evaluate reply and keep what the method
+                                          needs of it (default: a train reply must hold what was
+                                          sent);
+- `aggregate(round, replies)`             the next global arrays (default: FedAvg);
+- `global_model(arrays)`                  a model with the global state loaded (server evaluation);
+- `state_dict()` / `load_state_dict()`    what a checkpoint holds beyond the global arrays.
 
-`start` (Flower's signature plus `first_round` / `on_round_end` for resume and checkpoints) asks
-every connected node who it is (`identify`: partition id, node-config `resources`), so sampling and
-per-client state follow partition ids, not the node ids Flower draws at random; then `prepare`,
-round 0 (every client scores the untouched model), and per round train -> federated
-evaluate -> server evaluate -> `on_round_end` (the checkpoint). A resumed run enters the loop at
-`first_round` with the checkpoint's arrays and state.
-
-Every reply passes `common_problem` before anything reads it (its arrays' real bytes against their
-declared shapes, metric names, its partition id against the node's); a check that raises rejects
-that reply, never the run. Failed replies (a ClientApp that raised, a timeout) and malformed ones
-are dropped, logged with the node id and counted. A round is aggregated only when at least
-`min-replies` replies are usable; otherwise it is sent again (`round-retries`) and then the run
-stops with `RoundFailed`: never a
-silent partial aggregate, and a client never corrupts the global state. When every reply of the
-failed round (all its attempts) failed with the same error, e.g. each ClientApp raising the same
-ConfigError, `RoundFailed`'s message is that error (`error_line`): it is what the run prints, not a
-count of failed replies.
+Declared, not overridden: `report_class` (the method's part of the run's report, a `MethodReport`:
+its final artefacts, reference models and results sections; rendered by `fedprune_app.report`),
+`federated_evaluation` and `evaluate_round_1` (which rounds the clients score), `folds_replies`
+(large replies folded in as they arrive), and for
+differential privacy `dp_release` / `dp_unsupported` (`core/privacy.py`, `PrivateRelease`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import random
-import re
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 
-from fedprune_app.core.config import RunConfig
-from fedprune_app.core.privacy import PrivateRelease
-from fedprune_app.core.progress import RoundProgress
-from fedprune_app.core.protocol import (
-    flat_metrics,
-    numpy_state,
-    parse_partition_id,
-    record_bytes,
-    spec_of,
+from fedprune_app.core.protocol import flat_metrics, numpy_state, parse_partition_id
+from fedprune_app.core.replies import check_arrays, examples_problem, to_record, weighted_average
+from fedprune_app.core.rounds import Recorder, RoundFailed, RoundRunner, error_line, log
+
+__all__ = [
+    "HOOKS",
+    "FederatedStrategy",
+    "MethodReport",
+    "Recorder",
+    "RoundFailed",
+    "error_line",
+    "log",
+]
+
+Spec = dict[str, tuple[tuple[int, ...], str]]
+Task = tuple[ArrayRecord, dict[str, Any]]  # a node's train payload and its config entries
+# the methods a strategy may override (state_dict and load_state_dict are one pair)
+HOOKS = (
+    "initial_arrays",
+    "prepare",
+    "configure_round",
+    "accept_reply",
+    "aggregate",
+    "global_model",
+    "state_dict",
+    "load_state_dict",
 )
-from fedprune_app.core.replies import (
-    ROW_FIELDS,
-    check_arrays,
-    examples_problem,
-    identity_problem,
-    metrics_problem,
-    record_problem,
-    to_record,
-    weighted_average,
-)
-from fedprune_app.llm.evaluation import WINDOW_KEYS
-
-log = logging.getLogger("flwr")  # Flower's handler streams it to `flwr run --stream`
-Recorder = Callable[[dict[str, Any]], None]
 
 
-def _tail(reason: str, n: int = 600) -> str:
-    """The end of an error text (where a traceback names the exception), without terminal colour
-    codes."""
-    clean = re.sub(r"\x1b\[[0-9;]*m", "", reason).strip()
-    return clean if len(clean) <= n else "…" + clean[-n:]
+class MethodReport:
+    """A method's part of its run's report, built once per run with its strategy
+    (`FederatedStrategy.report_class`): the final artefacts, the comparison models, its sections of
+    results.md. Everything here is optional; the base adds nothing."""
+
+    def __init__(self, strategy: FederatedStrategy) -> None:
+        self.strategy = strategy
+
+    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
+        """Write the final artefacts (adapters, compiled models, masks) under the run directory.
+
+        Returns:
+            {artefact name: path relative to `out_dir`} for summary.json; none by default.
+        """
+        return {}
+
+    def reference_models(self) -> dict[str, Callable[[], tuple[Any, Any]]]:
+        """Comparison models the server scores beside the final global one:
+        {name: build() -> (model, tokenizer)}."""
+        return {}
+
+    def client_references(self) -> list[str]:
+        """Names of the baselines every client builds from its own data and scores
+        (`FederatedClient.reference`), asked for after the last round."""
+        return []
+
+    def server_columns(self) -> dict[str, tuple[str, str]]:
+        """The numbers of the strategy's `global_model_notes` that results.md shows beside the
+        server's scores: {row key: (column heading, legend line)}; none by default."""
+        return {}
+
+    def results_sections(self, records: list[dict[str, Any]]) -> str:
+        """The method's own sections of results.md after the shared tables, from every metrics row
+        of the run (e.g. its deployed models): Markdown starting with a blank line, or ""."""
+        return ""
 
 
-def error_line(reason: str, n: int = 500) -> str:
-    """The one line of an error reply's reason (or a rejection's problem) that says what went wrong:
-    the message of the exception the ClientApp raised. Flower wraps it as `<class '...'>:<'...'>`,
-    and Ray's simulation as `...ClientAppException occurred. Message: <message>'>` after a
-    traceback; otherwise the text's last line."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", reason).strip()
-    marker = "occurred. Message: "
-    if marker in text:
-        text = " ".join(text.rsplit(marker, 1)[1].split())
-    elif match := re.fullmatch(r"<class '([\w.]+)'>:<'(.*)'>", text, re.S):
-        text = f"{match[1].rsplit('.', 1)[-1]}: {' '.join(match[2].split())}"
-    else:
-        text = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
-    text = text.removesuffix("'>").strip() or "(no error text)"
-    return text if len(text) <= n else text[:n] + "…"
+class FederatedStrategy(RoundRunner):
+    """A method's server side: the hooks above, run by `RoundRunner`."""
 
+    # the method's part of the run's report (a `MethodReport` subclass)
+    report_class: ClassVar[type[MethodReport]] = MethodReport
+    # False: the clients never score the global model (the server does, on held-out text)
+    federated_evaluation: ClassVar[bool] = True
+    # True: the clients also score round 1's model (a one-shot cut before its recovery rounds)
+    evaluate_round_1: ClassVar[bool] = False
+    # True: `accept_reply` folds each train reply into a running aggregate, so `aggregate` gets
+    # the replies' metrics only (a round never holds every client's weights at once)
+    folds_replies: ClassVar[bool] = False
 
-class RoundFailed(RuntimeError):
-    """Fewer than `min-replies` usable train replies after every retry: the run stops, the last
-    checkpoint stays."""
+    global_model_notes: dict[str, Any]
+    """What the last `global_model` call built, when that is not simply the global model: `model` (a
+    label results.md prints above the server's table) and numbers (e.g. the kept share of a pruned
+    model). Every server-evaluate row of that call carries these fields; the report's
+    `server_columns` says which numbers results.md tabulates. Empty by default."""
 
-
-class FederatedStrategy(PrivateRelease, Strategy):
-    """Flower's `Strategy` with the run loop in `start`: seeded sampling by partition, per-node
-    messages, reply checks, per-client logging, retries and checkpoints. Subclasses override the
-    hooks listed above."""
-
-    def __init__(self, cfg: RunConfig, recorder: Recorder | None = None) -> None:
-        self.fraction_train = cfg.fraction_train
-        self.fraction_evaluate = cfg.fraction_evaluate
-        self.min_available_nodes = cfg.min_nodes
-        self.cfg = cfg
-        self.record = recorder or (lambda row: None)
-        self.rng = random.Random(cfg.seed)
-        # node -> {key: (shape, dtype)} sent
-        self.sent: dict[int, dict[str, tuple[tuple[int, ...], str]]] = {}
-        self.bytes_down: dict[int, int] = {}  # node -> tensor bytes of its train payload this round
-        # nodes connected at the last sampling (= partitions in a simulation), and their ids
-        self.num_connected, self.connected_nodes = 0, set()
-        # node id -> partition id (from `identify` and train replies)
-        self.node_partition: dict[int, int] = {}
-        # node id -> node-config `resources` (0 = not set)
-        self.node_resources: dict[int, float] = {}
-        # the clients' node-config `num-partitions` (the largest `identify` heard; None: none said)
-        self.num_partitions: int | None = None
-        # names the run (kept on resume); clients key their checkpointed private state by it
-        self.run_key = ""
-        self.timeout = 3600.0
-        # error_line of every unusable train reply of the current round
-        self.train_problems: list[str] = []
-        self.global_model_notes = {}
-
-    # --- hooks ------------------------------------------------------------------------------------
     def initial_arrays(self) -> ArrayRecord:
         """The global state the first round starts from (every method defines it).
 
         Returns:
-            The arrays of round 1's train messages (before `arrays_for`).
+            The arrays round 1's `configure_round` gets.
         """
         raise NotImplementedError
 
-    def plan_round(self, server_round: int, node_ids: list[int]) -> None:
-        """Called with the sampled nodes before their messages are built (e.g. to deal layers).
+    def prepare(self, grid: Grid, timeout: float) -> None:
+        """Called once before round 0 (e.g. a one-off query of every client); nothing by default.
+
+        Args:
+            grid: Flower's grid, to send messages.
+            timeout: seconds to wait for replies (`round-timeout`).
+        """
+
+    def configure_round(
+        self, server_round: int, arrays: ArrayRecord, node_ids: list[int]
+    ) -> dict[int, Task]:
+        """What each sampled node gets this round: its train payload and the entries its message's
+        config adds to the round's (layer ids, ranks, budgets). By default every node gets the
+        global arrays and no entries. A retried round is configured again.
 
         Args:
             server_round: the round about to be sent.
-            node_ids: the sampled nodes, in partition order.
-        """
-
-    def node_config(self, server_round: int, node_id: int) -> dict[str, Any]:
-        """A node's entries in its train message's config (layer ids, ranks, budgets); none here.
-
-        Args:
-            server_round: the round being sent.
-            node_id: the node the message goes to.
-
-        Returns:
-            {key: bool/int/float/str}, merged over the round and run key.
-        """
-        return {}
-
-    def arrays_for(self, node_id: int, arrays: ArrayRecord) -> ArrayRecord:
-        """The train payload of one node; by default the global arrays.
-
-        Args:
-            node_id: the node the message goes to.
             arrays: the global arrays.
+            node_ids: the sampled nodes, in partition order.
 
         Returns:
-            What the node receives (its spec is what `expected_reply` checks by default).
+            {node id: (payload, {key: bool/int/float/str})}; what a train reply must hold is
+            checked against the payload's spec by default (`accept_reply`).
         """
-        return arrays
+        return {node_id: (arrays, {}) for node_id in node_ids}
 
-    def reply_problem(self, node_id: int, reply: RecordDict) -> str | None:
-        """Why a train reply cannot be aggregated; by default a missing `arrays` record, a bad
-        example count or partition id, or arrays that differ in keys, shapes or finiteness from
-        `expected_reply`.
+    def accept_reply(
+        self, server_round: int, node_id: int, reply: RecordDict, phase: str
+    ) -> str | None:
+        """Check a reply that passed the common checks, and keep what the method needs of it.
+
+        A train reply (`phase` "train") that passes goes to `aggregate`; a method with large
+        replies folds them into a running aggregate here and declares `folds_replies`, so that
+        `aggregate` gets their metrics only. The default checks the
+        `arrays` record against the payload sent (`reply_arrays_problem`). An evaluate reply
+        (`phase` "evaluate") passes by default; a method may keep something of it (e.g. each
+        client's final masks). The node's partition is `self.node_partition[node_id]`.
 
         Args:
+            server_round: the round the reply answers.
             node_id: the node that replied.
             reply: its content.
+            phase: "train" or "evaluate".
 
         Returns:
-            The problem in one phrase (the reply is dropped and logged), or None when the reply is
-            usable.
+            Why the reply is unusable in one phrase (it is then dropped and logged), or None.
         """
-        if "arrays" not in reply.array_records:
-            return "reply holds no 'arrays' record"
-        metrics = flat_metrics(reply)
-        if (problem := examples_problem(metrics)) is not None:
-            return problem
-        if "partition-id" in metrics:
-            try:
-                parse_partition_id(metrics["partition-id"])
-            except ValueError as err:
-                return str(err)
-        return check_arrays(reply.array_records["arrays"], self.expected_reply(node_id))
-
-    def expected_reply(self, node_id: int) -> dict[str, tuple[tuple[int, ...], str]]:
-        """{key: (shape, dtype)} a node's train reply must hold: by default what was sent to it."""
-        return self.sent[node_id]
-
-    def absorb(self, node_id: int, reply: RecordDict) -> RecordDict:
-        """Called once per accepted train reply as soon as it is pulled; what it returns is what
-        `aggregate` gets. The default keeps the reply. A strategy whose replies are large (pruned
-        weights) folds them into a running aggregate here and returns the reply without its arrays,
-        so a round never holds every client's weights at once.
-
-        Args:
-            node_id: the node that replied.
-            reply: its accepted content.
-
-        Returns:
-            What `aggregate` receives for this reply.
-        """
-        return reply
-
-    def evaluate_reply(self, server_round: int, node_id: int, reply: RecordDict) -> str | None:
-        """An evaluate reply that passed the common checks: keep what the method needs from it (e.g.
-        a client's final masks), or say why it is unusable (it is then logged as rejected). The
-        default keeps nothing. The reply's partition is `self.node_partition[node_id]`.
-
-        Args:
-            server_round: the round whose model the reply scored.
-            node_id: the node that replied.
-            reply: its content.
-
-        Returns:
-            The problem in one phrase, or None.
-        """
-        return None
+        if phase != "train":
+            return None
+        return self.reply_arrays_problem(reply, self.sent[node_id])
 
     def aggregate(self, server_round: int, replies: list[RecordDict]) -> ArrayRecord:
         """The new global arrays from the round's accepted replies; by default FedAvg weighted by
@@ -270,7 +185,8 @@ class FederatedStrategy(PrivateRelease, Strategy):
 
         Args:
             server_round: the round being aggregated.
-            replies: what `absorb` returned for each accepted reply, in partition order.
+            replies: the accepted replies (their metrics only under `folds_replies`), in
+                partition order.
 
         Returns:
             The next global arrays.
@@ -281,8 +197,8 @@ class FederatedStrategy(PrivateRelease, Strategy):
 
     def global_model(self, arrays: ArrayRecord) -> tuple[Any, Any]:
         """A model with the global state loaded: what the server scores every round
-        (`server-eval-data`). A strategy whose model is not simply "the" global model says what it
-        built in `global_model_notes`.
+        (`server-eval-data`) and the report's artefacts start from. A strategy whose model is not
+        simply "the" global model says what it built in `global_model_notes`.
 
         Args:
             arrays: the global arrays.
@@ -292,67 +208,9 @@ class FederatedStrategy(PrivateRelease, Strategy):
         """
         raise NotImplementedError
 
-    global_model_notes: dict[str, Any]
-    """What the last `global_model` call built, when that is not simply the global model: `model` (a
-    label results.md prints above the server's table) and numbers (e.g. the kept share of a pruned
-    model). Every server-evaluate row of that call carries these fields; `server_columns` says which
-    numbers results.md tabulates. Empty by default (set in `__init__`; a strategy replaces it in
-    `global_model`)."""
-
-    def server_columns(self) -> dict[str, tuple[str, str]]:
-        """The numbers of `global_model_notes` that results.md shows beside the server's scores.
-
-        Returns:
-            {row key: (column heading, legend line)}; summary.json's `server` holds each value under
-            its heading. None by default.
-        """
-        return {}
-
-    def results_sections(self, records: list[dict[str, Any]]) -> str:
-        """The method's own sections of results.md, after the shared tables (e.g. the models the
-        clients deploy, from rows the strategy logged in `save_final`).
-
-        Args:
-            records: every metrics row of the run (metrics.jsonl), in order.
-
-        Returns:
-            Markdown (starting with a blank line), or "" (the default).
-        """
-        return ""
-
-    def save_final(self, arrays: ArrayRecord, out_dir: Path) -> dict[str, str]:
-        """Write the final artefacts (adapters, compiled models, masks) under the run directory.
-
-        Args:
-            arrays: the final global arrays.
-            out_dir: the run directory.
-
-        Returns:
-            {artefact name: path relative to `out_dir`} for summary.json; none by default.
-        """
-        return {}
-
-    def reference_models(self) -> dict[str, Callable[[], tuple[Any, Any]]]:
-        """Comparison models the server scores beside the final global one:
-        {name: build() -> (model, tok)}."""
-        return {}
-
-    def client_references(self) -> list[str]:
-        """Names of the baselines every client builds from its own data and scores
-        (FederatedClient.reference)."""
-        return []
-
-    def prepare(self, grid: Grid, timeout: float) -> None:
-        """Called once at the top of `start`, before round 0 (e.g. a one-off query of every client).
-
-        Args:
-            grid: Flower's grid, to send messages.
-            timeout: seconds to wait for replies (`round-timeout`).
-        """
-
     def state_dict(self) -> dict[str, Any]:
-        """Server-side state a checkpoint needs beyond the global arrays (subclasses add theirs to
-        this)."""
+        """Server-side state a checkpoint needs beyond the global arrays: the sampling and training
+        RNGs and the privacy ledger here; a subclass adds its own to this."""
         return {
             "rng": self.rng.getstate(),
             "numpy-rng": np.random.get_state(),
@@ -361,623 +219,27 @@ class FederatedStrategy(PrivateRelease, Strategy):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned (a resumed run; subclasses restore theirs, then call
-        this)."""
+        """Restore what `state_dict` returned (a resumed run; a subclass restores its own, then
+        calls this)."""
         self.rng.setstate(state["rng"])
         np.random.set_state(state["numpy-rng"])
         torch.set_rng_state(state["torch-rng"])
         self.load_dp_state(state)
 
-    def checkpoint_spec(
-        self, initial: ArrayRecord, arrays: Mapping[str, np.ndarray] | None = None
-    ) -> dict[str, tuple[tuple[int, ...], str]] | None:
-        """{name: (shape, dtype)} of what a checkpoint of this config holds: its global arrays by
-        name, and the arrays of a state table `t` as `t/<name>` (`core.checkpoint.check_fits`).
-        The default: the keys, shapes and dtypes of `initial`, which every round keeps.
-
-        Args:
-            initial: this config's `initial_arrays()`.
-            arrays: the global arrays of the checkpoint to compare, for a method whose shapes
-                follow a structure they record (the default ignores them).
-
-        Returns:
-            The spec a resumed checkpoint must match, or None where the config alone does not
-            fix it.
-        """
-        return spec_of(initial)
-
-    def summary(self) -> None:
-        """Flower's hook: log what this strategy runs with."""
-        log.info(
-            "[fedprune] %s: fraction-train %g, fraction-evaluate %g, min-nodes %d, min-replies %d",
-            type(self).__name__,
-            self.fraction_train,
-            self.fraction_evaluate,
-            self.min_available_nodes,
-            self.cfg.min_replies,
-        )
-
-    # --- the template -----------------------------------------------------------------------------
-    def partition_order(self, node_id: int) -> tuple[int, int]:
-        """Sort key: identified nodes by partition id, then the rest by node id."""
-        return self.node_partition.get(node_id, 1 << 30), node_id
-
-    def connected(self, grid: Grid) -> list[int]:
-        """Wait for `min-nodes`, then the connected nodes in partition order."""
-        while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
-            log.info(
-                "waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes
-            )
-            time.sleep(1)
-        self.num_connected, self.connected_nodes = len(nodes), set(nodes)
-        return sorted(nodes, key=self.partition_order)
-
-    def sample(self, grid: Grid, fraction: float) -> list[int]:
-        """Draw ⌈fraction·N⌉ of the connected nodes with the run's seeded RNG, over the partition
-        order: the same seed samples the same partitions whatever node ids Flower assigned."""
-        nodes = self.connected(grid)
-        k = max(1, min(len(nodes), round(fraction * len(nodes))))
-        return sorted(self.rng.sample(nodes, k), key=self.partition_order)
-
-    def evaluation_panel(self, grid: Grid) -> list[int]:
-        """The ⌈fraction-evaluate·N⌉ nodes that evaluate: drawn from the partition order by an RNG
-        seeded afresh from `seed` at every call, so the same clients evaluate every round
-        (per-client tables compare like with like across rounds) and evaluation never advances the
-        training sampler's RNG."""
-        nodes = self.connected(grid)
-        k = max(1, min(len(nodes), round(self.fraction_evaluate * len(nodes))))
-        return sorted(
-            random.Random(f"{self.cfg.seed}:evaluate").sample(nodes, k), key=self.partition_order
-        )
-
-    def identify(self, grid: Grid) -> None:
-        """Ask every connected node for its partition id, node-config `resources` and
-        `num-partitions` (`query` message `{"query": "identity"}`, answered by
-        `FederatedClient.identity`; summary.json keeps `num-partitions`, so that a run's client data
-        can be dealt again afterwards). A node that does not answer is logged and sampled after the
-        identified ones."""
-        nodes = self.connected(grid)
-        messages = [
-            Message(
-                content=RecordDict({"config": ConfigRecord({"query": "identity"})}),
-                message_type=MessageType.QUERY,
-                dst_node_id=n,
-            )
-            for n in nodes
-        ]
-        for msg in grid.send_and_receive(messages, timeout=self.timeout):
-            node = msg.metadata.src_node_id
+    # --- helpers for the hooks (not hooks) --------------------------------------------------------
+    @staticmethod
+    def reply_arrays_problem(reply: RecordDict, expected: Spec) -> str | None:
+        """Why a train reply's content is not a usable update of `expected` ({key: (shape,
+        dtype)}): no `arrays` record, a bad example count or partition id, or arrays that differ in
+        keys, shapes or finiteness."""
+        if "arrays" not in reply.array_records:
+            return "reply holds no 'arrays' record"
+        metrics = flat_metrics(reply)
+        if (problem := examples_problem(metrics)) is not None:
+            return problem
+        if "partition-id" in metrics:
             try:
-                metrics = {} if msg.has_error() else flat_metrics(msg.content)
-                problem = (
-                    msg.error.reason
-                    if msg.has_error()
-                    else identity_problem(metrics) or self.partition_problem(node, metrics)
-                )
-            except Exception as err:  # noqa: BLE001 - any malformed reply is this node's problem
-                problem, metrics = f"unreadable identity reply ({type(err).__name__})", {}
-            if problem is not None:
-                log.warning("node %d did not say who it is: %s", node, _tail(problem, 300))
-                continue
-            self.node_partition[node] = parse_partition_id(metrics["partition-id"])
-            self.node_resources[node] = float(metrics.get("resources", 0.0))
-            if isinstance(count := metrics.get("num-partitions"), int):
-                self.num_partitions = max(self.num_partitions or 0, count)
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Flower's hook: one train message per sampled node, built from `plan_round`, `arrays_for`
-        and `node_config` (none when `fraction-train` is 0).
-        """
-        if self.fraction_train == 0.0:
-            return []
-        messages = []
-        self.sent, self.bytes_down = {}, {}
-        node_ids = self.sample(grid, self.fraction_train)
-        self.plan_round(server_round, node_ids)
-        for node_id in node_ids:
-            payload = self.arrays_for(node_id, arrays)
-            self.sent[node_id], self.bytes_down[node_id] = spec_of(payload), record_bytes(payload)
-            node_cfg = ConfigRecord(
-                {
-                    **dict(config),
-                    **self.message_config(server_round),
-                    **self.node_config(server_round, node_id),
-                }
-            )
-            content = RecordDict({"arrays": payload, "config": node_cfg})
-            messages.append(
-                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id)
-            )
-        return messages
-
-    def message_config(self, server_round: int) -> dict[str, Any]:
-        """What every train / evaluate message's config carries: the round and the run key."""
-        return {"server-round": server_round, **({"run-key": self.run_key} if self.run_key else {})}
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's hook: the accepted replies aggregated, or (None, None) when none is usable.
-        Refused with differential privacy on: it knows neither the sampled m nor the release
-        (`train_round` calls `dp_aggregate`)."""
-        if self.dp.enabled:
-            raise RuntimeError(
-                "aggregate_train bypasses differential privacy (dp-clipping-norm > 0): the "
-                "round's release is dp_aggregate's"
-            )
-        accepted = self.accept_train(server_round, replies)
-        if not accepted:
-            log.warning("round %d: no usable reply, the global state is kept", server_round)
-            return None, None
-        return self.aggregate(server_round, accepted), self.mean_metrics(accepted)
-
-    def accept_train(self, server_round: int, replies: Iterable[Message]) -> list[RecordDict]:
-        """Log every train reply (accepted / rejected with its reason and node id) and return the
-        usable ones, in partition order (arrival order is a race; float sums are not
-        associative)."""
-        accepted: list[RecordDict] = []
-        for msg in replies:
-            node_id = msg.metadata.src_node_id
-            row: dict[str, Any] = {
-                "round": server_round,
-                "phase": "train",
-                "node": node_id,
-                "bytes-down": self.bytes_down.get(node_id, 0),
-            }
-            metrics: dict[str, Any] = {}
-            if msg.has_error():
-                problem = f"client error: {msg.error.reason}"
-            elif node_id not in self.sent:
-                problem = "unexpected reply"
-            else:
-                metrics, problem = self.common_problem(node_id, msg.content)
-                if problem is None:
-                    row["bytes-up"] = record_bytes(msg.content)
-                    problem = self.safe_check(self.reply_problem, node_id, msg.content)
-            if problem is None:
-                try:  # what aggregate gets; a reply the method cannot fold in is dropped
-                    absorbed = self.absorb(node_id, msg.content)
-                except Exception as err:  # noqa: BLE001 - the reply's problem, not the run's
-                    problem = f"reply could not be folded in ({type(err).__name__}: {err})"
-            self.fill_row(row, node_id, metrics, trusted=problem is None)
-            row["status"] = "rejected" if problem else "accepted"
-            if problem:
-                row["problem"] = _tail(problem)
-                self.train_problems.append(
-                    error_line(msg.error.reason if msg.has_error() else problem)
-                )
-                log.warning(
-                    "round %d: reply of node %d dropped: %s",
-                    server_round,
-                    node_id,
-                    _tail(problem, 300),
-                )
-            else:
-                accepted.append(absorbed)
-                self.claim_partition(node_id, metrics)
-            self.record(row)
-        accepted.sort(key=lambda r: (flat_metrics(r).get("partition-id", 1 << 30),))
-        return accepted
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Flower's hook: log every evaluate reply as a row; the example-weighted mean of the good
-        ones."""
-        good: list[RecordDict] = []
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            row: dict[str, Any] = {"round": server_round, "phase": "evaluate", "node": node}
-            metrics: dict[str, Any] = {}
-            if msg.has_error():
-                status, problem = "failed", msg.error.reason
-            else:
-                metrics, problem = self.common_problem(node, msg.content)
-                if problem is None and "num-examples" in metrics:
-                    problem = examples_problem(metrics)
-                if problem is None:
-                    self.claim_partition(node, metrics)
-                    problem = self.safe_check(self.evaluate_reply, server_round, node, msg.content)
-                status = "rejected" if problem else "ok"
-            self.fill_row(row, node, metrics, trusted=problem is None)
-            row["status"] = status
-            if problem:
-                row["problem"] = _tail(problem)
-                log.warning(
-                    "round %d: evaluation on node %d %s: %s",
-                    server_round,
-                    node,
-                    status,
-                    _tail(problem, 300),
-                )
-            else:
-                good.append(msg.content)
-            self.record(row)
-        return self.mean_metrics(good) if good else None
-
-    # --- every reply, before anything reads it ----------------------------------------------------
-    def common_problem(self, node_id: int, reply: RecordDict) -> tuple[dict[str, Any], str | None]:
-        """The checks every train, evaluate and reference reply passes first (`core/replies.py`):
-        each Array's real bytes against its declared shape and dtype, metric names that cannot
-        overwrite the row, and a `partition-id` equal to the one the node declared (`identify`).
-        Returns the reply's flat metrics ({} when unreadable) and the problem (None: passed)."""
-        try:
-            metrics = flat_metrics(reply)
-        except Exception as err:  # noqa: BLE001 - e.g. bytes that are not UTF-8
-            return {}, f"reply metrics cannot be read ({type(err).__name__})"
-        problem = (
-            self.safe_check(record_problem, reply)
-            or metrics_problem(metrics)
-            or self.partition_problem(node_id, metrics)
-        )
-        return metrics, problem
-
-    def partition_problem(self, node_id: int, metrics: Mapping[str, Any]) -> str | None:
-        """Why a reply's `partition-id` is not its node's: not a valid id, another id than the node
-        declared in `identify`, or (for a node that did not answer it) the id of another node that
-        is still connected. A partition that comes back on a new node id (a restarted SuperNode)
-        is accepted once its old node is gone (`claim_partition`)."""
-        if "partition-id" not in metrics:
-            return None
-        try:
-            pid = parse_partition_id(metrics["partition-id"])
-        except ValueError as err:
-            return f"reply metric {err}"
-        declared = self.node_partition.get(node_id)
-        if declared is not None and pid != declared:
-            return f"reply says partition-id {pid}, but node {node_id} declared {declared}"
-        owner = next((n for n, p in self.node_partition.items() if p == pid), node_id)
-        if owner != node_id and owner in self.connected_nodes:
-            return f"reply says partition-id {pid}, which connected node {owner} declared"
-        return None
-
-    def claim_partition(self, node_id: int, metrics: Mapping[str, Any]) -> None:
-        """After a reply passed `partition_problem`: a node not identified yet takes the partition
-        its reply names (from any node that held it before)."""
-        if node_id in self.node_partition or "partition-id" not in metrics:
-            return
-        pid = parse_partition_id(metrics["partition-id"])
-        for old in [n for n, p in self.node_partition.items() if p == pid]:
-            del self.node_partition[old]
-        self.node_partition[node_id] = pid
-
-    def fill_row(
-        self, row: dict[str, Any], node_id: int, metrics: Mapping[str, Any], trusted: bool
-    ) -> None:
-        """A reply's row: its metrics beside the row's own fields (never over them), `client` the
-        partition its node declared, else (for a `trusted` reply, one that passed every check) the
-        partition it names; a rejected reply of an unidentified node stays its node's."""
-        skipped = ROW_FIELDS | {"partition-id"}
-        row.update({k: v for k, v in metrics.items() if k not in skipped})
-        client = self.node_partition.get(node_id)
-        if client is None and trusted:
-            with contextlib.suppress(ValueError):
-                client = parse_partition_id(metrics.get("partition-id"))
-        row["client"] = client
-
-    @staticmethod
-    def safe_check(check: Callable[..., str | None], *args: Any) -> str | None:
-        """`check(*args)`, with any exception it raises turned into the problem it names: a reply
-        that breaks a check is rejected, never the run."""
-        try:
-            return check(*args)
-        except Exception as err:  # noqa: BLE001 - the reply's problem, not the run's
-            return f"reply could not be checked ({type(err).__name__}: {_tail(str(err), 200)})"
-
-    @staticmethod
-    def mean_metrics(replies: list[RecordDict]) -> MetricRecord:
-        """Example-weighted mean of every numeric scalar metric the replies share."""
-        flat = [flat_metrics(r) for r in replies]
-        weights = [float(m.get("num-examples", 1)) for m in flat]
-        keys = set.intersection(*(set(m) for m in flat))
-        out: dict[str, float | int] = {"num-examples": int(sum(weights))}
-        for k in sorted(keys - {"num-examples", "partition-id"}):
-            if all(isinstance(m[k], int | float) and not isinstance(m[k], bool) for m in flat):
-                out[k] = sum(m[k] * w for m, w in zip(flat, weights, strict=True)) / sum(weights)
-        return MetricRecord(out)
-
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-        first_round: int = 1,
-        on_round_end: Callable[[int, ArrayRecord], None] | None = None,
-    ) -> Result:
-        """The run: `identify`, `prepare`, round 0 (skipped when resuming at `first_round` > 1),
-        then per round `train_round` -> federated evaluation -> server evaluation
-        (`evaluate_fn`) -> `on_round_end`, each round ending with its progress line
-        (`[round r/N] ... elapsed, ~... left`, `core/progress.py`)."""
-        self.timeout = timeout
-        train_config, evaluate_config = (
-            train_config or ConfigRecord(),
-            evaluate_config or ConfigRecord(),
-        )
-        result = Result()
-        # `[round r/N] ... ~t left` after every round
-        progress = RoundProgress(num_rounds, self.evaluates)
-        self.identify(grid)
-        self.prepare(grid, timeout)
-        arrays = initial_arrays
-        if first_round == 1:
-            progress.start_round()
-            self.evaluate_round(0, grid, arrays, evaluate_config, evaluate_fn, result)
-            log.info("%s", progress.round_done(0))
-        for server_round in range(first_round, num_rounds + 1):
-            if not self.dp_allows(server_round, num_rounds):  # the privacy budget is spent
-                last = server_round - 1  # its models are final: scored by the clients, once
-                if last > 0 and last not in result.evaluate_metrics_clientapp:
-                    self.evaluate_round(last, grid, arrays, evaluate_config, None, result)
-                break
-            log.info("[fedprune] round %d/%d", server_round, num_rounds)
-            progress.start_round()
-            new_arrays, metrics = self.train_round(server_round, grid, arrays, train_config)
-            progress.trained()
-            if new_arrays is not None:
-                arrays = result.arrays = new_arrays
-            if metrics is not None:
-                result.train_metrics_clientapp[server_round] = metrics
-            self.evaluate_round(server_round, grid, arrays, evaluate_config, evaluate_fn, result)
-            if on_round_end is not None:
-                on_round_end(server_round, arrays)
-            log.info("%s", progress.round_done(server_round))
-        return result
-
-    def train_round(
-        self, server_round: int, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Send the train messages and aggregate once at least `min-replies` replies are usable;
-        below that, send the round again (a fresh sample) up to `round-retries` times, then raise
-        `RoundFailed`."""
-        need, attempts = self.cfg.min_replies, self.cfg.round_retries + 1
-        self.train_problems, usable = [], 0
-        for attempt in range(1, attempts + 1):
-            messages = list(self.configure_train(server_round, arrays, config, grid))
-            if not messages:  # fraction-train = 0: nothing to train
-                return None, None
-            if len(messages) < need:
-                raise RoundFailed(
-                    f"round {server_round}: run-config key 'min-replies' = {need} but a round "
-                    f"samples only {len(messages)} of {self.num_connected} connected nodes; lower "
-                    "'min-replies' or raise 'fraction-train'"
-                )
-            n_sent, pending = len(messages), self.push(grid, messages)
-            # the payloads now live in the SuperLink; the server keeps only their specs
-            del messages
-            accepted = self.accept_train(
-                server_round, self.pull(grid, pending, server_round, "train")
-            )
-            if len(accepted) >= need:
-                new = (
-                    self.dp_aggregate(server_round, accepted, arrays, n_sent)
-                    if self.dp.enabled
-                    else self.aggregate(server_round, accepted)
-                )
-                return new, self.mean_metrics(accepted)
-            usable += len(accepted)
-            self.record(
-                {
-                    "round": server_round,
-                    "phase": "round-retry",
-                    "attempt": attempt,
-                    "usable": len(accepted),
-                    "sent": n_sent,
-                }
-            )
-            log.warning(
-                "round %d (attempt %d/%d): %d usable replies of %d, min-replies = %d",
-                server_round,
-                attempt,
-                attempts,
-                len(accepted),
-                n_sent,
-                need,
-            )
-        raise RoundFailed(self.round_failure(server_round, need, attempts, usable))
-
-    def round_failure(self, server_round: int, need: int, attempts: int, usable: int) -> str:
-        """`RoundFailed`'s message: the clients' error itself when every reply of every attempt
-        failed with the same one; otherwise the count, with the most common problem."""
-        problems = self.train_problems
-        counts = {line: problems.count(line) for line in dict.fromkeys(problems)}
-        if problems and not usable and len(counts) == 1:
-            return (
-                f"round {server_round}: every client failed with the same error ({len(problems)} "
-                f"train replies in {attempts} attempt(s)): {problems[0]}"
-            )
-        text = (
-            f"round {server_round}: fewer than min-replies = {need} usable train replies in "
-            f"{attempts} attempt(s); the global state of round {server_round - 1} is in the last "
-            "checkpoint (continue with run-config key 'resume-from')"
-        )
-        if counts:
-            line, k = max(counts.items(), key=lambda item: item[1])
-            text += f"; the most common problem ({k} of {len(problems)} unusable replies): {line}"
-        return text
-
-    @staticmethod
-    def push(grid: Grid, messages: list[Message]) -> dict[str, int]:
-        """Push the messages; {message id: destination node} of those the grid accepted."""
-        nodes = [m.metadata.dst_node_id for m in messages]
-        return dict(zip(grid.push_messages(messages), nodes, strict=True))
-
-    def pull(
-        self, grid: Grid, pending: dict[str, int], server_round: int, phase: str, poll: float = 1.0
-    ) -> Iterator[Message]:
-        """Flower's `send_and_receive` loop, lazily: each reply is handed on as soon as it is
-        pulled, so the caller can fold it in and drop it before the next one arrives. Nodes still
-        silent at `round-timeout` are logged as failed (`record_silent`)."""
-        pending, deadline = dict(pending), time.monotonic() + self.timeout
-        while pending and time.monotonic() < deadline:
-            replies = list(grid.pull_messages(list(pending)))
-            for reply in replies:
-                pending.pop(reply.metadata.reply_to_message_id, None)
-                yield reply
-            if pending and not replies:
-                time.sleep(poll)
-        self.record_silent(server_round, phase, list(pending.values()))
-
-    def record_silent(self, server_round: int, phase: str, silent: Iterable[int]) -> None:
-        """Log a failure for every node that sent nothing back before `round-timeout` (disconnected,
-        too slow)."""
-        problem = f"no reply within round-timeout = {self.timeout:g} s (disconnected or too slow)"
-        for node in silent:
-            self.record(
-                {
-                    "round": server_round,
-                    "phase": phase,
-                    "node": node,
-                    "client": self.node_partition.get(node),
-                    "status": "failed",
-                    "problem": problem,
-                }
-            )
-            if phase == "train":
-                self.train_problems.append(problem)
-            log.warning("round %d: node %d: %s", server_round, node, problem)
-
-    def evaluate_round(
-        self,
-        server_round: int,
-        grid: Grid,
-        arrays: ArrayRecord,
-        config: ConfigRecord,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
-        result: Result,
-    ) -> None:
-        """Federated evaluation (when this round evaluates), then the server's own
-        (`evaluate_fn`)."""
-        messages = list(self.configure_evaluate(server_round, arrays, config, grid))
-        if messages:
-            replies = list(self.pull(grid, self.push(grid, messages), server_round, "evaluate"))
-            metrics = self.aggregate_evaluate(server_round, replies)
-            if metrics is not None:
-                result.evaluate_metrics_clientapp[server_round] = metrics
-        if evaluate_fn is not None:
-            server_metrics = evaluate_fn(server_round, arrays)
-            if server_metrics is not None:
-                result.evaluate_metrics_serverapp[server_round] = server_metrics
-
-    def score_client_references(self, grid: Grid, timeout: float = 3600) -> None:
-        """After the last round: one `evaluate.reference` message per node and baseline; each
-        reply's `ppl/<data>` metrics are logged as `reference` rows (one per client; results.md
-        reports the mean over clients)."""
-        for name in self.client_references():
-            log.info("[fedprune] reference %s: every client builds it from its own data", name)
-            config = ConfigRecord(
-                {"reference": name, **self.message_config(self.cfg.num_server_rounds + 1)}
-            )
-            messages = [
-                Message(
-                    content=RecordDict({"config": config}),
-                    message_type=f"{MessageType.EVALUATE}.reference",
-                    dst_node_id=node_id,
-                )
-                for node_id in self.sample(grid, 1.0)
-            ]
-            for msg in grid.send_and_receive(messages, timeout=timeout):
-                node_id = msg.metadata.src_node_id
-                if msg.has_error():
-                    self.record(
-                        {
-                            "phase": "reference",
-                            "model": name,
-                            "node": node_id,
-                            "status": "failed",
-                            "problem": _tail(msg.error.reason),
-                        }
-                    )
-                    log.warning(
-                        "reference %s on node %d failed: %s",
-                        name,
-                        node_id,
-                        _tail(msg.error.reason, 300),
-                    )
-                    continue
-                metrics, problem = self.common_problem(node_id, msg.content)
-                if problem is None:
-                    problem = self.safe_check(self.record_reference, name, node_id, metrics)
-                if problem is not None:
-                    self.record(
-                        {
-                            "phase": "reference",
-                            "model": name,
-                            "node": node_id,
-                            "status": "rejected",
-                            "problem": _tail(problem),
-                        }
-                    )
-                    log.warning("reference %s of node %d rejected: %s", name, node_id, problem)
-
-    def record_reference(self, name: str, node_id: int, metrics: Mapping[str, Any]) -> None:
-        """A reference reply's `reference` rows: one per `ppl/<data>` metric, with its per-window
-        scores where sent; all built before any is logged, so a malformed reply logs none."""
-        rows = []
-        for key, value in metrics.items():
-            if not key.startswith("ppl/"):
-                continue
-            nll, tokens = (metrics.get(f"{w}/{key[4:]}") for w in WINDOW_KEYS)
-            windows = {}
-            if nll is not None and tokens is not None:
-                counts = [float(t) for t in tokens]
-                if len(counts) != len(nll) or not all(c >= 0 and c.is_integer() for c in counts):
-                    raise ValueError(f"windows of {key[4:]}: token counts must be whole numbers")
-                windows = {
-                    "window-nll": [float(v) for v in nll],
-                    "window-tokens": [int(c) for c in counts],
-                }
-            rows.append(
-                {
-                    "phase": "reference",
-                    "model": name,
-                    "node": node_id,
-                    "client": self.node_partition.get(node_id, metrics.get("partition-id")),
-                    "data": key[4:],
-                    "ppl": float(value),
-                    **windows,
-                    "seconds": metrics.get("seconds"),
-                }
-            )
-        for row in rows:
-            self.record(row)
-
-    def evaluates(self, server_round: int) -> bool:
-        """Round 0 (unless `eval-untouched` is false) and the last round; every `eval-every` rounds
-        between."""
-        if server_round == 0 and not self.cfg.eval_untouched:
-            return False
-        if server_round == self.__dict__.get("dp_last_round"):  # the privacy budget's last round
-            return True
-        every = self.cfg.eval_every
-        return server_round in (0, self.cfg.num_server_rounds) or (
-            every > 0 and server_round % every == 0
-        )
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Flower's hook: one evaluate message with the global arrays per node of the evaluation
-        panel, in the rounds that evaluate (`evaluates`).
-        """
-        if self.fraction_evaluate == 0.0 or not self.evaluates(server_round):
-            return []
-        log.info(
-            "[fedprune] round %d: federated evaluation%s",
-            server_round,
-            " of the untouched model" if server_round == 0 else "",
-        )
-        node_cfg = ConfigRecord({**dict(config), **self.message_config(server_round)})
-        return [
-            Message(
-                content=RecordDict({"arrays": arrays, "config": node_cfg}),
-                message_type=MessageType.EVALUATE,
-                dst_node_id=node_id,
-            )
-            for node_id in self.evaluation_panel(grid)
-        ]
+                parse_partition_id(metrics["partition-id"])
+            except ValueError as err:
+                return str(err)
+        return check_arrays(reply.array_records["arrays"], expected)

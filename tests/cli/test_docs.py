@@ -338,3 +338,18 @@ def test_every_page_a_preset_names_exists() -> None:
             if not target.exists() or (anchor and anchor[1:] not in anchors(target)):
                 missing.append(f"{preset.name}: {path}{anchor}")
     assert missing == [], missing
+
+
+def test_the_new_method_page_is_the_toy_method_and_it_is_short() -> None:
+    """docs/new-method.md shows every file of the conformance toy exactly as the suites run it, and
+    the toy stays under 150 lines."""
+    page = (ROOT / "docs" / "new-method.md").read_text()
+    toy = ROOT / "tests" / "conformance" / "toy_method"
+    files = sorted(p for p in toy.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    shown = re.findall(r"### `([^`]+)`\n\n(?:[^\n]+\n)+\n```\w+\n(.*?)\n```", page, re.S)
+    assert len(shown) == len(files)
+    for where, text in shown:
+        path = toy / where.removeprefix("fedprune_app/")
+        assert path.read_text().rstrip() == text, where
+    total = sum(len(p.read_text().splitlines()) for p in files)
+    assert total < 150 and f"in {total} lines" in page

@@ -487,3 +487,71 @@ def test_the_command_lines_modules_import_without_torch(module: str) -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "False", module
+
+
+# --- the strategy base: few hooks, and the methods override nothing else --------------------------
+
+DECLARED = (
+    "report_class",
+    "federated_evaluation",
+    "evaluate_round_1",
+    "folds_replies",
+    "dp_release",
+    "dp_unsupported",
+)
+
+
+def overrides_beyond_the_hooks(cls: type, base: type, allowed: set[str]) -> list[str]:
+    """Names `cls` (or a class between it and `base`) defines that `base` defines too, other than
+    `allowed`."""
+    found = []
+    for klass in cls.__mro__:
+        if klass is base or not issubclass(klass, base):
+            continue
+        found += [
+            f"{klass.__name__}.{name}"
+            for name in vars(klass)
+            if hasattr(base, name) and not name.startswith("_") and name not in allowed
+        ]
+    return sorted(set(found))
+
+
+def test_the_strategy_base_is_small_with_few_hooks() -> None:
+    """Flower's base declares five abstract hooks in ~280 lines; ours: at most eight names
+    (state_dict / load_state_dict a pair) in under 400 lines, the loop apart (core/rounds.py)."""
+    from fedprune_app.core.strategy import HOOKS
+
+    assert len(HOOKS) <= 8
+    assert len((ROOT / "fedprune_app" / "core" / "strategy.py").read_text().splitlines()) < 400
+
+
+def test_every_strategy_overrides_only_the_hooks_and_declarations() -> None:
+    from fedprune_app.core import registry
+    from fedprune_app.core.privacy import DP_HOOKS
+    from fedprune_app.core.strategy import HOOKS, FederatedStrategy
+
+    registry.load("strategies")
+    allowed = {*HOOKS, *DECLARED, *DP_HOOKS, "__init__"}
+    found = [
+        f
+        for name in registry.names()
+        for f in overrides_beyond_the_hooks(
+            registry.strategy_class(name), FederatedStrategy, allowed
+        )
+    ]
+    assert found == []
+
+
+def test_the_override_check_sees_one() -> None:
+    from fedprune_app.core.strategy import HOOKS, FederatedStrategy
+
+    class Sneaky(FederatedStrategy):
+        def configure_train(self, *args: object) -> list:  # Flower's, the runner's
+            return []
+
+        def aggregate(self, *args: object) -> None:  # a hook
+            return None
+
+    assert overrides_beyond_the_hooks(Sneaky, FederatedStrategy, set(HOOKS)) == [
+        "Sneaky.configure_train"
+    ]

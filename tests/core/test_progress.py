@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
-import fedprune_app.core.strategy as strategy_module
+import fedprune_app.core.rounds as strategy_module
 from experiments.grids import Cell, Grid, run_cells
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.lora import LoRAStrategy

@@ -199,8 +199,7 @@ def test_reference_replies_that_cannot_be_read_are_rejected_not_raised(flower_id
     )
     strategy = _strategy(rows)
     strategy.node_partition = {1: 0, 2: 1, 3: 2, 4: 3}
-    strategy.client_references = lambda: ["standalone"]  # type: ignore[method-assign]
-    strategy.score_client_references(grid, timeout=5)
+    strategy.score_client_references(grid, ["standalone"], timeout=5)
     by_node = {r["node"]: r for r in rows}
     assert by_node[1]["ppl"] == 12.5 and by_node[1]["client"] == 0
     assert by_node[2]["status"] == "rejected" and "tokens" not in by_node[2]
@@ -235,13 +234,13 @@ def test_a_train_reply_whose_check_raises_is_rejected_and_the_round_goes_on(
         )
         msgs.append(Message(reply, reply_to=out))
 
-    def explode(node_id: int, reply: RecordDict) -> str | None:
+    def explode(server_round: int, node_id: int, reply: RecordDict, phase: str) -> str | None:
         if node_id == 1:
             raise KeyError("missing mask name")
         return None
 
-    strategy.reply_problem = explode  # type: ignore[method-assign]
-    accepted = strategy.accept_train(1, msgs)
+    strategy.accept_reply = explode  # type: ignore[method-assign]
+    accepted = strategy.collect_train(1, msgs)
     assert len(accepted) == 1
     (bad,) = [r for r in rows if r["status"] == "rejected"]
     assert bad["node"] == 1 and "could not be checked (KeyError" in bad["problem"]

@@ -206,15 +206,17 @@ class OneAtATimeGrid(FakeGrid):
         return [self.ready.pop(0)] if self.ready else []
 
 
-def test_train_replies_are_absorbed_as_they_arrive_not_after_the_round(flower_ids: None) -> None:
-    """`absorb` sees each reply before the next pull, so a strategy can fold large replies in and
-    drop them."""
+def test_train_replies_are_accepted_as_they_arrive_not_after_the_round(flower_ids: None) -> None:
+    """`accept_reply` sees each reply before the next pull, so a strategy can fold large replies
+    in and drop them."""
     events: list[str] = []
 
     class Recording(LoRAStrategy):
-        def absorb(self, node_id: int, reply: RecordDict) -> RecordDict:
-            events.append("absorb")
-            return super().absorb(node_id, reply)
+        def accept_reply(
+            self, server_round: int, node_id: int, reply: RecordDict, phase: str
+        ) -> str | None:
+            events.append("accept")
+            return super().accept_reply(server_round, node_id, reply, phase)
 
     strategy = Recording(RunConfig.from_flower({"seed": 0}))
     strategy.timeout = 5.0
@@ -222,7 +224,7 @@ def test_train_replies_are_absorbed_as_they_arrive_not_after_the_round(flower_id
     arrays, _ = strategy.train_round(
         1, OneAtATimeGrid([11, 22, 33], events), initial, ConfigRecord()
     )
-    assert arrays is not None and events == ["pull", "absorb"] * 3
+    assert arrays is not None and events == ["pull", "accept"] * 3
 
 
 # --- a round in which every client fails ----------------------------------------------------------

@@ -19,7 +19,13 @@ import pytest
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from fedprune_app.core import registry
-from fedprune_app.core.checkpoint import Checkpoint, check_fits, load_checkpoint, save_checkpoint
+from fedprune_app.core.checkpoint import (
+    Checkpoint,
+    check_fits,
+    load_checkpoint,
+    resume_spec,
+    save_checkpoint,
+)
 from fedprune_app.core.config import ConfigError, RunConfig
 from fedprune_app.core.protocol import numpy_state, spec_of, to_record
 from fedprune_app.structural import routing
@@ -56,7 +62,7 @@ def after_round_one(cfg: RunConfig) -> tuple[Any, ArrayRecord, Arrays]:
     """(the strategy after round 1, its `initial_arrays()`, the global arrays round 1 gave)."""
     strategy = registry.strategy_class(cfg.method)(cfg)
     initial = strategy.initial_arrays()
-    strategy.plan_round(1, [])
+    strategy.configure_round(1, initial, [])
     replies = [statistics_reply(strategy.statistics_shapes(), seed) for seed in range(2)]
     return strategy, initial, numpy_state(strategy.aggregate(1, replies))
 
@@ -123,7 +129,7 @@ def test_the_derived_spec_is_what_the_strategy_holds_after_round_one(
     checkpoint = written(tmp_path, cfg, arrays, strategy.state_dict())
     derived = launcher_spec(cfg, checkpoint)
     assert derived == held(checkpoint)
-    assert strategy.checkpoint_spec(initial, checkpoint.arrays) == derived
+    assert resume_spec(cfg, numpy_state(initial), checkpoint.arrays) == derived
     check_fits(checkpoint, cfg, derived)
     check_checkpoint_fits(cfg, checkpoint)
 
@@ -148,7 +154,9 @@ def refusals(
     lines = []
     for check in (
         lambda: check_checkpoint_fits(cfg, checkpoint),
-        lambda: check_fits(checkpoint, cfg, strategy.checkpoint_spec(initial, checkpoint.arrays)),
+        lambda: check_fits(
+            checkpoint, cfg, resume_spec(cfg, numpy_state(initial), checkpoint.arrays)
+        ),
     ):
         with pytest.raises(ConfigError) as err:
             check()

@@ -80,7 +80,7 @@ def test_final_adapter_loads_with_peft_and_equals_the_runs_model(
     cfg = _config(tiny_model_dir, method)
     strategy = STRATEGIES[method](cfg)
     arrays = _trained(strategy.initial_arrays(), seed=1)
-    artefacts = strategy.save_final(arrays, tmp_path)
+    artefacts = strategy.report_class(strategy).save_final(arrays, tmp_path)
     assert artefacts["adapter"] == "adapter" and "merged" not in artefacts
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {
         p.name for p in (tmp_path / "adapter").iterdir()
@@ -121,7 +121,7 @@ def test_flexlora_writes_each_clients_adapter_at_its_rank(
         layer: (ALPHA / 4) * state[layer + LORA_B] @ state[layer + LORA_A] for layer in deltas
     }
     strategy.partition_rank = {0: 2, 1: 4}
-    artefacts = strategy.save_final(to_record(state), tmp_path)
+    artefacts = strategy.report_class(strategy).save_final(to_record(state), tmp_path)
     assert artefacts["adapter-client-0"] == "client-adapters/client-0"
     base = dict(load_base_model(str(tiny_model_dir), device="cpu").named_parameters())
     for pid, rank in strategy.partition_rank.items():
@@ -147,7 +147,7 @@ def test_save_merged_writes_models_that_plain_auto_classes_load(
     strategy = FlexLoRAStrategy(_config(tiny_model_dir, "flexlora", save_merged=True))
     arrays = _trained(strategy.initial_arrays(), seed=3)
     strategy.partition_rank = {1: 2}
-    artefacts = strategy.save_final(arrays, tmp_path)
+    artefacts = strategy.report_class(strategy).save_final(arrays, tmp_path)
     assert (
         artefacts["merged"] == "merged" and artefacts["merged-client-1"] == "client-merged/client-1"
     )

@@ -288,7 +288,7 @@ def test_random_reference_hits_the_target_sparsity(fedspallm_cfg) -> None:
     assert (random_prune(w, 0.55, np.random.default_rng(0)) == 0).sum() == 55
     strategy = FedSpaLLMStrategy(fedspallm_cfg)
     strategy.initial_arrays()
-    model, _ = strategy.reference_models()["random"]()
+    model, _ = strategy.report_class(strategy).reference_models()["random"]()
     params = dict(model.named_parameters())
     for name in prunable_names(model):
         assert (params[name] == 0).float().mean().item() == pytest.approx(0.5, abs=1e-3)
@@ -338,8 +338,11 @@ def test_standalone_reference_is_each_clients_own_full_pruning(
     rows: list[dict] = []
     strategy = FedSpaLLMStrategy(cfg, recorder=rows.append)
     strategy.initial_arrays()
-    assert strategy.client_references() == ["standalone"]
-    strategy.score_client_references(ClientGrid(cfg, partitions=3, failing=12))
+    assert strategy.report_class(strategy).client_references() == ["standalone"]
+    strategy.score_client_references(
+        ClientGrid(cfg, partitions=3, failing=12),
+        strategy.report_class(strategy).client_references(),
+    )
     ok = [r for r in rows if r.get("status") != "failed"]
     assert sorted(r["client"] for r in ok) == [0, 1] and [
         r["node"] for r in rows if "problem" in r
@@ -439,7 +442,7 @@ def test_centralized_reference_prunes_on_the_pooled_segments(fedspallm_cfg) -> N
     strategy.global_state = {
         k: np.where(rng.random(w.shape) < 0.5, 0, w) for k, w in strategy.global_state.items()
     }
-    model, _ = strategy.reference_models()["centralized"]()
+    model, _ = strategy.report_class(strategy).reference_models()["centralized"]()
     got = {k: v.detach().clone() for k, v in model.named_parameters() if k in strategy.global_state}
     both = sum(
         int(((got[k] != 0).numpy() & (w != 0)).sum()) for k, w in strategy.global_state.items()
@@ -514,7 +517,7 @@ def test_server_and_reference_rows_carry_their_windows(fedspallm_cfg) -> None:
     strategy, run = FedSpaLLMStrategy(cfg), Log()
     handle = strategy.initial_arrays()
     server_evaluation(cfg, strategy, run)(0, handle)
-    score_references(cfg, strategy, run)
+    score_references(cfg, strategy.report_class(strategy), run)
     server, random = run.rows
     assert (server["phase"], random["phase"], random["model"]) == (
         "server-evaluate",

@@ -456,7 +456,7 @@ def test_client_train_call_returns_adapters_consistent_with_its_log(
     strategy = FedTPAStrategy(cfg)
     strategy.initial_arrays()
     strategy.sent, strategy.sent_beta = {7: spec_of(initial)}, {7: 0.5}
-    assert strategy.reply_problem(7, out) is None
+    assert strategy.accept_reply(1, 7, out, "train") is None
     # private state: the EMA stays in context.state and never travels
     ema = context.state.array_records["fedtpa-ema"]
     assert set(ema) == {f"{layer}.{p}" for layer in layers for p in ("lora_A", "lora_B")}

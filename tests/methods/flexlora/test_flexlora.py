@@ -269,4 +269,4 @@ def test_client_trains_at_its_own_rank_and_keeps_state_private(
     strategy = FlexLoRAStrategy(cfg)
     strategy.initial_arrays()
     strategy.sent = {8: spec_of(initial)}
-    assert strategy.reply_problem(8, out0) is None and strategy.partition_rank == {0: 2}
+    assert strategy.accept_reply(1, 8, out0, "train") is None and strategy.partition_rank == {0: 2}

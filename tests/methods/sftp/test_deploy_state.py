@@ -134,7 +134,7 @@ def test_the_compiled_model_carries_the_deployed_phi(
             for pid, m in zip((0, 1), sent, strict=True)
         ],
     )
-    resumed.save_final(aggregate, tmp_path)
+    resumed.report_class(resumed).save_final(aggregate, tmp_path)
 
     ids = torch.tensor([[1, 20, 300, 4000, 5]])
     compiled = load_compiled(tmp_path / "compiled" / "client-1")

@@ -128,8 +128,8 @@ def test_after_the_last_round_the_server_scores_each_clients_compiled_model(
     hand_in_final_masks(
         strategy, arrays, random_client_masks(config.num_hidden_layers, config.hidden_size, (0, 1))
     )
-    strategy.save_final(arrays, run.path)
-    run.finish("completed", report=strategy)
+    strategy.report_class(strategy).save_final(arrays, run.path)
+    run.finish("completed", report=strategy.report_class(strategy))
 
     tokenizer, text = load_tokenizer(str(tiny_model_dir)), held_out_text(text_source, cfg)
     rows = {r["model"]: r for r in run.rows("compiled")}
@@ -202,7 +202,7 @@ def test_under_noc_the_per_round_model_is_every_clients_deployed_model(
     mask = {n: gates[:, i] for i, n in enumerate(MASK_NAMES)}
     assert 0 < gates.mean() < 1
     hand_in_final_masks(strategy, arrays, {0: mask, 1: mask})
-    strategy.save_final(arrays, run.path)
+    strategy.report_class(strategy).save_final(arrays, run.path)
     (last,) = run.rows("server-evaluate")
     assert last["model"].endswith("each client's model")
     rows = {r["model"]: r for r in run.rows("compiled")}

@@ -512,7 +512,7 @@ def test_final_masks_become_compiled_models(
         for pid, m in zip((0, 1), sent, strict=True)
     ]
     strategy.aggregate_evaluate(ROUNDS, replies)
-    artefacts = strategy.save_final(initial, tmp_path)
+    artefacts = strategy.report_class(strategy).save_final(initial, tmp_path)
     assert {"generator", "adapter", "compiled-client-0", "compiled-client-1", "masks"} <= set(
         artefacts
     )
