@@ -5,6 +5,9 @@ Finding: the smoke preset's FedIT and SFT-P runs before (e00afe3) and after the 
   reshape agree in every number of metrics.jsonl (110 and 182 compared, 0 differ).
 Record: docs/runs/smoke-e00afe3/ against docs/runs/smoke/; quoted in
   docs/notes/2026-12-01-fedprune-command.md.
+Finding: the strategy reshape (issue 73) changed none of 1,665 numbers of the eight methods' smoke
+  runs and `make run`. Record: docs/runs/same-numbers-reshape/; quoted in
+  docs/notes/2026-12-06-strategy-reshape.md.
 
     python -m experiments.same_numbers docs/runs/smoke-e00afe3/<run> docs/runs/smoke/<run>
     python -m experiments.same_numbers --sets outputs/same-before outputs/same-after  # every pair
