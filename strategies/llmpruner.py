@@ -32,9 +32,7 @@ from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics
 from fedprune_app.core.recovery import Spec, StatisticsThenRecovery
 from fedprune_app.core.registry import register_strategy
-from fedprune_app.core.runtime import client_seed
 from fedprune_app.core.strategy import MethodReport, Recorder
-from fedprune_app.llm.data import client_data, training_batches
 from fedprune_app.llm.models import initial_adapter_state, peft_model_for, set_adapter_state
 from fedprune_app.methods.llmpruner.config import LLMPrunerConfig
 from fedprune_app.methods.llmpruner.importance import (
@@ -83,24 +81,11 @@ class LLMPrunerReport(MethodReport):
     def centralized_model(self) -> tuple[Any, Any]:
         s = self.strategy
         model, tokenizer = dense_model(s.cfg)
-        n = max(1, s.num_connected)
-        batches = [
-            b
-            for pid in range(n)
-            for b in training_batches(
-                client_data(s.cfg, pid, n).train,
-                tokenizer,
-                s.cfg.batch_size,
-                s.section.llmpruner_batches,
-                s.cfg.seq_len,
-                client_seed(s.cfg.seed, 1, pid),
-                targets="sequence",
-            )
-        ]
+        batches = s.pooled_batches(tokenizer, s.section.llmpruner_batches, targets="sequence")
         log.info(
             "[fedprune] reference centralized: Taylor importance on the pooled calibration data "
             "of %d clients",
-            n,
+            max(1, s.num_connected),
         )
         rows, _ = client_importance(model, batches, s.section.llmpruner_taylor)
         keep, _ = s.cut_from_rows(rows, model.config)

@@ -37,9 +37,7 @@ from fedprune_app.core.protocol import flat_metrics
 from fedprune_app.core.recovery import Spec, StatisticsThenRecovery
 from fedprune_app.core.registry import register_strategy
 from fedprune_app.core.replies import MAX_NUM_EXAMPLES, number_problem
-from fedprune_app.core.runtime import client_seed
 from fedprune_app.core.strategy import MethodReport, Recorder, log
-from fedprune_app.llm.data import client_data, training_batches
 from fedprune_app.llm.layers import dense_model
 from fedprune_app.llm.models import (
     initial_adapter_state,
@@ -103,23 +101,11 @@ class SliceGPTReport(MethodReport):
 
         def centralized() -> tuple[Any, Any]:
             dense, tokenizer = dense_model(s.cfg)
-            n = max(1, s.num_connected)
-            batches = [
-                b
-                for pid in range(n)
-                for b in training_batches(
-                    client_data(s.cfg, pid, n).train,
-                    tokenizer,
-                    s.cfg.batch_size,
-                    s.options.slicegpt_batches,
-                    s.cfg.seq_len,
-                    client_seed(s.cfg.seed, 1, pid),
-                )
-            ]
+            batches = s.pooled_batches(tokenizer, s.options.slicegpt_batches)
             log.info(
                 "[fedprune] reference centralized: sequential SliceGPT on the pooled batches "
                 "of %d clients",
-                n,
+                max(1, s.num_connected),
             )
             k = sliced_width(dense.config, s.options.slicegpt_keep_ratio)
             return sequential_bases(dense, batches, k)[1], tokenizer

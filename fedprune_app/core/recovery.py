@@ -25,7 +25,9 @@ from fedprune_app.core.client import FederatedClient
 from fedprune_app.core.config import RunConfig
 from fedprune_app.core.protocol import flat_metrics, numpy_state, to_record
 from fedprune_app.core.replies import weighted_average
+from fedprune_app.core.runtime import client_seed
 from fedprune_app.core.strategy import FederatedStrategy, Recorder
+from fedprune_app.llm.data import client_data, training_batches
 from fedprune_app.llm.evaluation import evaluate_client
 
 Spec = dict[str, tuple[tuple[int, ...], str]]
@@ -129,6 +131,25 @@ class StatisticsThenRecovery(FederatedStrategy):
         sent = self.sent[node_id]
         expected = without_prefix(sent, self.structure_prefix) if sent else self.statistics_shapes()
         return self.reply_arrays_problem(reply, expected)
+
+    def pooled_batches(self, tokenizer: Any, steps: int, targets: str = "answer") -> list[Any]:
+        """Round 1's calibration batches of every partition pooled, as each client drew them (its
+        data rebuilt from the run's sources, its round-1 seed): what a centralized reference
+        computes on. Simulation only: a deployment's data never reaches the server."""
+        n = max(1, self.num_connected)
+        return [
+            b
+            for pid in range(n)
+            for b in training_batches(
+                client_data(self.cfg, pid, n).train,
+                tokenizer,
+                self.cfg.batch_size,
+                steps,
+                self.cfg.seq_len,
+                client_seed(self.cfg.seed, 1, pid),
+                targets=targets,
+            )
+        ]
 
     def lora_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """The LoRA tensors of a global state (the structure arrays left out)."""
