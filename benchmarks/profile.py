@@ -5,6 +5,15 @@ phase.
         --run-config conf/sftp.toml \\
         --federation-config "num-supernodes=4 client-resources-num-cpus=1"
     fedprune bench profile --from outputs/<run> [<run> ...]     # a finished run (no launcher time)
+    fedprune bench profile --isa native avx2 -- --run-config conf/sftp.toml  # as on AVX2 alone
+
+`--isa` runs the same `fedprune run` once per named instruction-set cap, one after another, and
+shows each phase as a ratio to the first column (the baseline, `native`: this CPU uncapped). A cap
+(`ISA_CAPS`) limits what the matrix and vector kernels may use: oneDNN, MKL and ATen read it from
+the environment, which Flower's SuperLink and Ray pass on to every ClientApp. So a CPU with AMX
+shows what one without it would take at the same clock; 'auto' mixed precision trains in float32
+under either cap (`fedprune_app.llm.training.onednn_allows_amx`). It does not turn the CPU into
+an older one: clock, caches and memory stay this machine's.
 
 Everything after `--` goes to `fedprune run` unchanged. The phases of one run come from its
 summary.json (`phase-seconds`: the ServerApp's own stopwatch) and the `time` of its metrics.jsonl
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -37,6 +47,21 @@ from typing import Any
 
 from benchmarks.records import finish_record, start_record
 
+# --isa: `native` (no cap) or the environment that keeps oneDNN (bf16 and some float32 matrix
+# products), MKL (float32 GEMM) and ATen's vectorised kernels to the named instruction sets
+ISA_CAPS: dict[str, dict[str, str]] = {
+    "native": {},
+    "avx2": {
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "ATEN_CPU_CAPABILITY": "avx2",
+    },
+    "avx512_bf16": {  # AVX512_BF16 without AMX
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+        "ATEN_CPU_CAPABILITY": "avx512",
+    },
+}
 RUN_DIR_LINE = re.compile(r"run directory: (?P<path>\S+)\s*$")
 PHASES = (
     "set-up",
@@ -100,12 +125,13 @@ def run_phases(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def launch(fedprune_args: list[str]) -> tuple[float, list[Path], int]:
-    """Run `fedprune run <args>`, echoing its output; its wall seconds, run directories and exit
-    status."""
+def launch(fedprune_args: list[str], isa: str = "native") -> tuple[float, list[Path], int]:
+    """Run `fedprune run <args>` (under `ISA_CAPS[isa]` where given), echoing its output; its wall
+    seconds, run directories and exit status."""
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "fedprune_cli.main", "run", *fedprune_args],
+        env={**os.environ, **ISA_CAPS.get(isa, {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -123,22 +149,44 @@ def launch(fedprune_args: list[str]) -> tuple[float, list[Path], int]:
 
 
 def table(record: dict[str, Any]) -> str:
-    """The markdown table of a profile record: one column per run, one row per phase."""
+    """The markdown table of a profile record: one column per run, one row per phase; runs launched
+    under `--isa` each with its wall time, every figure also as a ratio to the first run's."""
     runs = record["runs"]
-    head = ["phase", *(f"{r['method']} `{Path(r['run']).name}`" for r in runs)]
+    by_isa = all("isa" in r for r in runs)
+    head = ["phase"] + [
+        f"{r['method']} `{Path(r['run']).name}`" + (f" ({r['isa']})" if by_isa else "")
+        for r in runs
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def cells(values: list[float | None], bold: bool = False) -> list[str]:
+        out = []
+        for v in values:
+            text = "" if v is None else f"{v:.0f} s"
+            if bold and text:
+                text = f"**{text}**"
+            base = values[0]
+            if by_isa and len(runs) > 1 and v is not None and base:
+                text += f" ({v / base:.2f}×)"
+            out.append(text)
+        return out
+
     for phase in (*PHASES, "launcher"):
         values = [r["phases"].get(phase) for r in runs]
         if phase == "launcher":
-            values = [record.get("launcher-seconds") if i == 0 else None for i in range(len(runs))]
+            values = (
+                [r.get("launcher-seconds") for r in runs]
+                if by_isa
+                else [record.get("launcher-seconds") if i == 0 else None for i in range(len(runs))]
+            )
         if all(v is None or v == 0 for v in values):
             continue
-        lines.append(
-            "| " + " | ".join([phase, *("" if v is None else f"{v:.0f} s" for v in values)]) + " |"
-        )
-    lines.append(
-        "| **run total** | " + " | ".join(f"**{r['seconds']:.0f} s**" for r in runs) + " |"
-    )
+        lines.append("| " + " | ".join([phase, *cells(values)]) + " |")
+    totals = [r["seconds"] for r in runs]
+    lines.append("| **run total** | " + " | ".join(cells(totals, bold=True)) + " |")
+    if by_isa:
+        walls = [r.get("wall-seconds") for r in runs]
+        lines.append("| `fedprune run` wall time | " + " | ".join(cells(walls, bold=True)) + " |")
     wall = record.get("wall-seconds")
     if wall is not None:
         lines.append(f"\n`fedprune run` wall time: **{wall:.0f} s** ({wall / 60:.1f} min).")
@@ -161,19 +209,43 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default="", help="the JSON record (e.g. docs/bench/profile-make-run.json)"
     )
     parser.add_argument("--note", default="", help="free text stored in the record")
+    parser.add_argument(
+        "--isa",
+        nargs="+",
+        choices=list(ISA_CAPS),
+        default=[],
+        help="run once per instruction-set cap, the first the baseline (e.g. native avx2; "
+        "this machine's clock: see above)",
+    )
     args = parser.parse_args(own)
     if not args.dirs and not rest:
         parser.error("give `-- <fedprune run arguments>` or --from <run directories>")
+    if args.dirs and args.isa:
+        parser.error("--isa caps the runs it launches, not the finished runs of --from")
     record = start_record("profile", "benchmarks.profile", args_in, note=args.note)
     code = 0
-    if args.dirs:
-        dirs, wall = [Path(d) for d in args.dirs], None
+    if args.isa:
+        record["isa-caps"] = {isa: ISA_CAPS[isa] for isa in args.isa}
+        record["runs"] = []
+        for isa in args.isa:
+            wall, dirs, code = launch(rest, isa)
+            runs = [run_phases(d) for d in dirs if (d / "summary.json").is_file()]
+            for r in runs:
+                r["isa"], r["wall-seconds"] = isa, round(wall, 1)
+                r["launcher-seconds"] = round(wall - sum(x["seconds"] or 0 for x in runs), 1)
+            record["runs"] += runs
+            if code:
+                break
     else:
-        wall, dirs, code = launch(rest)
-    record["runs"] = [run_phases(d) for d in dirs if (d / "summary.json").is_file()]
-    if wall is not None:
-        record["wall-seconds"] = round(wall, 1)
-        record["launcher-seconds"] = round(wall - sum(r["seconds"] or 0 for r in record["runs"]), 1)
+        if args.dirs:
+            dirs, wall = [Path(d) for d in args.dirs], None
+        else:
+            wall, dirs, code = launch(rest)
+        record["runs"] = [run_phases(d) for d in dirs if (d / "summary.json").is_file()]
+        if wall is not None:
+            record["wall-seconds"] = round(wall, 1)
+            total = sum(r["seconds"] or 0 for r in record["runs"])
+            record["launcher-seconds"] = round(wall - total, 1)
     finish_record(record, args.out or None)
     print("\n" + table(record), flush=True)
     return code

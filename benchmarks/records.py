@@ -42,9 +42,13 @@ def start_record(
 
     args = list(sys.argv[1:] if argv is None else argv)
     _sample_load()
+    caps = {k: os.environ[k] for k in ISA_CAP_VARIABLES if os.environ.get(k)}
+    command = command_of(module, args)
     return {
         "kind": kind,
-        "command": command_of(module, args),
+        # run under an instruction-set cap (`ISA_CAP_VARIABLES`): the command carries it
+        "command": " ".join([*(f"{k}={shlex.quote(v)}" for k, v in caps.items()), command]),
+        **({"isa-environment": caps} if caps else {}),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "note": note,
         "machine": platform.processor() or platform.machine(),
@@ -64,6 +68,11 @@ CPU_FEATURES = {
     "avx512_bf16": "AVX512_BF16",
     "amx_bf16": "AMX",
 }
+
+
+# the environment variables that cap the instruction sets oneDNN, MKL and ATen use
+# (`fedprune bench profile --isa`); a record started under one says so
+ISA_CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
 
 
 def cpu_features(cpuinfo: str | None = None) -> list[str]:
@@ -129,6 +138,11 @@ def load_line(record: Record) -> str:
     cores = f"{record['cpus']} cores" + (
         f" ({', '.join(record['cpu-features'])})" if record.get("cpu-features") else ""
     )
+    if record.get("isa-caps"):  # `fedprune bench profile --isa`
+        cores += ", instruction sets capped per column (`--isa`)"
+    if record.get("isa-environment"):
+        caps = ", ".join(f"{k}={v}" for k, v in record["isa-environment"].items())
+        cores += f", capped by {caps}"
     if (
         load.get("start") is None
     ):  # a record whose header was written after its run (its note says why)

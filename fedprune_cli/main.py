@@ -49,7 +49,8 @@ BENCHMARKS = {
     ),
     "overhead": "Flower's overhead: the same FedIT work through `flwr run` and as a plain loop",
     "profile": (
-        "where `fedprune run`'s wall time goes, phase by phase (or a finished run's, --from)"
+        "where `fedprune run`'s wall time goes, phase by phase (or a finished run's, --from); "
+        "--isa native avx2: the same run as on a CPU without AMX and AVX-512"
     ),
     "precision": (
         "mixed precision (bf16 autocast) against float32: CPU seconds per local training step"

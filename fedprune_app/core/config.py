@@ -325,9 +325,9 @@ class SharedConfig(ConfigSection):
         "no",
         "Local training's forward passes under torch.autocast: 'bf16' or 'fp16' matrix products, "
         "the weights, gradients and optimizer state staying in model-dtype (as accelerate's "
-        "mixed_precision); 'no' = none. Evaluation always runs in model-dtype. 'bf16' needs a CPU "
-        "with AVX512_BF16/AMX or an Ampere+ GPU to be faster; 'auto' = 'bf16' on such a device, "
-        "'no' elsewhere. `fedprune bench precision` measures it.",
+        "mixed_precision); 'no' = none. Evaluation always runs in model-dtype. 'bf16' is faster "
+        "than float32 on a CPU with AMX or an Ampere+ GPU (not on AVX512_BF16 alone); 'auto' = "
+        "'bf16' on such a device, 'no' elsewhere. `fedprune bench precision` measures it.",
         choices=("no", "auto", "bf16", "fp16"),
     )
     learning_rate: float = key(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -103,19 +104,28 @@ def packed_training(model: nn.Module, tokenizer: Any, cfg: TrainSettings) -> boo
 MIXED_PRECISION = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def onednn_allows_amx(cap: str | None = None) -> bool:
+    """False where ONEDNN_MAX_CPU_ISA (`cap`) keeps oneDNN off AMX (e.g. 'AVX2',
+    'AVX512_CORE_BF16'), as `fedprune bench profile --isa` does to stand in for an older CPU."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA", "") if cap is None else cap).strip().upper()
+    return cap in ("", "ALL", "DEFAULT") or "AMX" in cap
+
+
 def native_bf16(device: torch.device) -> bool:
-    """Whether `device` computes bf16 matrix products in hardware: a CPU with AVX512_BF16 or AMX
-    (oneDNN's bf16 kernels), a CUDA GPU that supports bf16 (Ampere and later)."""
+    """Whether bf16 matrix products on `device` are faster than float32: a CPU with AMX (oneDNN's
+    AMX kernels, unless ONEDNN_MAX_CPU_ISA caps them: `onednn_allows_amx`), a CUDA GPU that supports
+    bf16 (Ampere and later). AVX512_BF16 without AMX is not enough: oneDNN's kernels for it took
+    1.5x float32's time per SFT-P step (docs/bench/precision-avx512-bf16-cap.json)."""
     if device.type == "cuda":
         return bool(torch.cuda.is_bf16_supported())
     if device.type == "cpu":
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+        return bool(torch.cpu._is_amx_tile_supported()) and onednn_allows_amx()
     return False
 
 
 def autocast_dtype(mode: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of `mixed-precision` `mode` on `device`: 'auto' is bf16 where the device
-    computes it natively (`native_bf16`), none elsewhere (emulated bf16 is slower than float32)."""
+    computes it faster than float32 (`native_bf16`), none elsewhere."""
     if mode == "auto":
         return torch.bfloat16 if native_bf16(device) else None
     return MIXED_PRECISION[mode]

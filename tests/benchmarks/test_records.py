@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from benchmarks import render as render_bench
+from benchmarks.records import ISA_CAP_VARIABLES
 from experiments.probes.sftp.mask_rounding import saved_kept
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +51,10 @@ def marked_records() -> list[str]:
 def test_every_record_names_its_command_date_and_load(name: str) -> None:
     record = json.loads((render_bench.BENCH_DIR / name).read_text())
     words = record["command"].split()
+    caps = [w for w in words if w.split("=")[0] in ISA_CAP_VARIABLES]
+    assert words[: len(caps)] == caps  # a cap it ran under leads the command (isa-environment)
+    assert dict(w.split("=", 1) for w in caps) == record.get("isa-environment", {})
+    words = words[len(caps) :]
     if words[:2] == ["fedprune", "bench"]:  # a standing benchmark, by the command that runs it
         assert (ROOT / "benchmarks" / f"{words[2]}.py").is_file()
     else:  # an experiment of experiments/, by its module
@@ -224,3 +229,24 @@ def test_the_attainable_share_removes_index_ops_and_slow_products_only() -> None
     }
     assert render_bench.attainable_share(breakdown, "keep 0.5", 2.0) == pytest.approx(100 / 52 / 2)
     assert render_bench.attainable_share(breakdown, "dense", 1.0) == pytest.approx(1.0)
+
+
+def test_a_record_started_under_an_isa_cap_carries_it_in_its_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A benchmark run with ONEDNN_MAX_CPU_ISA & co. set measured a capped CPU: its command writes
+    the record again only with the cap, and its load line says so."""
+    from benchmarks.records import finish_record, load_line, shown_command, start_record
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    record = finish_record(start_record("precision", "benchmarks.precision", ["--steps", "2"]), "")
+    assert record["isa-environment"] == {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
+    assert shown_command(record) == (
+        "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 fedprune bench precision --steps 2"
+    )
+    assert "capped by ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16" in load_line(record)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    plain = finish_record(start_record("precision", "benchmarks.precision", []), "")
+    assert "isa-environment" not in plain and plain["command"] == "fedprune bench precision"

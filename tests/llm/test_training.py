@@ -241,15 +241,32 @@ def test_auto_mixed_precision_is_bf16_only_where_the_device_computes_it_natively
     from fedprune_app.llm import training
 
     cpu = torch.device("cpu")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     for avx512_bf16, amx, expected in [
-        (True, False, torch.bfloat16),
+        (True, True, torch.bfloat16),
         (False, True, torch.bfloat16),
+        (True, False, None),  # AVX512_BF16 alone: slower than float32 (precision-avx512-bf16-cap)
         (False, False, None),  # emulated bf16: slower than float32, so none
     ]:
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
         assert training.autocast_dtype("auto", cpu) is expected
         assert training.autocast_dtype("bf16", cpu) is torch.bfloat16  # asked for: always
+    # oneDNN capped below AMX (how `fedprune bench profile --isa` stands in for an older CPU):
+    # 'auto' is float32 there even on an AMX CPU
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    for cap, expected in [
+        ("AVX2", None),
+        ("avx512_core", None),
+        ("AVX512_CORE_BF16", None),
+        ("AVX512_CORE_AMX", torch.bfloat16),
+        ("AVX10_1_512_AMX", torch.bfloat16),
+        ("ALL", torch.bfloat16),
+        ("", torch.bfloat16),
+    ]:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert training.autocast_dtype("auto", cpu) is expected, cap
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     assert training.autocast_dtype("no", cpu) is None
     assert training.autocast_dtype("fp16", cpu) is torch.float16
     assert training.autocast_dtype("auto", torch.device("meta")) is None
