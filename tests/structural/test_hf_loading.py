@@ -6,7 +6,6 @@ compute, and `load_compiled` still reads the directories written before the HF m
 
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 
@@ -26,7 +25,12 @@ from fedprune_app.structural.routing import (
     masked,
     save_compiled,
 )
-from tests.methods.hf_checks import load_without_fedprune, modules_cache  # noqa: F401 (a fixture)
+from tests.methods.hf_checks import (  # noqa: F401 (modules_cache: a fixture)
+    ALLOWED_IMPORTS,
+    absolute_imports,
+    load_without_fedprune,
+    modules_cache,
+)
 
 D = 64  # tiny LLaMA hidden size
 
@@ -95,26 +99,7 @@ def test_the_directory_is_a_standard_hf_model_directory(saved: dict) -> None:
         for name in MASK_NAMES:
             assert decode_lane(layer[name], D) == torch.nonzero(g[name]).flatten().tolist()
     for code in ("configuration_fedprune_routed_llama.py", "modeling_fedprune_routed_llama.py"):
-        tree = ast.parse((out / code).read_text())
-        absolute = {
-            n.name.split(".")[0]
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Import)
-            for n in node.names
-        }
-        absolute |= {
-            node.module.split(".")[0]
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.level == 0
-        }
-        assert absolute <= {
-            "__future__",
-            "collections",
-            "typing",
-            "torch",
-            "transformers",
-            "huggingface_hub",
-        }, code
+        assert absolute_imports(out / code) <= ALLOWED_IMPORTS, code
     assert {"model.safetensors", "generation_config.json", "tokenizer.json", "routing.json"} <= {
         p.name for p in out.iterdir()
     }
